@@ -1,0 +1,22 @@
+"""elelem: run GGUF language models locally, on a vendored ggml."""
+from __future__ import annotations
+
+import logging
+
+from .errors import *  # noqa: F401,F403  (the public exception hierarchy)
+
+__version__ = "0.1.0"
+
+logging.getLogger("elelem").addHandler(logging.NullHandler())
+
+
+def __getattr__(name: str):
+    # The compiled core is imported on first use, so the pure-Python parts
+    # (tokenizer, templates, sampling, the GGUF reader) work and test without it.
+    if name == "LLM":
+        from .llm import LLM
+        return LLM
+    raise AttributeError(f"module 'elelem' has no attribute {name!r}")
+
+
+__all__ = ["LLM", "__version__"]

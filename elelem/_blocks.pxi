@@ -1,0 +1,145 @@
+# Shared graph blocks, included into _core.pyx.  Each architecture's builder
+# (_arch_*.pxi) is straight-line code over these.  Shapes are in ggml order:
+# the first number is the contiguous dimension.
+
+cdef struct Step:
+    ggml_context * ctx
+    ggml_cgraph * gf
+    const HParams * hp
+    int n_tokens            # tokens in this step
+    int n_past              # cached positions before it
+    int n_kv                # positions attended to: n_past + n_tokens, padded (masked)
+    bint all_logits         # logits for every token, not just the last
+    bint flash_attn         # ggml_flash_attn_ext, else mul_mat + softmax (llama.cpp's default)
+    ggml_tensor * inp_tokens    # I32 (n_tokens)
+    ggml_tensor * inp_pos       # I32 (n_tokens): n_past .. n_past + n_tokens - 1
+    ggml_tensor * inp_mask      # F16 (n_kv, n_tokens): 0 or -inf, causal
+    ggml_tensor * inp_mask_swa  # F16 (n_kv, n_tokens): causal and windowed; NULL without SWA
+    ggml_tensor * logits        # F32 (n_vocab, n_tokens or 1)
+
+
+cdef void _make_inputs(Step * st) except *:
+    st.inp_tokens = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I32, st.n_tokens)
+    st.inp_pos = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I32, st.n_tokens)
+    st.inp_mask = ggml_new_tensor_2d(st.ctx, GGML_TYPE_F16, st.n_kv, st.n_tokens)
+    ggml_set_input(st.inp_tokens)
+    ggml_set_input(st.inp_pos)
+    ggml_set_input(st.inp_mask)
+    if st.hp.n_swa > 0:
+        st.inp_mask_swa = ggml_new_tensor_2d(st.ctx, GGML_TYPE_F16, st.n_kv, st.n_tokens)
+        ggml_set_input(st.inp_mask_swa)
+    else:
+        st.inp_mask_swa = NULL
+
+
+cdef void _set_inputs(Step * st, const int32_t * ids) except *:
+    cdef size_t n_mask = <size_t> st.n_kv * st.n_tokens
+    cdef int32_t * pos = <int32_t *> malloc(st.n_tokens * sizeof(int32_t))
+    cdef uint16_t * mask = <uint16_t *> malloc(n_mask * sizeof(uint16_t))
+    cdef int i
+    if pos == NULL or mask == NULL:
+        free(pos)
+        free(mask)
+        raise MemoryError()
+    try:
+        for i in range(st.n_tokens):
+            pos[i] = st.n_past + i
+        ggml_backend_tensor_set(st.inp_tokens, ids, 0, st.n_tokens * sizeof(int32_t))
+        ggml_backend_tensor_set(st.inp_pos, pos, 0, st.n_tokens * sizeof(int32_t))
+        _fill_mask(mask, st.n_past, st.n_tokens, st.n_kv, 0)
+        ggml_backend_tensor_set(st.inp_mask, mask, 0, n_mask * sizeof(uint16_t))
+        if st.inp_mask_swa != NULL:
+            _fill_mask(mask, st.n_past, st.n_tokens, st.n_kv, st.hp.n_swa)
+            ggml_backend_tensor_set(st.inp_mask_swa, mask, 0, n_mask * sizeof(uint16_t))
+    finally:
+        free(pos)
+        free(mask)
+
+
+cdef inline ggml_tensor * norm_rms(Step * st, ggml_tensor * x, ggml_tensor * weight) noexcept:
+    """RMSNorm over the first dimension, then the learned scale."""
+    x = ggml_rms_norm(st.ctx, x, st.hp.rms_eps)
+    return ggml_mul(st.ctx, x, weight) if weight != NULL else x
+
+
+cdef inline ggml_tensor * linear(Step * st, ggml_tensor * w, ggml_tensor * b, ggml_tensor * x) noexcept:
+    """x @ w (+ b): (n_in, n) -> (n_out, n); b may be NULL."""
+    x = ggml_mul_mat(st.ctx, w, x)
+    return ggml_add(st.ctx, x, b) if b != NULL else x
+
+
+cdef inline ggml_tensor * rope(Step * st, ggml_tensor * x, float freq_base, ggml_tensor * freq_factors) noexcept:
+    """Rotary position embedding of (head_dim, n_heads, n_tokens) at inp_pos."""
+    return ggml_rope_ext(st.ctx, x, st.inp_pos, freq_factors, st.hp.n_rot, st.hp.rope_type,
+                         st.hp.n_ctx_train, freq_base, st.hp.rope_scale,
+                         0.0, 1.0, 32.0, 1.0)  # no YaRN: ext_factor 0, attn_factor 1, beta 32/1
+
+
+cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, ggml_tensor * k,
+                             ggml_tensor * v, ggml_tensor * mask) noexcept:
+    """Store this step's K and V at n_past, then attend over positions [0, n_kv).
+
+    q: (head_dim_k, n_head, n_tokens), k: (head_dim_k, n_head_kv, n_tokens),
+    v: (head_dim_v * n_head_kv, n_tokens).  Returns (head_dim_v * n_head, n_tokens).
+
+    K rows are stored per position: (head_dim_k * n_head_kv, n_ctx).  V is
+    stored the same way for flash attention, and transposed otherwise, so
+    that softmax(KQ) @ V is a plain mul_mat over contiguous rows, as in
+    llama.cpp, whose summation order this path reproduces.
+    """
+    cdef const HParams * hp = st.hp
+    cdef ggml_context * ctx = st.ctx
+    cdef ggml_tensor * kc = cache.k[il]
+    cdef ggml_tensor * vc = cache.v[il]
+    cdef int64_t k_row = hp.head_dim_k * hp.n_head_kv
+    cdef int64_t v_row = hp.head_dim_v * hp.n_head_kv
+    cdef size_t v_el = ggml_element_size(vc)
+
+    # The copies into the cache are expanded first, so they run before the reads below.
+    ggml_build_forward_expand(st.gf, ggml_cpy(ctx, k, ggml_view_1d(
+        ctx, kc, st.n_tokens * k_row, ggml_row_size(kc.type, k_row) * st.n_past)))
+    if st.flash_attn:
+        ggml_build_forward_expand(st.gf, ggml_cpy(ctx, v, ggml_view_1d(
+            ctx, vc, st.n_tokens * v_row, ggml_row_size(vc.type, v_row) * st.n_past)))
+    else:
+        ggml_build_forward_expand(st.gf, ggml_cpy(ctx, ggml_transpose(ctx, v), ggml_view_2d(
+            ctx, vc, st.n_tokens, v_row, cache.n_ctx * v_el, st.n_past * v_el)))
+
+    cdef ggml_tensor * keys = ggml_view_3d(ctx, kc, hp.head_dim_k, st.n_kv, hp.n_head_kv,
+                                           kc.nb[1], ggml_row_size(kc.type, hp.head_dim_k), 0)
+    cdef ggml_tensor * values
+    cdef ggml_tensor * out
+    q = ggml_permute(ctx, q, 0, 2, 1, 3)  # (head_dim_k, n_tokens, n_head)
+    if st.flash_attn:
+        values = ggml_view_3d(ctx, vc, hp.head_dim_v, st.n_kv, hp.n_head_kv,
+                              vc.nb[1], ggml_row_size(vc.type, hp.head_dim_v), 0)
+        out = ggml_flash_attn_ext(ctx, q, keys, values, mask, hp.attn_scale, 0.0, 0.0)
+        return ggml_reshape_2d(ctx, out, hp.head_dim_v * hp.n_head, st.n_tokens)
+    values = ggml_view_3d(ctx, vc, st.n_kv, hp.head_dim_v, hp.n_head_kv,
+                          cache.n_ctx * v_el, cache.n_ctx * v_el * hp.head_dim_v, 0)  # (n_kv, head_dim_v, n_head_kv)
+    out = ggml_mul_mat(ctx, keys, q)                                       # (n_kv, n_tokens, n_head)
+    out = ggml_soft_max_ext(ctx, out, mask, hp.attn_scale, 0.0)
+    out = ggml_mul_mat(ctx, values, out)                                   # (head_dim_v, n_tokens, n_head)
+    out = ggml_permute(ctx, out, 0, 2, 1, 3)                               # (head_dim_v, n_head, n_tokens)
+    return ggml_cont_2d(ctx, out, hp.head_dim_v * hp.n_head, st.n_tokens)
+
+
+cdef inline ggml_tensor * ffn_gated(Step * st, LayerWeights * lw, ggml_tensor * x, bint gelu) noexcept:
+    """down(act(gate(x)) * up(x)), with SiLU (SwiGLU) or tanh-GELU (GeGLU)."""
+    cdef ggml_tensor * g = ggml_mul_mat(st.ctx, lw.ffn_gate, x)
+    cdef ggml_tensor * u = ggml_mul_mat(st.ctx, lw.ffn_up, x)
+    x = ggml_geglu_split(st.ctx, g, u) if gelu else ggml_swiglu_split(st.ctx, g, u)
+    return ggml_mul_mat(st.ctx, lw.ffn_down, x)
+
+
+cdef inline ggml_tensor * last_token_only(Step * st, ggml_tensor * x) noexcept:
+    """(n, n_tokens) -> (n, 1) unless every position's logits are wanted:
+    the last layer's FFN and the output projection then run for one token."""
+    if st.all_logits or st.n_tokens == 1:
+        return x
+    return ggml_view_2d(st.ctx, x, x.ne[0], 1, x.nb[1], (st.n_tokens - 1) * x.nb[1])
+
+
+cdef inline ggml_tensor * embed_tokens(Step * st, Model m) noexcept:
+    cdef ggml_tensor * x = ggml_get_rows(st.ctx, m.tok_embd, st.inp_tokens)  # (n_embd, n_tokens)
+    return ggml_scale(st.ctx, x, st.hp.embd_scale) if st.hp.embd_scale != 1.0 else x

@@ -1,0 +1,209 @@
+# The raw ggml / ggml-alloc / ggml-backend / ggml-cpu / gguf C API that
+# elelem._core uses, and nothing else: no elelem types live here.
+# Structs declare only the fields the core reads or writes.
+from libc.stdint cimport int32_t, int64_t, uint32_t
+from libcpp cimport bool as cbool  # the extension is C++; ggml's callbacks return C bool
+
+
+cdef extern from "ggml.h" nogil:
+    enum: GGML_MAX_DIMS
+    enum: GGML_MAX_NAME
+    enum: GGML_DEFAULT_GRAPH_SIZE
+    enum: GGML_ROPE_TYPE_NORMAL
+    enum: GGML_ROPE_TYPE_NEOX
+
+    enum ggml_type:
+        GGML_TYPE_F32
+        GGML_TYPE_F16
+        GGML_TYPE_I32
+        GGML_TYPE_COUNT
+
+    enum ggml_status:
+        GGML_STATUS_ALLOC_FAILED
+        GGML_STATUS_FAILED
+        GGML_STATUS_SUCCESS
+        GGML_STATUS_ABORTED
+
+    enum ggml_log_level:
+        GGML_LOG_LEVEL_NONE
+        GGML_LOG_LEVEL_DEBUG
+        GGML_LOG_LEVEL_INFO
+        GGML_LOG_LEVEL_WARN
+        GGML_LOG_LEVEL_ERROR
+        GGML_LOG_LEVEL_CONT
+
+    struct ggml_context:
+        pass
+
+    struct ggml_cgraph:
+        pass
+
+    struct ggml_backend_buffer  # opaque; declared here so ggml_tensor can point to it
+
+    struct ggml_tensor:
+        ggml_type type
+        ggml_backend_buffer * buffer
+        int64_t ne[4]
+        size_t nb[4]
+        void * data
+        char name[64]
+
+    struct ggml_init_params:
+        size_t mem_size
+        void * mem_buffer
+        bint no_alloc
+
+    ctypedef void (*ggml_log_callback)(ggml_log_level level, const char * text, void * user_data)
+    ctypedef cbool (*ggml_abort_callback)(void * data)
+
+    void ggml_log_set(ggml_log_callback log_callback, void * user_data)
+
+    ggml_context * ggml_init(ggml_init_params params)
+    void ggml_free(ggml_context * ctx)
+    size_t ggml_tensor_overhead()
+    size_t ggml_graph_overhead_custom(size_t size, bint grads)
+
+    size_t ggml_type_size(ggml_type type)
+    int64_t ggml_blck_size(ggml_type type)
+    const char * ggml_type_name(ggml_type type)
+    size_t ggml_row_size(ggml_type type, int64_t ne)
+    size_t ggml_nbytes(const ggml_tensor * tensor)
+    int64_t ggml_nelements(const ggml_tensor * tensor)
+    int ggml_n_dims(const ggml_tensor * tensor)
+    size_t ggml_element_size(const ggml_tensor * tensor)
+
+    ggml_tensor * ggml_get_tensor(ggml_context * ctx, const char * name)
+    ggml_tensor * ggml_get_first_tensor(const ggml_context * ctx)
+    ggml_tensor * ggml_get_next_tensor(const ggml_context * ctx, ggml_tensor * tensor)
+    ggml_tensor * ggml_dup_tensor(ggml_context * ctx, const ggml_tensor * src)
+    ggml_tensor * ggml_new_tensor_4d(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1, int64_t ne2,
+                                     int64_t ne3)
+    ggml_tensor * ggml_new_tensor_1d(ggml_context * ctx, ggml_type type, int64_t ne0)
+    ggml_tensor * ggml_new_tensor_2d(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1)
+    ggml_tensor * ggml_set_name(ggml_tensor * tensor, const char * name)
+    void ggml_set_input(ggml_tensor * tensor)
+    void ggml_set_output(ggml_tensor * tensor)
+
+    # operations used by the graph builders
+    ggml_tensor * ggml_add(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_mul(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_scale(ggml_context * ctx, ggml_tensor * a, float s)
+    ggml_tensor * ggml_mul_mat(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_rms_norm(ggml_context * ctx, ggml_tensor * a, float eps)
+    ggml_tensor * ggml_get_rows(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_cpy(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_cont(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_reshape_2d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1)
+    ggml_tensor * ggml_reshape_3d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2)
+    ggml_tensor * ggml_view_1d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, size_t offset)
+    ggml_tensor * ggml_view_2d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1,
+                               size_t nb1, size_t offset)
+    ggml_tensor * ggml_view_3d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2,
+                               size_t nb1, size_t nb2, size_t offset)
+    ggml_tensor * ggml_transpose(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_cont_2d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1)
+    ggml_tensor * ggml_soft_max_ext(ggml_context * ctx, ggml_tensor * a, ggml_tensor * mask, float scale,
+                                    float max_bias)
+    ggml_tensor * ggml_permute(ggml_context * ctx, ggml_tensor * a, int axis0, int axis1, int axis2, int axis3)
+    ggml_tensor * ggml_swiglu_split(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_geglu_split(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_rope_ext(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, ggml_tensor * c,
+                                int n_dims, int mode, int n_ctx_orig, float freq_base, float freq_scale,
+                                float ext_factor, float attn_factor, float beta_fast, float beta_slow)
+    ggml_tensor * ggml_flash_attn_ext(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                                      ggml_tensor * mask, float scale, float max_bias, float logit_softcap)
+
+    ggml_cgraph * ggml_new_graph_custom(ggml_context * ctx, size_t size, bint grads)
+    void ggml_build_forward_expand(ggml_cgraph * cgraph, ggml_tensor * tensor)
+    int ggml_graph_n_nodes(ggml_cgraph * cgraph)
+
+
+cdef extern from "ggml-alloc.h" nogil:
+    ctypedef struct ggml_gallocr:
+        pass
+    ctypedef ggml_gallocr * ggml_gallocr_t
+
+
+cdef extern from "ggml-backend.h" nogil:
+    ctypedef struct ggml_backend_buffer_type:
+        pass
+    ctypedef ggml_backend_buffer_type * ggml_backend_buffer_type_t
+    ctypedef ggml_backend_buffer * ggml_backend_buffer_t
+    ctypedef struct ggml_backend:
+        pass
+    ctypedef ggml_backend * ggml_backend_t
+
+    enum ggml_backend_buffer_usage:
+        GGML_BACKEND_BUFFER_USAGE_ANY
+        GGML_BACKEND_BUFFER_USAGE_WEIGHTS
+        GGML_BACKEND_BUFFER_USAGE_COMPUTE
+
+    ctypedef struct ggml_backend_device:
+        pass
+    ctypedef ggml_backend_device * ggml_backend_dev_t
+    ctypedef struct ggml_backend_reg:
+        pass
+    ctypedef ggml_backend_reg * ggml_backend_reg_t
+
+    enum ggml_backend_dev_type:
+        GGML_BACKEND_DEVICE_TYPE_CPU
+
+    ctypedef ggml_backend_buffer_type_t * (*ggml_backend_dev_get_extra_bufts_t)(ggml_backend_dev_t device)
+
+    ggml_backend_dev_t ggml_backend_dev_by_type(ggml_backend_dev_type type)
+    ggml_backend_reg_t ggml_backend_dev_backend_reg(ggml_backend_dev_t device)
+    void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name)
+    cbool ggml_backend_dev_supports_op(ggml_backend_dev_t device, const ggml_tensor * op)
+
+    const char * ggml_backend_buft_name(ggml_backend_buffer_type_t buft)
+    ggml_backend_buffer_t ggml_backend_buft_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size)
+    void ggml_backend_buffer_free(ggml_backend_buffer_t buffer)
+    size_t ggml_backend_buffer_get_size(ggml_backend_buffer_t buffer)
+    void ggml_backend_buffer_clear(ggml_backend_buffer_t buffer, unsigned char value)
+    void ggml_backend_buffer_set_usage(ggml_backend_buffer_t buffer, ggml_backend_buffer_usage usage)
+
+    void ggml_backend_free(ggml_backend_t backend)
+    ggml_backend_buffer_type_t ggml_backend_get_default_buffer_type(ggml_backend_t backend)
+    void ggml_backend_tensor_set(ggml_tensor * tensor, const void * data, size_t offset, size_t size)
+    void ggml_backend_tensor_get(const ggml_tensor * tensor, void * data, size_t offset, size_t size)
+    ggml_status ggml_backend_graph_compute(ggml_backend_t backend, ggml_cgraph * cgraph)
+
+    ggml_status ggml_backend_tensor_alloc(ggml_backend_buffer_t buffer, ggml_tensor * tensor, void * addr)
+    ggml_backend_buffer_t ggml_backend_cpu_buffer_from_ptr(void * ptr, size_t size)
+    ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type()
+
+
+cdef extern from "ggml-alloc.h" nogil:
+    ggml_gallocr_t ggml_gallocr_new(ggml_backend_buffer_type_t buft)
+    void ggml_gallocr_free(ggml_gallocr_t galloc)
+    bint ggml_gallocr_reserve(ggml_gallocr_t galloc, ggml_cgraph * graph)
+    bint ggml_gallocr_alloc_graph(ggml_gallocr_t galloc, ggml_cgraph * graph)
+    size_t ggml_gallocr_get_buffer_size(ggml_gallocr_t galloc, int buffer_id)
+    ggml_backend_buffer_t ggml_backend_alloc_ctx_tensors(ggml_context * ctx, ggml_backend_t backend)
+    ggml_backend_buffer_t ggml_backend_alloc_ctx_tensors_from_buft(ggml_context * ctx,
+                                                                   ggml_backend_buffer_type_t buft)
+
+
+cdef extern from "ggml-cpu.h" nogil:
+    void ggml_cpu_init()
+    ggml_backend_t ggml_backend_cpu_init()
+    void ggml_backend_cpu_set_n_threads(ggml_backend_t backend_cpu, int n_threads)
+    void ggml_backend_cpu_set_abort_callback(ggml_backend_t backend_cpu, ggml_abort_callback abort_callback,
+                                             void * abort_callback_data)
+
+
+cdef extern from "gguf.h" nogil:
+    struct gguf_context:
+        pass
+
+    struct gguf_init_params:
+        bint no_alloc
+        ggml_context ** ctx
+
+    gguf_context * gguf_init_from_file(const char * fname, gguf_init_params params)
+    void gguf_free(gguf_context * ctx)
+    size_t gguf_get_data_offset(const gguf_context * ctx)
+    int64_t gguf_get_n_tensors(const gguf_context * ctx)
+    int64_t gguf_find_tensor(const gguf_context * ctx, const char * name)
+    size_t gguf_get_tensor_offset(const gguf_context * ctx, int64_t tensor_id)
+    const char * gguf_get_tensor_name(const gguf_context * ctx, int64_t tensor_id)

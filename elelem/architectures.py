@@ -1,0 +1,240 @@
+"""Architectures, declared as data.
+
+Each entry says which metadata keys hold the hyperparameters (with their
+defaults), which tensors each layer has and which of them are optional, the
+RoPE type, the activation, and features such as a sliding window.  The graph
+itself is built natively by the builder the entry names (``_arch_*.pxi``).
+
+Adding an architecture: one builder file (or reuse one), one entry in
+ARCHITECTURES, one synthetic-model test case.
+
+Everything is checked here, in Python, before the native core sees the file:
+missing tensors, mis-shaped tensors and hyperparameters that do not fit all
+raise :class:`~elelem.errors.ModelShapeError`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+from .errors import ModelShapeError, UnsupportedArchitectureError
+from .gguf_reader import GGUFFile
+
+# Per-layer tensor roles (the native LayerWeights fields) and their GGUF names.
+LAYER_TENSOR_NAMES = {
+    "attn_norm": "blk.{i}.attn_norm.weight",
+    "wq": "blk.{i}.attn_q.weight",
+    "wk": "blk.{i}.attn_k.weight",
+    "wv": "blk.{i}.attn_v.weight",
+    "wo": "blk.{i}.attn_output.weight",
+    "bq": "blk.{i}.attn_q.bias",
+    "bk": "blk.{i}.attn_k.bias",
+    "bv": "blk.{i}.attn_v.bias",
+    "bo": "blk.{i}.attn_output.bias",
+    "q_norm": "blk.{i}.attn_q_norm.weight",
+    "k_norm": "blk.{i}.attn_k_norm.weight",
+    "attn_post_norm": "blk.{i}.post_attention_norm.weight",
+    "ffn_norm": "blk.{i}.ffn_norm.weight",
+    "ffn_gate": "blk.{i}.ffn_gate.weight",
+    "ffn_up": "blk.{i}.ffn_up.weight",
+    "ffn_down": "blk.{i}.ffn_down.weight",
+    "ffn_post_norm": "blk.{i}.post_ffw_norm.weight",
+}
+GLOBAL_TENSOR_NAMES = {
+    "tok_embd": "token_embd.weight",
+    "output_norm": "output_norm.weight",
+    "output": "output.weight",
+    "rope_freqs": "rope_freqs.weight",
+}
+
+_MATMUL_ROLES = frozenset({"wq", "wk", "wv", "wo", "ffn_gate", "ffn_up", "ffn_down"})
+_ATTN_FFN = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    builder: str                      # native graph builder: "qwen2_family" or "gemma3"
+    rope_type: str                    # "neox" (rotate halves) or "normal" (rotate pairs)
+    required: tuple[str, ...]         # per-layer roles that must exist
+    optional: tuple[str, ...] = ()    # per-layer roles used when present
+    activation: str = "silu"          # gated FFN activation: "silu" or "gelu"
+    # hyperparameter hooks: derive what is special to this architecture
+    derive: Optional[Callable[[dict, Callable[[str, Any], Any]], None]] = None
+    description: str = ""
+
+
+def _gemma3(h: dict, key: Callable[[str, Any], Any]) -> None:
+    # Gemma 3 scales embeddings by sqrt(n_embd); five of every six layers use
+    # a sliding window with their own RoPE base (llama.cpp: 10000), the sixth
+    # is global and uses rope.freq_base.  The attention scale is 1/sqrt(head_dim).
+    h["embd_scale"] = math.sqrt(h["n_embd"])
+    h["n_swa"] = int(key("attention.sliding_window", 0))
+    h["swa_pattern"] = 6 if h["n_swa"] > 0 else 0
+    h["rope_base_swa"] = 10000.0
+    h["attn_scale"] = 1.0 / math.sqrt(h["head_dim_k"])
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    a.name: a
+    for a in (
+        Architecture("qwen2", "qwen2_family", "neox", _ATTN_FFN, optional=("bq", "bk", "bv", "bo"),
+                     description="Qwen2 / Qwen2.5"),
+        Architecture("llama", "qwen2_family", "normal", _ATTN_FFN, optional=("bq", "bk", "bv", "bo"),
+                     description="Llama 2/3, SmolLM2, TinyLlama, Mistral-style"),
+        Architecture("qwen3", "qwen2_family", "neox", _ATTN_FFN + ("q_norm", "k_norm"),
+                     description="Qwen3"),
+        Architecture("gemma3", "gemma3", "neox",
+                     _ATTN_FFN + ("q_norm", "k_norm", "attn_post_norm", "ffn_post_norm"),
+                     activation="gelu", derive=_gemma3, description="Gemma 3"),
+    )
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(ARCHITECTURES)
+
+
+@dataclass
+class ModelSpec:
+    """What the native core needs to open a model: all of it validated."""
+    arch: Architecture
+    hparams: dict[str, Any]
+    global_tensors: dict[str, Optional[str]]
+    layer_tensors: list[dict[str, Optional[str]]] = field(default_factory=list)
+
+    def matmul_weights(self) -> list[str]:
+        """Tensors used as the weight operand of a matrix multiplication."""
+        names = [n for table in self.layer_tensors for role, n in table.items() if role in _MATMUL_ROLES]
+        names.append(self.global_tensors["output"] or self.global_tensors["tok_embd"])
+        return names
+
+    @property
+    def description(self) -> str:
+        h = self.hparams
+        return (f"{self.arch.name}: {h['n_layer']} layers, n_embd {h['n_embd']}, "
+                f"{h['n_head']} heads ({h['n_head_kv']} KV), n_ff {h['n_ff']}, "
+                f"vocab {h['n_vocab']}, trained context {h['n_ctx_train']}")
+
+
+def model_spec(gguf: GGUFFile) -> ModelSpec:
+    """Read and check the hyperparameters and tensor table of ``gguf``."""
+    arch_name = gguf.get("general.architecture")
+    if not isinstance(arch_name, str):
+        raise UnsupportedArchitectureError("the file has no general.architecture key")
+    arch = ARCHITECTURES.get(arch_name)
+    if arch is None:
+        raise UnsupportedArchitectureError(
+            f"unsupported architecture {arch_name!r}; supported: {', '.join(supported_architectures())}")
+    hparams = _hparams(gguf, arch)
+    tensors = _tensor_tables(gguf, arch, hparams)
+    return ModelSpec(arch, hparams, *tensors)
+
+
+def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
+    prefix = arch.name + "."
+
+    def key(name: str, default: Any = None) -> Any:
+        value = gguf.get(prefix + name, default)
+        if value is None:
+            raise ModelShapeError(f"missing hyperparameter {prefix + name}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ModelShapeError(f"hyperparameter {prefix + name} must be a number, got {value!r}")
+        return value
+
+    embd = gguf.tensors.get(GLOBAL_TENSOR_NAMES["tok_embd"])
+    if embd is None or len(embd.shape) != 2:
+        raise ModelShapeError("tensor 'token_embd.weight' is missing or not 2-D")
+    h: dict[str, Any] = {
+        "n_vocab": int(embd.shape[1]),
+        "n_embd": int(key("embedding_length")),
+        "n_layer": int(key("block_count")),
+        "n_head": int(key("attention.head_count")),
+        "n_ff": int(key("feed_forward_length")),
+        "n_ctx_train": int(key("context_length")),
+        "rms_eps": float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_base": float(key("rope.freq_base", 10000.0)),
+        "rope_type": arch.rope_type,
+    }
+    h["n_head_kv"] = int(key("attention.head_count_kv", h["n_head"]))
+    for name in ("n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_ctx_train", "n_vocab"):
+        if not 0 < h[name] < 2**31:
+            raise ModelShapeError(f"hyperparameter {name} = {h[name]} is out of range")
+    if gguf.get(prefix + "attention.key_length") is None and h["n_embd"] % h["n_head"] != 0:
+        raise ModelShapeError(f"n_head = {h['n_head']} does not divide n_embd = {h['n_embd']}")
+    h["head_dim_k"] = int(key("attention.key_length", h["n_embd"] // h["n_head"]))
+    h["head_dim_v"] = int(key("attention.value_length", h["head_dim_k"]))
+    h["n_rot"] = int(key("rope.dimension_count", h["head_dim_k"]))
+    scaling = gguf.get(prefix + "rope.scaling.factor")
+    scaling_type = gguf.get(prefix + "rope.scaling.type", "none")
+    h["rope_scale"] = 1.0 / float(scaling) if scaling_type == "linear" and scaling else 1.0
+    h["attn_scale"] = 1.0 / math.sqrt(h["head_dim_k"])
+    if arch.derive is not None:
+        arch.derive(h, key)
+
+    if h["n_head"] % h["n_head_kv"] != 0:
+        raise ModelShapeError(f"n_head_kv = {h['n_head_kv']} does not divide n_head = {h['n_head']}")
+    for name in ("head_dim_k", "head_dim_v"):
+        if not 0 < h[name] <= 4096:
+            raise ModelShapeError(f"{name} = {h[name]} is out of range")
+    if not (0 < h["n_rot"] <= h["head_dim_k"]) or h["n_rot"] % 2:
+        raise ModelShapeError(f"rope.dimension_count = {h['n_rot']} must be even and at most {h['head_dim_k']}")
+    if not (h["rms_eps"] > 0 and math.isfinite(h["rms_eps"])):
+        raise ModelShapeError(f"layer_norm_rms_epsilon = {h['rms_eps']} must be positive")
+    if not (h["rope_base"] > 0 and math.isfinite(h["rope_base"])):
+        raise ModelShapeError(f"rope.freq_base = {h['rope_base']} must be positive")
+    if h.get("n_swa", 0) < 0:
+        raise ModelShapeError(f"attention.sliding_window = {h['n_swa']} must not be negative")
+    return h
+
+
+def _expected_shapes(h: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    e, q, kv_k, kv_v = h["n_embd"], h["n_head"] * h["head_dim_k"], h["n_head_kv"] * h["head_dim_k"], \
+        h["n_head_kv"] * h["head_dim_v"]
+    return {
+        "attn_norm": (e,), "ffn_norm": (e,), "attn_post_norm": (e,), "ffn_post_norm": (e,),
+        "wq": (e, q), "wk": (e, kv_k), "wv": (e, kv_v), "wo": (h["n_head"] * h["head_dim_v"], e),
+        "bq": (q,), "bk": (kv_k,), "bv": (kv_v,), "bo": (e,),
+        "q_norm": (h["head_dim_k"],), "k_norm": (h["head_dim_k"],),
+        "ffn_gate": (e, h["n_ff"]), "ffn_up": (e, h["n_ff"]), "ffn_down": (h["n_ff"], e),
+        "tok_embd": (e, h["n_vocab"]), "output": (e, h["n_vocab"]), "output_norm": (e,),
+        "rope_freqs": (h["n_rot"] // 2,),
+    }
+
+
+def _check_shape(gguf: GGUFFile, role: str, name: str, want: tuple[int, ...]) -> None:
+    got = tuple(gguf.tensors[name].shape)
+    # A trailing dimension of 1 is the same shape to ggml.
+    while len(got) > len(want) and got[-1] == 1:
+        got = got[:-1]
+    if got != want:
+        raise ModelShapeError(f"tensor {name!r} ({role}) has shape {list(got)}, expected {list(want)}")
+
+
+def _tensor_tables(gguf: GGUFFile, arch: Architecture, h: dict[str, Any]):
+    shapes = _expected_shapes(h)
+    globals_: dict[str, Optional[str]] = {}
+    for role, name in GLOBAL_TENSOR_NAMES.items():
+        present = name in gguf.tensors
+        if not present and role in ("tok_embd", "output_norm"):
+            raise ModelShapeError(f"required tensor {name!r} is missing")
+        if present:
+            _check_shape(gguf, role, name, shapes[role])
+        globals_[role] = name if present else None  # output absent: tied to tok_embd
+
+    layers = []
+    for i in range(h["n_layer"]):
+        table: dict[str, Optional[str]] = {}
+        for role in arch.required + arch.optional:
+            name = LAYER_TENSOR_NAMES[role].format(i=i)
+            if name not in gguf.tensors:
+                if role in arch.required:
+                    raise ModelShapeError(f"required tensor {name!r} is missing")
+                continue
+            _check_shape(gguf, role, name, shapes[role])
+            table[role] = name
+        if ("bq" in table) != ("bk" in table) or ("q_norm" in table) != ("k_norm" in table):
+            raise ModelShapeError(f"layer {i}: Q and K must both have, or both lack, biases and norms")
+        layers.append(table)
+    return globals_, layers

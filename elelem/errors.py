@@ -1,0 +1,79 @@
+"""Every exception elelem raises, in one hierarchy.
+
+Each class derives from :class:`ElelemError` and from the builtin it refines,
+so ``except ValueError`` in user code keeps working.
+"""
+from __future__ import annotations
+
+
+class ElelemError(Exception):
+    """Base class of every elelem error."""
+
+
+class ModelNotFoundError(ElelemError, FileNotFoundError):
+    """A model path that does not exist, or an unknown model name."""
+
+
+class ModelDownloadError(ElelemError, RuntimeError):
+    """A packaged model could not be fetched or failed its checksum."""
+
+
+class GGUFError(ElelemError, ValueError):
+    """A file that is not a valid GGUF file (bad header, metadata or tensor table)."""
+
+
+class GGUFFormatError(GGUFError):
+    """A GGUF problem at a known place: ``.field`` names it, ``.offset`` is its byte offset."""
+
+    def __init__(self, message: str, *, field: str | None = None, offset: int | None = None):
+        super().__init__(message)
+        self.field = field
+        self.offset = offset
+
+
+class GGUFHeaderError(GGUFFormatError):
+    """Bad magic, unsupported version, or tensor/KV counts the file cannot hold."""
+
+
+class GGUFMetadataError(GGUFFormatError):
+    """A bad key-value pair: key, value type, string, array, alignment or tokenizer data."""
+
+
+class GGUFTensorError(GGUFFormatError):
+    """A bad tensor-info entry: name, shape, type, size or data offset."""
+
+
+class GGUFTruncatedError(GGUFFormatError):
+    """The file ends before a string, array, tensor-info entry or tensor data it declares."""
+
+
+class UnsupportedArchitectureError(ElelemError, ValueError):
+    """``general.architecture`` names an architecture elelem cannot run."""
+
+
+class ModelShapeError(ElelemError, ValueError):
+    """A missing tensor, a mis-shaped tensor, or hyperparameters that do not fit."""
+
+
+class ContextLimitError(ElelemError, ValueError):
+    """Evaluating would run past the end of the context window (``n_ctx``)."""
+
+
+class InvalidTokenError(ElelemError, ValueError):
+    """A token id outside ``[0, n_vocab)``."""
+
+
+class InvalidArgumentError(ElelemError, ValueError):
+    """An argument outside its allowed range (empty prompt, negative ``max_tokens``, ...)."""
+
+
+class ClosedError(ElelemError, RuntimeError):
+    """Use of a model or session after ``close()``."""
+
+
+class ComputeError(ElelemError, RuntimeError):
+    """ggml failed to allocate or compute a graph."""
+
+
+class TemplateError(ElelemError, ValueError):
+    """A chat template that is invalid, unsafe, or too expensive to render."""

