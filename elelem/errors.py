@@ -77,3 +77,11 @@ class ComputeError(ElelemError, RuntimeError):
 
 class TemplateError(ElelemError, ValueError):
     """A chat template that is invalid, unsafe, or too expensive to render."""
+
+
+class UnsafeTemplateError(TemplateError):
+    """A chat template that tried to reach outside its sandbox (Python internals, unsafe calls)."""
+
+
+class TemplateLimitError(TemplateError):
+    """A chat template that ran past a render limit: time, output size, recursion or range length."""

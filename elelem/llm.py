@@ -57,7 +57,8 @@ class LLM:
                                        self.spec.global_tensors, self.spec.layer_tensors,
                                        self.spec.description, self.spec.matmul_weights(), repack)
         self._session = _core.new_session(self._model, n_ctx, n_batch,
-                                          n_threads or default_n_threads(), kv_type, flash_attn)
+                                          default_n_threads() if n_threads is None else n_threads,
+                                          kv_type, flash_attn)
         self._cached: list[int] = []  # the tokens whose K/V are in the cache, in order
         self.load_time = time.perf_counter() - t0
         log.info("loaded %s (%s) in %.3f s", self.path, self.spec.description, self.load_time)
@@ -176,12 +177,6 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # -- checks ----------------------------------------------------------------
 

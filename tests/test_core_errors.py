@@ -1,0 +1,205 @@
+"""Bad input raises a clear Python exception, and the process survives."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import elelem
+from elelem import errors
+from synthetic import TinyConfig, write_model
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(errors.ModelNotFoundError) as e:
+        elelem.LLM(tmp_path / "nope.gguf")
+    assert isinstance(e.value, FileNotFoundError) and "nope.gguf" in str(e.value)
+
+
+def test_not_a_gguf_file(tmp_path):
+    path = tmp_path / "text.gguf"
+    path.write_text("this is not a model\n" * 10)
+    with pytest.raises(errors.GGUFError) as e:
+        elelem.LLM(path)
+    assert isinstance(e.value, ValueError) and "magic" in str(e.value).lower()
+
+
+def test_truncated_file(tiny_model, tmp_path):
+    path, _ = tiny_model(TinyConfig())
+    cut = tmp_path / "cut.gguf"
+    data = path.read_bytes()
+    cut.write_bytes(data[: len(data) - 1000])
+    with pytest.raises(errors.GGUFError):
+        elelem.LLM(cut)
+
+
+def test_unknown_architecture_lists_the_supported_ones(tmp_path):
+    import gguf
+    path = tmp_path / "mamba.gguf"
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    with pytest.raises(errors.UnsupportedArchitectureError) as e:
+        elelem.LLM(path)
+    for name in ("qwen2", "llama", "qwen3", "gemma3"):
+        assert name in str(e.value)
+    assert "mamba" in str(e.value)
+
+
+def _rewrite_without(src_cfg: TinyConfig, tmp_path, drop=None, reshape=None):
+    """Write the tiny model with one tensor dropped or replaced."""
+    import gguf
+    from synthetic import make_weights
+    weights = make_weights(src_cfg)
+    if drop:
+        del weights[drop]
+    if reshape:
+        name, shape = reshape
+        weights[name] = np.zeros(shape, np.float32)
+    path = tmp_path / "broken.gguf"
+    w = gguf.GGUFWriter(str(path), src_cfg.arch)
+    w.add_context_length(src_cfg.n_ctx_train), w.add_embedding_length(src_cfg.n_embd)
+    w.add_block_count(src_cfg.n_layer), w.add_feed_forward_length(src_cfg.n_ff)
+    w.add_head_count(src_cfg.n_head), w.add_head_count_kv(src_cfg.n_head_kv)
+    w.add_layer_norm_rms_eps(src_cfg.rms_eps)
+    for name, arr in weights.items():
+        w.add_tensor(name, arr)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return path
+
+
+def test_missing_tensor(tmp_path):
+    path = _rewrite_without(TinyConfig(), tmp_path, drop="blk.1.ffn_up.weight")
+    with pytest.raises(errors.ModelShapeError, match="blk.1.ffn_up.weight"):
+        elelem.LLM(path)
+
+
+def test_mis_shaped_tensor(tmp_path):
+    path = _rewrite_without(TinyConfig(), tmp_path, reshape=("blk.0.attn_q.weight", (32, 64)))
+    with pytest.raises(errors.ModelShapeError, match="blk.0.attn_q.weight"):
+        elelem.LLM(path)
+
+
+def test_n_head_not_dividing_n_embd(tmp_path):
+    path = _rewrite_without(TinyConfig(n_head=5, n_head_kv=5), tmp_path)
+    with pytest.raises(errors.ModelShapeError, match="does not divide"):
+        elelem.LLM(path)
+
+
+def test_n_head_kv_not_dividing_n_head(tmp_path):
+    path = _rewrite_without(TinyConfig(n_head=4, n_head_kv=3), tmp_path)
+    with pytest.raises(errors.ModelShapeError):
+        elelem.LLM(path)
+
+
+@pytest.fixture
+def llm(tiny_model):
+    path, _ = tiny_model(TinyConfig())
+    with elelem.LLM(path, n_ctx=32) as llm:
+        yield llm
+
+
+def test_context_overflow_names_both_numbers(llm):
+    llm.eval(list(range(20)))
+    with pytest.raises(errors.ContextLimitError) as e:
+        llm.eval(list(range(13)))
+    assert "20" in str(e.value) and "13" in str(e.value) and "32" in str(e.value)
+    assert llm.n_past == 20  # nothing was evaluated
+    llm.eval(list(range(12)))  # exactly up to n_ctx is fine
+    assert llm.n_past == 32
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n_ctx=st.integers(1, 40), first=st.integers(1, 40))
+def test_context_limit_is_exact(tiny_model, n_ctx, first):
+    path, _ = tiny_model(TinyConfig())
+    with elelem.LLM(path, n_ctx=n_ctx) as llm:
+        if first > n_ctx:
+            with pytest.raises(errors.ContextLimitError):
+                llm.eval([1] * first)
+            return
+        llm.eval([1] * first)
+        room = n_ctx - first
+        with pytest.raises(errors.ContextLimitError):
+            llm.eval([1] * (room + 1))
+        if room:
+            llm.eval([1] * room)
+        assert llm.n_past == n_ctx
+
+
+@pytest.mark.parametrize("bad", [-1, 96, 2**31 - 1, 2**40])
+def test_token_id_out_of_range(llm, bad):
+    with pytest.raises(errors.InvalidTokenError, match=str(bad)):
+        llm.eval([1, bad])
+    with pytest.raises(errors.InvalidTokenError):
+        llm.generate_tokens([1, bad], 4)
+    with pytest.raises(errors.InvalidTokenError):
+        llm.generate_tokens([1], 4, stop_ids=[bad])
+    assert llm.n_past == 0
+
+
+def test_empty_prompt(llm):
+    with pytest.raises(errors.InvalidArgumentError):
+        llm.eval([])
+    with pytest.raises(ValueError):
+        llm.generate_tokens([], 4)
+
+
+def test_negative_max_tokens(llm):
+    with pytest.raises(errors.InvalidArgumentError):
+        llm.generate_tokens([1, 2], -1)
+    assert llm.generate_tokens([1, 2], 0) == []
+
+
+def test_bad_constructor_arguments(tiny_model):
+    path, _ = tiny_model(TinyConfig())
+    for kwargs in ({"n_ctx": 0}, {"n_batch": 0}, {"n_threads": 0}, {"kv_type": "q4"}):
+        with pytest.raises(errors.InvalidArgumentError):
+            elelem.LLM(path, **kwargs)
+
+
+def test_use_after_close(tiny_model):
+    path, _ = tiny_model(TinyConfig())
+    llm = elelem.LLM(path)
+    llm.close()
+    with pytest.raises(errors.ClosedError):
+        llm.eval([1])
+    llm.close()  # closing twice is fine
+
+
+def test_native_objects_have_one_construction_path():
+    with pytest.raises(TypeError):
+        elelem._core.Model()
+    with pytest.raises(TypeError):
+        elelem._core.Session()
+
+
+def test_session_keeps_its_model_alive(tiny_model):
+    path, _ = tiny_model(TinyConfig())
+    llm = elelem.LLM(path)
+    session = elelem._core.new_session(llm._model, 16)
+    want = session.eval([1, 2, 3]).copy()
+    llm._session.close()
+    del llm  # the user's last reference to the model goes away
+    gc.collect()
+    session.rewind(0)
+    np.testing.assert_array_equal(session.eval([1, 2, 3]), want)
+
+
+def test_closed_model_refuses_new_sessions(tiny_model):
+    path, _ = tiny_model(TinyConfig())
+    llm = elelem.LLM(path)
+    model = llm._model
+    llm.close()
+    with pytest.raises(errors.ClosedError):
+        elelem._core.new_session(model, 16)
+
+
+def test_all_errors_share_one_base():
+    for name in dir(errors):
+        obj = getattr(errors, name)
+        if isinstance(obj, type) and issubclass(obj, Exception) and obj.__module__ == errors.__name__:
+            assert issubclass(obj, errors.ElelemError)

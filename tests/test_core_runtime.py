@@ -1,0 +1,120 @@
+"""Runtime behaviour of the core: GIL release, prefix reuse, large widths."""
+from __future__ import annotations
+
+import threading
+import time
+
+import gguf
+import numpy as np
+import pytest
+
+import elelem
+from synthetic import TinyConfig
+
+
+def test_prefix_reuse_evaluates_only_new_tokens(tiny_model):
+    path, _ = tiny_model(TinyConfig())
+    with elelem.LLM(path) as llm:
+        prompt = [5, 6, 7, 8, 9, 10]
+        first = llm.generate_tokens(prompt, 4)
+        assert llm.n_evaluated == len(prompt) + len(first) - 1  # the last token is never fed back
+        before = llm.n_evaluated
+        extended = prompt + first + [11, 12]
+        llm.generate_tokens(extended, 3)
+        # the cache already held prompt + first[:-1]: only first[-1] and the two new tokens are new
+        assert llm.n_evaluated - before == 3 + 2  # 3 prompt tokens, then 2 decode steps
+        before = llm.n_evaluated
+        again = llm.generate_tokens(prompt, 4)  # a shorter prompt: rewind, re-evaluate its last token
+        assert again == first
+        assert llm.n_evaluated - before == 1 + 3
+
+
+def test_generation_stops_at_stop_ids(tiny_model):
+    path, _ = tiny_model(TinyConfig())
+    with elelem.LLM(path) as llm:
+        free = llm.generate_tokens([1, 2, 3], 8)
+        assert len(free) == 8
+        stopped = llm.generate_tokens([1, 2, 3], 8, stop_ids=[free[3]])
+        assert stopped == free[:free.index(free[3])]
+
+
+def test_generation_is_greedy(tiny_model):
+    path, _ = tiny_model(TinyConfig())
+    with elelem.LLM(path, kv_type="f32") as llm:
+        out = llm.generate_tokens([1, 2, 3], 5)
+        llm.reset()
+        ids = [1, 2, 3]
+        for token in out:
+            assert int(np.argmax(llm.eval(ids if llm.n_past == 0 else ids[-1:]))) == token
+            ids.append(token)
+
+
+def _write_wide_model(path, *, n_embd, n_ff, n_head, n_head_kv, n_layer, n_vocab=256):
+    """Random F16 weights made from random bits (fast): small magnitudes, both signs."""
+    rng = np.random.default_rng(0)
+    hd = n_embd // n_head
+
+    def mat(n_out, n_in):
+        bits = rng.integers(0x1C00, 0x2000, size=(n_out, n_in), dtype=np.uint16)  # |w| in [2^-8, 2^-7)
+        bits |= (rng.integers(0, 2, size=(n_out, n_in), dtype=np.uint16) << 15)
+        return bits.view(np.float16)
+
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_context_length(4096), w.add_embedding_length(n_embd), w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff), w.add_head_count(n_head), w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-6), w.add_rope_freq_base(1e6)
+    w.add_tensor("token_embd.weight", mat(n_vocab, n_embd))
+    w.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(n_embd, np.float32))
+        w.add_tensor(p + "attn_q.weight", mat(n_embd, n_embd))
+        w.add_tensor(p + "attn_k.weight", mat(n_head_kv * hd, n_embd))
+        w.add_tensor(p + "attn_v.weight", mat(n_head_kv * hd, n_embd))
+        w.add_tensor(p + "attn_q.bias", np.zeros(n_embd, np.float32))
+        w.add_tensor(p + "attn_k.bias", np.zeros(n_head_kv * hd, np.float32))
+        w.add_tensor(p + "attn_v.bias", np.zeros(n_head_kv * hd, np.float32))
+        w.add_tensor(p + "attn_output.weight", mat(n_embd, n_embd))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, np.float32))
+        w.add_tensor(p + "ffn_gate.weight", mat(n_ff, n_embd))
+        w.add_tensor(p + "ffn_up.weight", mat(n_ff, n_embd))
+        w.add_tensor(p + "ffn_down.weight", mat(n_embd, n_ff))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+
+
+@pytest.mark.slow
+def test_7b_widths_evaluate_a_64_token_prompt(tmp_path_factory):
+    """The widths of a 7B Qwen2 (2 layers): graph memory comes from ggml-alloc,
+    so wide layers get a buffer of the right size."""
+    path = tmp_path_factory.mktemp("wide") / "wide.gguf"
+    _write_wide_model(path, n_embd=3584, n_ff=18944, n_head=28, n_head_kv=4, n_layer=2)
+    with elelem.LLM(path, n_ctx=256, n_threads=2) as llm:
+        logits = llm.eval(np.arange(64) % 256, all_logits=True)
+        assert logits.shape == (64, 256)
+        assert np.isfinite(logits).all()
+        assert llm._session.compute_buffer_size > 0
+
+
+def test_compute_releases_the_gil(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gil") / "mid.gguf"
+    _write_wide_model(path, n_embd=1024, n_ff=4096, n_head=16, n_head_kv=4, n_layer=6)
+    with elelem.LLM(path, n_ctx=512, n_threads=1) as llm:
+        done = threading.Event()
+        spins = []
+
+        def prefill():
+            t0 = time.perf_counter()
+            llm.eval(np.arange(384) % 256)
+            spins.append(time.perf_counter() - t0)
+            done.set()
+
+        worker = threading.Thread(target=prefill)
+        count = 0
+        worker.start()
+        while not done.is_set():
+            count += 1  # only runs while the worker does not hold the GIL
+        worker.join()
+    assert spins[0] > 0.05, "the prefill was too short to show anything"
+    # With the GIL held through compute, this loop could only run between
+    # switch intervals of Python code; released, it spins the whole time.
+    assert count > 50_000 * spins[0], f"{count} iterations in {spins[0]:.2f} s"
