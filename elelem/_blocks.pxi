@@ -76,7 +76,7 @@ cdef inline ggml_tensor * rope(Step * st, ggml_tensor * x, float freq_base, ggml
 
 
 cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, ggml_tensor * k,
-                             ggml_tensor * v, ggml_tensor * mask) noexcept:
+                             ggml_tensor * v, ggml_tensor * mask, float kq_scale) noexcept:
     """Store this step's K and V at n_past, then attend over positions [0, n_kv).
 
     q: (head_dim_k, n_head, n_tokens), k: (head_dim_k, n_head_kv, n_tokens),
@@ -113,12 +113,12 @@ cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, 
     if st.flash_attn:
         values = ggml_view_3d(ctx, vc, hp.head_dim_v, st.n_kv, hp.n_head_kv,
                               vc.nb[1], ggml_row_size(vc.type, hp.head_dim_v), 0)
-        out = ggml_flash_attn_ext(ctx, q, keys, values, mask, hp.attn_scale, 0.0, 0.0)
+        out = ggml_flash_attn_ext(ctx, q, keys, values, mask, kq_scale, 0.0, 0.0)
         return ggml_reshape_2d(ctx, out, hp.head_dim_v * hp.n_head, st.n_tokens)
     values = ggml_view_3d(ctx, vc, st.n_kv, hp.head_dim_v, hp.n_head_kv,
                           cache.n_ctx * v_el, cache.n_ctx * v_el * hp.head_dim_v, 0)  # (n_kv, head_dim_v, n_head_kv)
     out = ggml_mul_mat(ctx, keys, q)                                       # (n_kv, n_tokens, n_head)
-    out = ggml_soft_max_ext(ctx, out, mask, hp.attn_scale, 0.0)
+    out = ggml_soft_max_ext(ctx, out, mask, kq_scale, 0.0)
     out = ggml_mul_mat(ctx, values, out)                                   # (head_dim_v, n_tokens, n_head)
     out = ggml_permute(ctx, out, 0, 2, 1, 3)                               # (head_dim_v, n_head, n_tokens)
     return ggml_cont_2d(ctx, out, hp.head_dim_v * hp.n_head, st.n_tokens)

@@ -97,7 +97,6 @@ cdef struct HParams:
     float attn_scale      # multiplies Q.K
     float embd_scale      # multiplies the token embeddings (1 for most)
     int n_swa             # sliding window width, 0 if none
-    int swa_pattern       # every swa_pattern-th layer is global; 0 if no SWA
 
 cdef struct LayerWeights:
     ggml_tensor * attn_norm       # (n_embd)
@@ -156,6 +155,7 @@ cdef class Model:
     cdef readonly int n_repacked
     cdef HParams hp
     cdef LayerWeights * layers          # n_layer entries, calloc'd
+    cdef unsigned char * swa_layers     # n_layer flags: 1 where the layer attends over the window
     cdef ggml_tensor * tok_embd         # (n_embd, n_vocab)
     cdef ggml_tensor * output_norm      # (n_embd)
     cdef ggml_tensor * output           # (n_embd, n_vocab); tok_embd when tied
@@ -172,6 +172,7 @@ cdef class Model:
         self.map_size = 0
         self.weights_buf = NULL
         self.layers = NULL
+        self.swa_layers = NULL
         for i in range(MAX_EXTRA_BUFTS):
             self.repack_ctx[i] = NULL
             self.repack_buf[i] = NULL
@@ -209,6 +210,9 @@ cdef class Model:
         if self.layers != NULL:
             free(self.layers)
             self.layers = NULL
+        if self.swa_layers != NULL:
+            free(self.swa_layers)
+            self.swa_layers = NULL
         self.closed = True
 
     def close(self):
@@ -295,10 +299,15 @@ def open_model(path, str arch, dict hparams, dict global_tensors, list layer_ten
     m.rope_freqs = m._tensor(rf, False) if rf else NULL
 
     m.layers = <LayerWeights *> calloc(m.hp.n_layer, sizeof(LayerWeights))
-    if m.layers == NULL:
+    m.swa_layers = <unsigned char *> calloc(m.hp.n_layer, 1)
+    if m.layers == NULL or m.swa_layers == NULL:
         raise MemoryError()
+    swa = hparams.get("swa_layers") or [False] * m.hp.n_layer
+    if len(swa) != m.hp.n_layer:
+        raise errors.ModelShapeError(f"{len(swa)} sliding-window flags for {m.hp.n_layer} layers")
     cdef int il, ir
     for il in range(m.hp.n_layer):
+        m.swa_layers[il] = 1 if swa[il] else 0
         table = layer_tensors[il]
         for ir, role in enumerate(LAYER_ROLES):
             name = table.get(role)
@@ -327,7 +336,6 @@ cdef void _fill_hparams(HParams * hp, dict h) except *:
     hp.attn_scale = h["attn_scale"]
     hp.embd_scale = h.get("embd_scale", 1.0)
     hp.n_swa = h.get("n_swa", 0)
-    hp.swa_pattern = h.get("swa_pattern", 0)
 
 
 cdef void _map_weights(Model m, bytes bpath) except *:
@@ -539,6 +547,7 @@ def causal_mask(int n_past, int n_tokens, int n_kv, int n_swa=0):
 
 include "_blocks.pxi"
 include "_arch_qwen2.pxi"
+include "_arch_gemma3.pxi"
 
 
 # --------------------------------------------------------------------------
@@ -650,6 +659,8 @@ cdef class Session:
         cdef ggml_tensor * logits
         if self.model.hp.arch in (ARCH_QWEN2, ARCH_LLAMA, ARCH_QWEN3):
             logits = build_qwen2_family(self.model, self.cache, st)
+        elif self.model.hp.arch == ARCH_GEMMA3:
+            logits = build_gemma3(self.model, self.cache, st)
         else:
             raise errors.UnsupportedArchitectureError("no graph builder for this architecture")
         st.logits = logits

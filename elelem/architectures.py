@@ -66,14 +66,19 @@ class Architecture:
 
 
 def _gemma3(h: dict, key: Callable[[str, Any], Any]) -> None:
-    # Gemma 3 scales embeddings by sqrt(n_embd); five of every six layers use
-    # a sliding window with their own RoPE base (llama.cpp: 10000), the sixth
-    # is global and uses rope.freq_base.  The attention scale is 1/sqrt(head_dim).
+    # Gemma 3 scales embeddings by sqrt(n_embd).  With a sliding window, layer
+    # il attends over the window unless il % pattern == pattern - 1 (pattern 6:
+    # five local layers, then one global); local layers use rope.freq_base_swa
+    # (default 10000, as llama.cpp), global ones rope.freq_base.  Q is scaled
+    # by 1/sqrt(head_dim) (1/sqrt(n_embd/n_head) for the 62-layer 27B).
     h["embd_scale"] = math.sqrt(h["n_embd"])
     h["n_swa"] = int(key("attention.sliding_window", 0))
-    h["swa_pattern"] = 6 if h["n_swa"] > 0 else 0
-    h["rope_base_swa"] = 10000.0
-    h["attn_scale"] = 1.0 / math.sqrt(h["head_dim_k"])
+    if h["n_swa"] > 0:
+        pattern = int(key("attention.sliding_window_pattern", 6))
+        h["swa_layers"] = [pattern == 0 or il % pattern < pattern - 1 for il in range(h["n_layer"])]
+    h["rope_base_swa"] = float(key("rope.freq_base_swa", 10000.0))
+    width = h["n_embd"] / h["n_head"] if h["n_layer"] == 62 else h["head_dim_k"]
+    h["attn_scale"] = 1.0 / math.sqrt(width)
 
 
 ARCHITECTURES: dict[str, Architecture] = {

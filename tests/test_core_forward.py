@@ -148,3 +148,40 @@ def test_sessions_share_one_model_and_keep_separate_caches(tiny_model):
         np.testing.assert_allclose(out_a, want[11], rtol=0, atol=2e-5 * np.abs(want).max())
         a.close()
         b.close()
+
+
+# One case per architecture: adding an architecture adds a line here.
+ARCH_CASES = {
+    "qwen2": TinyConfig(arch="qwen2"),
+    "llama": TinyConfig(arch="llama"),
+    "llama3-rope-freqs": TinyConfig(arch="llama", rope_freqs=True),
+    "qwen3": TinyConfig(arch="qwen3", head_dim=32),
+    # 7 layers: layers 0-4 and 6 slide over a 5-token window, layer 5 is global.
+    "gemma3": TinyConfig(arch="gemma3", head_dim=32, n_layer=7, n_swa=5, tied=True),
+}
+# ggml's GELU reads a float16 table, so GeGLU models carry ~1e-4 relative error.
+ARCH_TOLERANCE = {"gemma3": 2e-3}
+
+
+@pytest.mark.parametrize("name", ARCH_CASES)
+def test_architecture_matches_reference(tiny_model, name):
+    cfg = ARCH_CASES[name]
+    path, weights = tiny_model(cfg)
+    want = reference_logits(weights, cfg, PROMPT)
+    with elelem.LLM(path, kv_type="f32") as llm:
+        assert llm.spec.arch.name == cfg.arch
+        got = llm.eval(PROMPT, all_logits=True)
+    tol = ARCH_TOLERANCE.get(name, 2e-5) * np.abs(want).max()
+    assert np.abs(got - want).max() <= tol
+    assert (got.argmax(1) == want.argmax(1)).all()
+
+
+@pytest.mark.parametrize("name", ARCH_CASES)
+def test_architecture_cached_decoding_equals_uncached(tiny_model, name):
+    cfg = ARCH_CASES[name]
+    path, _ = tiny_model(cfg)
+    with elelem.LLM(path, kv_type="f32") as llm:
+        whole = llm.eval(PROMPT, all_logits=True)
+        llm.reset()
+        steps = np.stack([llm.eval([t]) for t in PROMPT])
+    np.testing.assert_allclose(steps, whole, rtol=0, atol=1e-4 * np.abs(whole).max())
