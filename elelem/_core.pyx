@@ -563,8 +563,50 @@ cdef inline int _padded_n_kv(int n_used, int n_ctx) noexcept:
     return min(n_ctx, ((n_used + KV_PAD - 1) // KV_PAD) * KV_PAD)
 
 
+# Ctrl-C during a step.  Python's SIGINT handler only sets a flag that the
+# interpreter checks between bytecodes, so a long prefill would ignore Ctrl-C
+# until it finished.  While the main thread computes, a C handler chained in
+# front of Python's also sets a flag that ggml's abort callback reads: the step
+# stops at the next graph node, and Python still sees its KeyboardInterrupt.
+cdef extern from *:
+    """
+    #include <signal.h>
+    #include <string.h>
+    static volatile sig_atomic_t elelem_sigint_seen = 0;
+    static struct sigaction elelem_prev_sigint;
+
+    static void elelem_on_sigint(int sig) {
+        elelem_sigint_seen = 1;
+        elelem_prev_sigint.sa_handler(sig);  /* Python's own handler */
+    }
+
+    /* Chain in front of the current SIGINT handler if it is a plain function
+       (Python's); returns 1 if installed. */
+    static int elelem_sigint_watch(void) {
+        struct sigaction act;
+        elelem_sigint_seen = 0;
+        if (sigaction(SIGINT, NULL, &elelem_prev_sigint) != 0) return 0;
+        if ((elelem_prev_sigint.sa_flags & SA_SIGINFO) ||
+            elelem_prev_sigint.sa_handler == SIG_DFL || elelem_prev_sigint.sa_handler == SIG_IGN) return 0;
+        memset(&act, 0, sizeof act);
+        act.sa_handler = elelem_on_sigint;
+        act.sa_flags = elelem_prev_sigint.sa_flags;
+        sigemptyset(&act.sa_mask);
+        return sigaction(SIGINT, &act, NULL) == 0;
+    }
+
+    static void elelem_sigint_unwatch(void) { sigaction(SIGINT, &elelem_prev_sigint, NULL); }
+    """
+    int elelem_sigint_seen
+    int elelem_sigint_watch() nogil
+    void elelem_sigint_unwatch() nogil
+
+from cpython.exc cimport PyErr_CheckSignals
+import threading as _threading
+
+
 cdef cbool _abort_requested(void * data) noexcept nogil:
-    return (<volatile int *> data)[0] != 0
+    return (<volatile int *> data)[0] != 0 or elelem_sigint_seen != 0
 
 
 cdef class Session:
@@ -735,13 +777,21 @@ cdef class Session:
         st.flash_attn = self.flash_attn
         cdef ggml_cgraph * gf = self._build(&st)
         cdef ggml_status status
+        cdef int watching
         cdef cnp.int32_t[::1] ids = ids_arr
         try:
             if not ggml_gallocr_alloc_graph(self.galloc, gf):
                 raise MemoryError("ggml could not allocate the compute graph")
             _set_inputs(&st, &ids[start])
+            watching = _threading.current_thread() is _threading.main_thread()  # signals reach the main thread
             with nogil:
+                if watching:
+                    watching = elelem_sigint_watch()
                 status = ggml_backend_graph_compute(self.backend, gf)
+                if watching:
+                    elelem_sigint_unwatch()
+            if status == GGML_STATUS_ABORTED:
+                PyErr_CheckSignals()  # raises the pending KeyboardInterrupt, if Ctrl-C was the cause
             _check_status(status, "computing a step")
             if all_logits:
                 ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out) + <size_t> start * self.model.hp.n_vocab * 4,

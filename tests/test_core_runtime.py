@@ -118,3 +118,38 @@ def test_compute_releases_the_gil(tmp_path_factory):
     # With the GIL held through compute, this loop could only run between
     # switch intervals of Python code; released, it spins the whole time.
     assert count > 50_000 * spins[0], f"{count} iterations in {spins[0]:.2f} s"
+
+
+CTRL_C_SCRIPT = """
+import os, signal, sys, threading, time
+import numpy as np, elelem
+llm = elelem.LLM(sys.argv[1], n_ctx=1024, n_threads=1)
+t0 = time.perf_counter(); llm.eval(np.arange(512) % 256); full = time.perf_counter() - t0
+llm.reset()
+threading.Timer(full / 10, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+t0 = time.perf_counter()
+try:
+    llm.eval(np.arange(512) % 256)
+    print("NOT INTERRUPTED")
+except KeyboardInterrupt:
+    took = time.perf_counter() - t0
+    print(f"INTERRUPTED {took:.3f} {full:.3f} {llm.n_past}")
+a = llm.eval([1, 2, 3]); llm.reset(); b = llm.eval([1, 2, 3])
+print("USABLE", bool(np.array_equal(a, b)))
+"""
+
+
+def test_ctrl_c_stops_a_long_prefill_and_leaves_the_model_usable(tmp_path_factory):
+    import subprocess
+    import sys
+    path = tmp_path_factory.mktemp("ctrlc") / "mid.gguf"
+    _write_wide_model(path, n_embd=1024, n_ff=4096, n_head=16, n_head_kv=4, n_layer=6)
+    out = subprocess.run([sys.executable, "-c", CTRL_C_SCRIPT, str(path)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    words = out.stdout.split()
+    assert words[0] == "INTERRUPTED", out.stdout
+    took, full, n_past = float(words[1]), float(words[2]), int(words[3])
+    assert took < full / 2, "the step ran on after Ctrl-C"
+    assert n_past == 0  # nothing half-evaluated is kept
+    assert "USABLE True" in out.stdout
