@@ -1,0 +1,104 @@
+"""Byte-level BPE (``tokenizer.ggml.model = "gpt2"``): GPT-2, Qwen2, Llama 3, SmolLM.
+
+Text is split into words by the pre-tokenizer, each word's UTF-8 bytes are
+written with GPT-2's byte-to-character table, and adjacent symbols are merged by
+rank (the position of ``"left right"`` in ``tokenizer.ggml.merges``) as
+``llm_tokenizer_bpe_session::tokenize`` does.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
+
+from .cache import BoundedCache
+from .merge import merge
+from .pretokenize import PreTokenizer
+
+
+def _byte_to_char() -> list[str]:
+    """GPT-2's table: printable Latin-1 bytes stand for themselves, the other
+    bytes take the code points from U+0100 on, in byte order."""
+    printable = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    table, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            table.append(chr(b))
+        else:
+            table.append(chr(0x100 + extra))
+            extra += 1
+    return table
+
+
+BYTE_TO_CHAR: list[str] = _byte_to_char()
+CHAR_TO_BYTE: dict[str, int] = {c: b for b, c in enumerate(BYTE_TO_CHAR)}
+
+# str.translate table: a Latin-1 decoded byte -> its GPT-2 character.
+_ENCODE_TABLE = {b: c for b, c in enumerate(BYTE_TO_CHAR)}
+
+
+def byte_encode(text: str) -> str:
+    """``text``'s UTF-8 bytes as GPT-2 byte characters."""
+    return text.encode("utf-8").decode("latin-1").translate(_ENCODE_TABLE)
+
+
+class ByteLevelBPE:
+    """Words to ids for a byte-level BPE vocabulary."""
+
+    #: words longer than this (in characters) are not cached
+    CACHE_MAX_WORD = 256
+
+    def __init__(self, token_to_id: Mapping[str, int], merges: Sequence[str],
+                 pretokenizer: PreTokenizer, *, cache_size: int = 1 << 16):
+        self._token_to_id = token_to_id
+        self._merges = merges
+        self._ranks: Optional[dict[str, int]] = None  # built on first use
+        self.pretokenizer = pretokenizer
+        self._cache = BoundedCache(cache_size)
+
+    @property
+    def ranks(self) -> dict[str, int]:
+        """Merge rule text ``"left right"`` -> rank.
+
+        llama.cpp splits each rule at its first space after the first character.
+        Byte-level symbols never contain a space (U+0020 is written ``Ġ``), so
+        looking up ``left + " " + right`` finds exactly the rule llama.cpp
+        parsed into that pair, and rules it could not parse never match.
+        """
+        if self._ranks is None:
+            n = len(self._merges)
+            # Reversed, so that the first of duplicate rules wins, as in llama.cpp.
+            self._ranks = dict(zip(reversed(self._merges), range(n - 1, -1, -1)))
+            self._merges = ()  # no longer needed
+        return self._ranks
+
+    def encode(self, text: str, out: list[int]) -> None:
+        """Append the ids of ``text`` (a fragment with no special tokens) to ``out``."""
+        cache = self._cache
+        get = cache.get
+        for word in self.pretokenizer.split(text):
+            ids = get(word)
+            if ids is None:
+                ids = self._encode_word(word)
+                if len(word) <= self.CACHE_MAX_WORD:
+                    cache.put(word, ids)
+            out += ids
+
+    def _encode_word(self, word: str) -> tuple[int, ...]:
+        encoded = byte_encode(word)
+        lookup = self._token_to_id.get
+        whole = lookup(encoded)
+        if whole is not None and (len(encoded) == 1 or self.pretokenizer.ignore_merges):
+            return (whole,)
+        parts = merge(list(encoded), self.ranks, " ")
+        ids = []
+        for part in parts:
+            token_id = lookup(part)
+            if token_id is not None:
+                ids.append(token_id)
+                continue
+            # No such token (only in odd vocabularies): llama.cpp then looks up
+            # each byte of the piece's UTF-8 as a one-byte token and drops misses.
+            for b in part.encode("utf-8"):
+                single = lookup(chr(b)) if b < 0x80 else None
+                if single is not None:
+                    ids.append(single)
+        return tuple(ids)

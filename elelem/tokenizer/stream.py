@@ -1,0 +1,39 @@
+"""Incremental detokenization for streaming generation."""
+from __future__ import annotations
+
+import codecs
+from typing import TYPE_CHECKING, Iterable, Union
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .tokenizer import Tokenizer
+
+
+class StreamDecoder:
+    """Feed token ids, get text back as soon as it is complete UTF-8.
+
+    A character whose bytes arrive in several tokens (an emoji as byte tokens)
+    comes out whole once its last byte arrives, never as U+FFFD.  Call
+    :meth:`flush` at the end: bytes still waiting for the rest of their
+    character come out as U+FFFD then.  The concatenated output equals
+    ``tokenizer.decode(all_ids, special=...).decode("utf-8", "replace")``.
+    """
+
+    def __init__(self, tokenizer: "Tokenizer", *, special: bool = False):
+        self._tokenizer = tokenizer
+        self.special = special
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._state = tokenizer._leading_space_state()
+
+    def feed(self, ids: Union[int, Iterable[int]]) -> str:
+        """Add one id or several; return the text they complete (maybe ``""``)."""
+        if not hasattr(ids, "__iter__"):
+            ids = (ids,)
+        data = self._tokenizer._decode_continue(ids, self.special, self._state)
+        return self._decoder.decode(data) if data else ""
+
+    def flush(self) -> str:
+        """End of stream: whatever is pending, incomplete characters as U+FFFD."""
+        text = self._decoder.decode(b"", final=True)
+        self._decoder.reset()
+        self._state = self._tokenizer._leading_space_state()
+        return text

@@ -1,0 +1,187 @@
+"""The :class:`Tokenizer`: GGUF metadata in, llama.cpp-identical ids out."""
+from __future__ import annotations
+
+import operator
+from typing import Any, Iterable, Mapping, Optional, Union
+
+from ..errors import GGUFError, InvalidArgumentError, InvalidTokenError
+from .bpe import ByteLevelBPE
+from .pieces import build_pieces
+from .pretokenize import pretokenizer_for
+from .special import SpecialTokenSplitter
+from .spm import SentencePieceBPE
+from .stream import StreamDecoder
+from .text_input import normalize_input
+from .vocab import ATTR_CONTROL, ATTR_UNKNOWN, ATTR_USER_DEFINED, Vocab, load_vocab
+
+TextInput = Union[str, bytes, bytearray, memoryview]
+
+
+class Tokenizer:
+    """Encode and decode text exactly as llama.cpp does for the same GGUF.
+
+    Build one with :meth:`from_metadata`.  Supports byte-level BPE
+    (``tokenizer.ggml.model = "gpt2"``) and SentencePiece BPE (``"llama"``).
+    """
+
+    def __init__(self, vocab: Vocab, model: Union[ByteLevelBPE, SentencePieceBPE]):
+        self._vocab = vocab
+        self._model = model
+        self._spm = isinstance(model, SentencePieceBPE)
+        attrs = vocab.attrs
+        cached = [(vocab.tokens[i], i) for i in range(vocab.n_vocab)
+                  if attrs[i] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]
+        # User-defined tokens are cut out of the text even with special=False
+        # (llama.cpp, after Hugging Face tokenizers); control and unknown ones
+        # only when parsing special tokens.
+        self._split_plain = SpecialTokenSplitter(
+            (t, i) for t, i in cached if not attrs[i] & (ATTR_CONTROL | ATTR_UNKNOWN))
+        self._split_special = SpecialTokenSplitter(cached)
+        self._pieces: Optional[tuple[list[bytes], list[bytes]]] = None  # built on first decode
+
+        self.n_vocab: int = vocab.n_vocab
+        self.bos_id: Optional[int] = vocab.bos_id
+        self.eos_id: Optional[int] = vocab.eos_id
+        self.eog_ids: frozenset[int] = vocab.eog_ids
+        self.add_bos: bool = vocab.add_bos
+        self.add_eos: bool = vocab.add_eos
+
+    # ------------------------------------------------------------------ build
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, Any]) -> "Tokenizer":
+        """A tokenizer from GGUF metadata: ``key -> value``, arrays as lists or numpy arrays."""
+        model_type = meta.get("tokenizer.ggml.model")
+        if model_type == "gpt2":
+            pre = pretokenizer_for(meta.get("tokenizer.ggml.pre"))
+            vocab = load_vocab(meta, pre_add_bos=pre.add_bos)
+            merges = meta.get("tokenizer.ggml.merges")
+            if merges is None:
+                raise GGUFError("byte-level BPE GGUF has no tokenizer.ggml.merges")
+            merges = merges.tolist() if hasattr(merges, "tolist") else list(merges)
+            return cls(vocab, ByteLevelBPE(vocab.token_to_id, merges, pre))
+        if model_type == "llama":
+            vocab = load_vocab(meta)
+            return cls(vocab, SentencePieceBPE(vocab))
+        raise GGUFError(f"unsupported tokenizer.ggml.model {model_type!r} (elelem reads 'gpt2' and 'llama')")
+
+    # ----------------------------------------------------------------- encode
+
+    @property
+    def unk_id(self) -> Optional[int]:
+        return self._vocab.unk_id
+
+    @property
+    def add_space_prefix(self) -> bool:
+        return self._vocab.add_space_prefix
+
+    def encode(self, text: TextInput, *, add_bos: Optional[bool] = None,
+               add_eos: Optional[bool] = None, special: bool = False) -> list[int]:
+        """Token ids of ``text``.
+
+        ``add_bos`` / ``add_eos`` default to the model's own settings.  With
+        ``special=True`` the text of control tokens (``<|im_start|>``,
+        ``<start_of_turn>``, ...) becomes those tokens; otherwise it is plain text.
+        """
+        add_bos = self.add_bos if add_bos is None else add_bos
+        add_eos = self.add_eos if add_eos is None else add_eos
+        if add_bos and self.bos_id is None:
+            raise InvalidArgumentError("add_bos=True, but this model has no BOS token")
+        if add_eos and self.eos_id is None:
+            raise InvalidArgumentError("add_eos=True, but this model has no EOS token")
+        raw = normalize_input(text, keep_raw_bytes=self._spm)
+
+        out: list[int] = [self.bos_id] if add_bos else []
+        fragments = (self._split_special if special else self._split_plain).split(raw)
+        model = self._model
+        if self._spm:
+            # llama.cpp puts a space before the first fragment and before every
+            # fragment that follows a special token, when add_space_prefix is set.
+            prefix = self._vocab.add_space_prefix
+            after_special = True
+            for fragment in fragments:
+                if isinstance(fragment, int):
+                    out.append(fragment)
+                    after_special = True
+                else:
+                    model.encode(" " + fragment if prefix and after_special else fragment, out)
+                    after_special = False
+        else:
+            for fragment in fragments:
+                if isinstance(fragment, int):
+                    out.append(fragment)
+                else:
+                    model.encode(fragment, out)
+        if add_eos:
+            out.append(self.eos_id)
+        return out
+
+    # ----------------------------------------------------------------- decode
+
+    def token_text(self, token_id: int) -> str:
+        """The raw vocabulary piece of ``token_id`` (e.g. ``"Ġhello"``, ``"▁the"``)."""
+        return self._vocab.tokens[self._check_id(token_id)]
+
+    def decode(self, ids: Iterable[int], *, special: bool = False) -> bytes:
+        """The bytes ``ids`` stand for: each token's piece, concatenated.
+
+        Control tokens give their text only with ``special=True``.  For a
+        vocabulary with ``add_space_prefix``, the space that :meth:`encode` puts
+        in front of the text is dropped again (from the first piece after an
+        optional leading BOS).  Raises :class:`InvalidTokenError` for an id
+        outside ``[0, n_vocab)``.
+        """
+        return self._decode_continue(ids, special, self._leading_space_state())
+
+    def stream_decoder(self, *, special: bool = False) -> StreamDecoder:
+        """A :class:`StreamDecoder` that yields text as ids arrive."""
+        return StreamDecoder(self, special=special)
+
+    def is_eog(self, token_id: int) -> bool:
+        return token_id in self.eog_ids
+
+    # -------------------------------------------------------------- internals
+
+    def _check_id(self, token_id: int) -> int:
+        try:
+            index = operator.index(token_id)
+        except TypeError:
+            raise InvalidTokenError(f"token id must be an integer, not {type(token_id).__name__}") from None
+        if not 0 <= index < self.n_vocab:
+            raise InvalidTokenError(f"token id {index} is outside [0, {self.n_vocab})")
+        return index
+
+    def _leading_space_state(self) -> list[int]:
+        # [0]: 0 = nothing decoded yet, 1 = only a BOS so far, 2 = past the start.
+        return [0 if self._vocab.add_space_prefix else 2]
+
+    def _decode_continue(self, ids: Iterable[int], special: bool, state: list[int]) -> bytes:
+        if self._pieces is None:
+            self._pieces = build_pieces(self._vocab)
+        table = self._pieces[1] if special else self._pieces[0]
+        ids = ids if isinstance(ids, list) else list(ids)
+        if not ids:
+            return b""
+        try:
+            in_range = 0 <= min(ids) and max(ids) < self.n_vocab
+            pieces = [table[i] for i in ids] if in_range else None
+        except TypeError:
+            pieces = None
+        if pieces is None:  # find the offending id and say which
+            for token_id in ids:
+                self._check_id(token_id)
+            raise InvalidTokenError(f"invalid token ids: {ids!r}")  # pragma: no cover
+        if state[0] != 2:
+            self._strip_leading_space(ids, pieces, state)
+        return b"".join(pieces)
+
+    def _strip_leading_space(self, ids: list[int], pieces: list[bytes], state: list[int]) -> None:
+        """Drop the space encode() added in front of the text (add_space_prefix vocabularies)."""
+        for k, token_id in enumerate(ids):
+            if state[0] == 0 and token_id == self.bos_id:
+                state[0] = 1
+                continue
+            state[0] = 2
+            if pieces[k].startswith(b" "):
+                pieces[k] = pieces[k][1:]
+            return

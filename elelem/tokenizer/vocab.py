@@ -1,0 +1,259 @@
+"""The vocabulary as llama.cpp sees it: pieces, attributes, scores and special ids.
+
+Everything here follows ``llama_vocab::impl::load`` (llama-vocab.cpp), including
+its text-based fix-ups: tokens such as ``<|im_end|>`` or ``</s>`` become control
+tokens and end-of-generation tokens even when the GGUF marks them otherwise,
+because that changes both how text is split and what ``decode`` renders.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+from ..errors import GGUFError
+
+log = logging.getLogger("elelem")
+
+# llama_token_attr bits
+ATTR_UNDEFINED = 0
+ATTR_UNKNOWN = 1 << 0
+ATTR_UNUSED = 1 << 1
+ATTR_NORMAL = 1 << 2
+ATTR_CONTROL = 1 << 3
+ATTR_USER_DEFINED = 1 << 4
+ATTR_BYTE = 1 << 5
+
+# tokenizer.ggml.token_type values (llama_token_type) -> attribute
+_TYPE_TO_ATTR = {
+    0: ATTR_UNDEFINED,
+    1: ATTR_NORMAL,
+    2: ATTR_UNKNOWN,
+    3: ATTR_CONTROL,
+    4: ATTR_USER_DEFINED,
+    5: ATTR_UNUSED,
+    6: ATTR_BYTE,
+}
+
+# Token texts llama.cpp treats as end-of-generation (and forces to control).
+_EOG_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+    "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
+    "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
+    "<turn|>", "<|tool_response>", "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
+})
+_EOT_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+    "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<\uff5cend\u2581of\u2581sentence\uff5c>",
+    "<end_of_utterance>",
+})
+_EOM_TEXTS = frozenset({"<|eom_id|>"})
+_FIM_TEXTS = {
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>",
+                "<PRE>", "\u2581<PRE>", "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>",
+                "<SUF>", "\u2581<SUF>", "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>",
+                "<MID>", "\u2581<MID>", "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+# gpt-oss: always rendered, never control.
+_FORCED_USER_DEFINED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
+
+_KEY = "tokenizer.ggml."
+
+
+@dataclass
+class Vocab:
+    """Token pieces and what llama.cpp derives from them."""
+
+    model: str                      # tokenizer.ggml.model: "gpt2" or "llama"
+    tokens: list[str]
+    attrs: list[int]
+    scores: Optional[list[float]]
+    token_to_id: dict[str, int]
+    bos_id: Optional[int]
+    eos_id: Optional[int]
+    unk_id: Optional[int]
+    eog_ids: frozenset[int]
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool
+    special_ids: dict[str, Optional[int]] = field(default_factory=dict)
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.tokens)
+
+
+def _as_list(value: Any) -> list:
+    return value.tolist() if hasattr(value, "tolist") else list(value)
+
+
+def _get_bool(meta: Mapping[str, Any], key: str) -> Optional[bool]:
+    value = meta.get(_KEY + key)
+    return None if value is None else bool(value)
+
+
+def load_vocab(meta: Mapping[str, Any], *, pre_add_bos: bool = False) -> Vocab:
+    """Build a :class:`Vocab` from GGUF metadata (``key -> value``).
+
+    ``pre_add_bos`` is the BPE pre-tokenizer's own add_bos default (Llama 3 style
+    tokenizers add BOS when the GGUF does not say).
+    """
+    model = meta.get(_KEY + "model")
+    if model not in ("gpt2", "llama"):
+        raise GGUFError(f"unsupported tokenizer.ggml.model {model!r} (elelem reads 'gpt2' and 'llama')")
+    raw_tokens = meta.get(_KEY + "tokens")
+    if raw_tokens is None or len(raw_tokens) == 0:
+        raise GGUFError("GGUF has no tokenizer.ggml.tokens")
+    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(_as_list(raw_tokens))]
+    if any(not isinstance(t, str) for t in tokens[:1]):
+        raise GGUFError("tokenizer.ggml.tokens must be a list of strings")
+    n = len(tokens)
+
+    raw_types = meta.get(_KEY + "token_type")
+    if raw_types is None:
+        attrs = [ATTR_NORMAL] * n
+    else:
+        types = _as_list(raw_types)
+        if len(types) < n:
+            raise GGUFError(f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
+        get = _TYPE_TO_ATTR.get
+        attrs = [get(t, ATTR_UNDEFINED) for t in types[:n]]
+
+    raw_scores = meta.get(_KEY + "scores")
+    scores = None
+    if raw_scores is not None:
+        scores = [float(s) for s in _as_list(raw_scores)[:n]]
+        if len(scores) < n:
+            raise GGUFError(f"tokenizer.ggml.scores has {len(scores)} entries for {n} tokens")
+
+    # A later duplicate wins, as in llama.cpp's token_to_id map.
+    token_to_id = dict(zip(tokens, range(n)))
+
+    spm = model == "llama"
+    if spm:
+        ids: dict[str, Optional[int]] = {"bos": 1, "eos": 2, "unk": 0}
+        add_bos, add_eos, add_space_prefix = True, False, True
+    else:
+        ids = {"bos": 11, "eos": 11, "unk": None}
+        add_bos, add_eos, add_space_prefix = pre_add_bos, False, False
+    for name in ("eot", "eom", "sep", "pad", "mask", *_FIM_TEXTS):
+        ids.setdefault(name, None)
+
+    for name, value in list(ids.items()):
+        if value is not None and value >= n:
+            ids[name] = None  # a default outside the vocab is disabled
+    keys = {
+        "bos": "bos_token_id", "eos": "eos_token_id", "eot": "eot_token_id",
+        "eom": "eom_token_id", "unk": "unknown_token_id", "sep": "seperator_token_id",
+        "pad": "padding_token_id", "mask": "mask_token_id",
+        "fim_pre": "fim_pre_token_id", "fim_suf": "fim_suf_token_id",
+        "fim_mid": "fim_mid_token_id", "fim_pad": "fim_pad_token_id",
+        "fim_rep": "fim_rep_token_id", "fim_sep": "fim_sep_token_id",
+    }
+    deprecated = {"fim_pre": "prefix_token_id", "fim_suf": "suffix_token_id",
+                  "fim_mid": "middle_token_id"}
+    for name, key in list(keys.items()) + list(deprecated.items()):
+        value = meta.get(_KEY + key)
+        if value is None:
+            continue
+        value = int(value)
+        if 0 <= value < n:
+            ids[name] = value
+        else:
+            log.warning("tokenizer: %s = %d is outside the vocabulary of %d tokens; ignored", key, value, n)
+
+    for key, current in (("add_bos_token", add_bos), ("add_eos_token", add_eos),
+                         ("add_space_prefix", add_space_prefix)):
+        value = _get_bool(meta, key)
+        if value is not None:
+            if key == "add_bos_token":
+                add_bos = value
+            elif key == "add_eos_token":
+                add_eos = value
+            else:
+                add_space_prefix = value
+    if not spm:
+        add_space_prefix = False  # llama.cpp: BPE vocabs never add a space prefix
+
+    eog = _detect_special_by_text(tokens, attrs, token_to_id, ids)
+
+    if add_bos and ids["bos"] is None:
+        log.warning("tokenizer: the model asks for BOS but has no BOS token; not adding one")
+        add_bos = False
+    if add_eos and ids["eos"] is None:
+        log.warning("tokenizer: the model asks for EOS but has no EOS token; not adding one")
+        add_eos = False
+
+    return Vocab(
+        model=model, tokens=tokens, attrs=attrs, scores=scores, token_to_id=token_to_id,
+        bos_id=ids["bos"], eos_id=ids["eos"], unk_id=ids["unk"], eog_ids=frozenset(eog),
+        add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix, special_ids=ids,
+    )
+
+
+def _force_control(attrs: list[int], token_id: int) -> None:
+    attrs[token_id] |= ATTR_CONTROL
+
+
+def _first_present(token_to_id: Mapping[str, int], texts: Sequence[str]) -> Optional[int]:
+    # llama.cpp scans an unordered map, so with several candidates its pick is
+    # arbitrary; the lowest id is at least stable.
+    found = [token_to_id[t] for t in texts if t in token_to_id]
+    return min(found) if found else None
+
+
+def _detect_special_by_text(tokens: list[str], attrs: list[int],
+                            token_to_id: Mapping[str, int], ids: dict) -> set[int]:
+    """llama.cpp's text-based detection of EOT/EOM/FIM and end-of-generation tokens.
+
+    Mutates ``attrs`` (forced control / user-defined) and ``ids``; returns the EOG set.
+    """
+    if ids["eot"] is None:
+        ids["eot"] = _first_present(token_to_id, sorted(_EOT_TEXTS))
+        if ids["eot"] is not None:
+            _force_control(attrs, ids["eot"])
+    if ids["eom"] is None:
+        ids["eom"] = _first_present(token_to_id, sorted(_EOM_TEXTS))
+        if ids["eom"] is not None:
+            _force_control(attrs, ids["eom"])
+    for name, texts in _FIM_TEXTS.items():
+        if ids[name] is None:
+            ids[name] = _first_present(token_to_id, texts)
+            if ids[name] is not None:
+                _force_control(attrs, ids[name])
+
+    eog: set[int] = set()
+    for name in ("fim_pad", "fim_rep", "fim_sep"):
+        if ids[name] is not None:
+            eog.add(ids[name])
+    for text in _EOG_TEXTS:
+        token_id = token_to_id.get(text)
+        if token_id is not None:
+            eog.add(token_id)
+            _force_control(attrs, token_id)
+    for text in _FORCED_USER_DEFINED:
+        token_id = token_to_id.get(text)
+        if token_id is not None:
+            attrs[token_id] = ATTR_USER_DEFINED
+    for name in ("eos", "eot", "eom"):
+        if ids[name] is not None:
+            eog.add(ids[name])
+
+    # o200k_harmony / solar-open: "<|end|>" ends a message, not the generation.
+    texts = {tokens[i]: i for i in eog}
+    if "<|end|>" in texts and (("<|return|>" in texts and ("<|call|>" in texts or "<|calls|>" in texts))
+                               or (("<|call|>" in texts or "<|calls|>" in texts) and "<|flush|>" in texts)):
+        end_id = texts["<|end|>"]
+        eog.discard(end_id)
+        attrs[end_id] = ATTR_USER_DEFINED
+    # gemma4 / plamo: "</s>" is an ordinary token there.
+    if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+        s_id = texts["</s>"]
+        eog.discard(s_id)
+        attrs[s_id] = ATTR_NORMAL
+    return eog
