@@ -7,7 +7,8 @@ cdef struct Step:
     ggml_cgraph * gf
     const HParams * hp
     int n_tokens            # tokens in this step
-    int n_past              # cached positions before it
+    int n_past              # cached positions before it (inputs only: the graph does not depend on it)
+    int n_ctx               # cache length
     int n_kv                # positions attended to: n_past + n_tokens, padded (masked)
     bint all_logits         # logits for every token, not just the last
     bint flash_attn         # ggml_flash_attn_ext, else mul_mat + softmax (llama.cpp's default)
@@ -15,6 +16,8 @@ cdef struct Step:
     ggml_tensor * inp_pos       # I32 (n_tokens): n_past .. n_past + n_tokens - 1
     ggml_tensor * inp_mask      # F16 (n_kv, n_tokens): 0 or -inf, causal
     ggml_tensor * inp_mask_swa  # F16 (n_kv, n_tokens): causal and windowed; NULL without SWA
+    ggml_tensor * inp_k_idx     # I64 (n_tokens): cache rows this step's K (and V) go to
+    ggml_tensor * inp_v_idx     # I64 (v_row * n_tokens): cache elements of transposed V; NULL with flash_attn
     ggml_tensor * logits        # F32 (n_vocab, n_tokens or 1)
 
 
@@ -25,6 +28,13 @@ cdef void _make_inputs(Step * st) except *:
     ggml_set_input(st.inp_tokens)
     ggml_set_input(st.inp_pos)
     ggml_set_input(st.inp_mask)
+    st.inp_k_idx = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I64, st.n_tokens)
+    ggml_set_input(st.inp_k_idx)
+    if st.flash_attn:
+        st.inp_v_idx = NULL
+    else:
+        st.inp_v_idx = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I64, <int64_t> st.hp.head_dim_v * st.hp.n_head_kv * st.n_tokens)
+        ggml_set_input(st.inp_v_idx)
     if st.hp.n_swa > 0:
         st.inp_mask_swa = ggml_new_tensor_2d(st.ctx, GGML_TYPE_F16, st.n_kv, st.n_tokens)
         ggml_set_input(st.inp_mask_swa)
@@ -34,18 +44,31 @@ cdef void _make_inputs(Step * st) except *:
 
 cdef void _set_inputs(Step * st, const int32_t * ids) except *:
     cdef size_t n_mask = <size_t> st.n_kv * st.n_tokens
+    cdef int64_t v_row = <int64_t> st.hp.head_dim_v * st.hp.n_head_kv
+    cdef size_t n_idx = st.n_tokens * (v_row if st.inp_v_idx != NULL else 1)
     cdef int32_t * pos = <int32_t *> malloc(st.n_tokens * sizeof(int32_t))
     cdef uint16_t * mask = <uint16_t *> malloc(n_mask * sizeof(uint16_t))
-    cdef int i
-    if pos == NULL or mask == NULL:
+    cdef int64_t * idx = <int64_t *> malloc(n_idx * sizeof(int64_t))
+    cdef int64_t i, c
+    if pos == NULL or mask == NULL or idx == NULL:
         free(pos)
         free(mask)
+        free(idx)
         raise MemoryError()
     try:
         for i in range(st.n_tokens):
             pos[i] = st.n_past + i
+            idx[i] = st.n_past + i
         ggml_backend_tensor_set(st.inp_tokens, ids, 0, st.n_tokens * sizeof(int32_t))
         ggml_backend_tensor_set(st.inp_pos, pos, 0, st.n_tokens * sizeof(int32_t))
+        ggml_backend_tensor_set(st.inp_k_idx, idx, 0, st.n_tokens * sizeof(int64_t))
+        if st.inp_v_idx != NULL:
+            # V is stored transposed: element (channel c, position p) at c * n_ctx + p;
+            # this step's V, flattened, holds (c, token t) at c + t * v_row.
+            for i in range(st.n_tokens):
+                for c in range(v_row):
+                    idx[c + i * v_row] = c * st.n_ctx + st.n_past + i
+            ggml_backend_tensor_set(st.inp_v_idx, idx, 0, n_idx * sizeof(int64_t))
         _fill_mask(mask, st.n_past, st.n_tokens, st.n_kv, 0)
         ggml_backend_tensor_set(st.inp_mask, mask, 0, n_mask * sizeof(uint16_t))
         if st.inp_mask_swa != NULL:
@@ -54,6 +77,7 @@ cdef void _set_inputs(Step * st, const int32_t * ids) except *:
     finally:
         free(pos)
         free(mask)
+        free(idx)
 
 
 cdef inline ggml_tensor * norm_rms(Step * st, ggml_tensor * x, ggml_tensor * weight) noexcept:
@@ -95,15 +119,17 @@ cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, 
     cdef int64_t v_row = hp.head_dim_v * hp.n_head_kv
     cdef size_t v_el = ggml_element_size(vc)
 
-    # The copies into the cache are expanded first, so they run before the reads below.
-    ggml_build_forward_expand(st.gf, ggml_cpy(ctx, k, ggml_view_1d(
-        ctx, kc, st.n_tokens * k_row, ggml_row_size(kc.type, k_row) * st.n_past)))
+    # The writes into the cache are expanded first, so they run before the reads
+    # below.  Their destinations come from index inputs, not from view offsets,
+    # so one graph serves every step of the same shape.
+    ggml_build_forward_expand(st.gf, ggml_set_rows(ctx, kc, ggml_reshape_2d(ctx, k, k_row, st.n_tokens),
+                                                   st.inp_k_idx))
     if st.flash_attn:
-        ggml_build_forward_expand(st.gf, ggml_cpy(ctx, v, ggml_view_1d(
-            ctx, vc, st.n_tokens * v_row, ggml_row_size(vc.type, v_row) * st.n_past)))
-    else:
-        ggml_build_forward_expand(st.gf, ggml_cpy(ctx, ggml_transpose(ctx, v), ggml_view_2d(
-            ctx, vc, st.n_tokens, v_row, cache.n_ctx * v_el, st.n_past * v_el)))
+        ggml_build_forward_expand(st.gf, ggml_set_rows(ctx, vc, v, st.inp_k_idx))
+    else:  # one element per "row" of the flattened, transposed V
+        ggml_build_forward_expand(st.gf, ggml_set_rows(
+            ctx, ggml_reshape_2d(ctx, vc, 1, v_row * cache.n_ctx), ggml_reshape_2d(ctx, v, 1, v_row * st.n_tokens),
+            st.inp_v_idx))
 
     cdef ggml_tensor * keys = ggml_view_3d(ctx, kc, hp.head_dim_k, st.n_kv, hp.n_head_kv,
                                            kc.nb[1], ggml_row_size(kc.type, hp.head_dim_k), 0)

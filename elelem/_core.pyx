@@ -614,8 +614,13 @@ cdef class Session:
     cdef readonly KVCache cache
     cdef ggml_backend_t backend
     cdef ggml_gallocr_t galloc
-    cdef void * graph_meta              # reused arena for each step's graph metadata
+    cdef void * graph_meta              # arena for the graph's metadata
     cdef size_t graph_meta_size
+    # The last graph built and allocated, reused while the step's shape
+    # (n_tokens, n_kv, all_logits) stays the same: n_kv moves in steps of 256,
+    # so decoding rebuilds the graph once every 256 tokens.
+    cdef Step graph_step
+    cdef bint graph_ready
     cdef size_t graph_size              # max nodes in one step's graph
     cdef readonly int n_ctx
     cdef readonly int n_batch
@@ -630,6 +635,8 @@ cdef class Session:
         self.backend = NULL
         self.galloc = NULL
         self.graph_meta = NULL
+        self.graph_step.ctx = NULL
+        self.graph_ready = False
         self.closed = True
         self.abort_flag = 0
 
@@ -646,6 +653,7 @@ cdef class Session:
         if self.backend != NULL:
             ggml_backend_free(self.backend)
             self.backend = NULL
+        self._drop_graph()
         if self.graph_meta != NULL:
             free(self.graph_meta)
             self.graph_meta = NULL
@@ -687,6 +695,12 @@ cdef class Session:
                 f"can only rewind to a length in [0, {self.n_past}], got {n_past}")
         self.n_past = n_past
 
+    cdef void _drop_graph(self) noexcept:
+        if self.graph_step.ctx != NULL:
+            ggml_free(self.graph_step.ctx)
+            self.graph_step.ctx = NULL
+        self.graph_ready = False
+
     cdef ggml_cgraph * _build(self, Step * st) except NULL:
         cdef ggml_init_params p
         p.mem_size = self.graph_meta_size
@@ -712,11 +726,13 @@ cdef class Session:
 
     cdef void _reserve(self) except *:
         """Size the compute buffer from the largest graph this session can run."""
+        self._drop_graph()  # the reserve graph reuses the arena
         cdef Step st
         memset(&st, 0, sizeof(Step))
         st.n_tokens = min(self.n_batch, self.n_ctx)
         st.n_past = self.n_ctx - st.n_tokens
         st.n_kv = self.n_ctx
+        st.n_ctx = self.n_ctx
         st.all_logits = False
         st.flash_attn = self.flash_attn
         cdef ggml_cgraph * gf = self._build(&st)
@@ -768,40 +784,43 @@ cdef class Session:
 
     cdef void _eval_chunk(self, cnp.ndarray ids_arr, int start, int n_tokens, bint all_logits,
                           cnp.ndarray out) except *:
-        cdef Step st
-        memset(&st, 0, sizeof(Step))
-        st.n_tokens = n_tokens
+        cdef Step * st = &self.graph_step
+        cdef int n_kv = _padded_n_kv(self.n_past + n_tokens, self.n_ctx)
+        if not (self.graph_ready and st.n_tokens == n_tokens and st.n_kv == n_kv and st.all_logits == all_logits):
+            self._drop_graph()
+            memset(st, 0, sizeof(Step))
+            st.n_tokens = n_tokens
+            st.n_kv = n_kv
+            st.n_ctx = self.n_ctx
+            st.all_logits = all_logits
+            st.flash_attn = self.flash_attn
+            self._build(st)
+            if not ggml_gallocr_alloc_graph(self.galloc, st.gf):
+                self._drop_graph()
+                raise MemoryError("ggml could not allocate the compute graph")
+            self.graph_ready = True
         st.n_past = self.n_past
-        st.n_kv = _padded_n_kv(self.n_past + n_tokens, self.n_ctx)
-        st.all_logits = all_logits
-        st.flash_attn = self.flash_attn
-        cdef ggml_cgraph * gf = self._build(&st)
         cdef ggml_status status
         cdef int watching
         cdef cnp.int32_t[::1] ids = ids_arr
-        try:
-            if not ggml_gallocr_alloc_graph(self.galloc, gf):
-                raise MemoryError("ggml could not allocate the compute graph")
-            _set_inputs(&st, &ids[start])
-            watching = _threading.current_thread() is _threading.main_thread()  # signals reach the main thread
-            with nogil:
-                if watching:
-                    watching = elelem_sigint_watch()
-                status = ggml_backend_graph_compute(self.backend, gf)
-                if watching:
-                    elelem_sigint_unwatch()
-            if status == GGML_STATUS_ABORTED:
-                PyErr_CheckSignals()  # raises the pending KeyboardInterrupt, if Ctrl-C was the cause
-            _check_status(status, "computing a step")
-            if all_logits:
-                ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out) + <size_t> start * self.model.hp.n_vocab * 4,
-                                        0, ggml_nbytes(st.logits))
-            else:
-                ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out), 0, ggml_nbytes(st.logits))
-            self.n_past += n_tokens
-            self.n_evaluated += n_tokens
-        finally:
-            ggml_free(st.ctx)
+        _set_inputs(st, &ids[start])
+        watching = _threading.current_thread() is _threading.main_thread()  # signals reach the main thread
+        with nogil:
+            if watching:
+                watching = elelem_sigint_watch()
+            status = ggml_backend_graph_compute(self.backend, st.gf)
+            if watching:
+                elelem_sigint_unwatch()
+        if status == GGML_STATUS_ABORTED:
+            PyErr_CheckSignals()  # raises the pending KeyboardInterrupt, if Ctrl-C was the cause
+        _check_status(status, "computing a step")
+        if all_logits:
+            ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out) + <size_t> start * self.model.hp.n_vocab * 4,
+                                    0, ggml_nbytes(st.logits))
+        else:
+            ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out), 0, ggml_nbytes(st.logits))
+        self.n_past += n_tokens
+        self.n_evaluated += n_tokens
 
     @property
     def compute_buffer_size(self):

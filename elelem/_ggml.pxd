@@ -16,6 +16,7 @@ cdef extern from "ggml.h" nogil:
         GGML_TYPE_F32
         GGML_TYPE_F16
         GGML_TYPE_I32
+        GGML_TYPE_I64
         GGML_TYPE_COUNT
 
     enum ggml_status:
@@ -92,6 +93,7 @@ cdef extern from "ggml.h" nogil:
     ggml_tensor * ggml_rms_norm(ggml_context * ctx, ggml_tensor * a, float eps)
     ggml_tensor * ggml_get_rows(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     ggml_tensor * ggml_cpy(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_set_rows(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, ggml_tensor * c)
     ggml_tensor * ggml_cont(ggml_context * ctx, ggml_tensor * a)
     ggml_tensor * ggml_reshape_2d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1)
     ggml_tensor * ggml_reshape_3d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2)
