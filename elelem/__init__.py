@@ -16,7 +16,13 @@ def __getattr__(name: str):
     if name == "LLM":
         from .llm import LLM
         return LLM
+    if name == "Session":
+        from .session import Session
+        return Session
+    if name == "SamplingParams":
+        from .sampling import SamplingParams
+        return SamplingParams
     raise AttributeError(f"module 'elelem' has no attribute {name!r}")
 
 
-__all__ = ["LLM", "__version__"]
+__all__ = ["LLM", "Session", "SamplingParams", "__version__"]

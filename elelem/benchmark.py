@@ -20,6 +20,7 @@ import numpy as np
 @dataclass
 class BenchResult:
     model: str
+    description: str
     n_threads: int
     n_prompt: int
     n_decode: int
@@ -39,14 +40,15 @@ def bench_prompt(n_vocab: int, n_prompt: int, seed: int = 0) -> list[int]:
 
 
 def run_benchmark(model_path: str | os.PathLike, *, n_threads: int | None = None,
-                  n_prompt: int = 512, n_decode: int = 128, repeats: int = 3, **llm_kwargs) -> BenchResult:
-    """Median of ``repeats`` runs of each figure on one loaded model (load is timed once per repeat)."""
+                  n_prompt: int = 512, n_decode: int = 128, repeats: int = 3, n_ctx: int | None = None,
+                  **llm_kwargs) -> BenchResult:
+    """Median of ``repeats`` runs of each figure (the model is loaded afresh for each)."""
     from .llm import LLM
 
     loads, prefills, ttfts, decodes = [], [], [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        llm = LLM(model_path, n_threads=n_threads, n_ctx=n_prompt + n_decode + 16, **llm_kwargs)
+        llm = LLM(model_path, n_threads=n_threads, n_ctx=n_ctx or n_prompt + n_decode + 16, **llm_kwargs)
         loads.append(time.perf_counter() - t0)
         with llm:
             prompt = bench_prompt(llm.n_vocab, n_prompt)
@@ -60,6 +62,6 @@ def run_benchmark(model_path: str | os.PathLike, *, n_threads: int | None = None
             for _ in range(n_decode):
                 token = int(np.argmax(llm.eval([token])))
             decodes.append(n_decode / (time.perf_counter() - t0))
-            threads = llm._session.n_threads
-    return BenchResult(str(model_path), threads, n_prompt, n_decode, float(np.median(loads)),
+            threads, description = llm._session.n_threads, llm.description
+    return BenchResult(str(model_path), description, threads, n_prompt, n_decode, float(np.median(loads)),
                        float(np.median(prefills)), float(np.median(ttfts)), float(np.median(decodes)))

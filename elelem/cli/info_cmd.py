@@ -1,0 +1,90 @@
+"""``elelem info MODEL``: what a GGUF file holds, read from its header alone."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+
+from ..errors import ElelemError
+from ..gguf_reader import read_gguf
+from ..hub import KNOWN_MODELS, cached_path, is_cached
+
+# llama.cpp's llama_ftype values (general.file_type) for the common quantizations.
+FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+              11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+              17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
+
+
+def describe(path) -> dict:
+    """The facts ``info`` shows, as a JSON-ready dict."""
+    from ..architectures import model_spec  # imported here: it is not needed for --help
+
+    gguf = read_gguf(path)
+    meta = gguf.metadata
+    arch = meta.get("general.architecture")
+    try:
+        hparams = model_spec(gguf).hparams
+        supported, reason = True, None
+    except ElelemError as error:  # still describe what the header says
+        hparams, supported, reason = {}, False, str(error)
+    file_type = meta.get("general.file_type")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    return {
+        "path": str(path),
+        "name": meta.get("general.name"),
+        "architecture": arch,
+        "supported": supported,
+        "unsupported_reason": reason,
+        "parameters": sum(t.n_elements for t in gguf.tensors.values()),
+        "size_label": meta.get("general.size_label"),
+        "layers": hparams.get("n_layer", meta.get(f"{arch}.block_count")),
+        "embedding_length": hparams.get("n_embd", meta.get(f"{arch}.embedding_length")),
+        "heads": hparams.get("n_head", meta.get(f"{arch}.attention.head_count")),
+        "kv_heads": hparams.get("n_head_kv", meta.get(f"{arch}.attention.head_count_kv")),
+        "context_length": hparams.get("n_ctx_train", meta.get(f"{arch}.context_length")),
+        "vocab_size": hparams.get("n_vocab", len(tokens) if tokens is not None else None),
+        "tokenizer": meta.get("tokenizer.ggml.model"),
+        "file_type": FILE_TYPES.get(file_type, file_type),
+        "tensor_count": len(gguf.tensors),
+        "tensor_types": dict(Counter(t.type_name for t in gguf.tensors.values()).most_common()),
+        "chat_template": bool(meta.get("tokenizer.chat_template")),
+        "file_size": gguf.file_size,
+        "gguf_version": gguf.version,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    path = args.model
+    if path in KNOWN_MODELS:
+        if not is_cached(path):
+            print(f"elelem: error: {path} is not in the cache; run 'elelem pull {path}' first", file=sys.stderr)
+            return 1
+        path = cached_path(path)
+    facts = describe(path)
+    if args.json:
+        print(json.dumps(facts, indent=2))
+        return 0
+    types = ", ".join(f"{name} x{count}" for name, count in facts["tensor_types"].items())
+    supported = "yes" if facts["supported"] else f"no ({facts['unsupported_reason']})"
+    rows = [
+        ("file", facts["path"]),
+        ("name", facts["name"] or "-"),
+        ("architecture", f"{facts['architecture']} (supported: {supported})"),
+        ("size", f"{_count(facts['parameters'])} parameters, {facts['layers']} layers, "
+                 f"n_embd {facts['embedding_length']}, {facts['heads']} heads ({facts['kv_heads']} KV)"),
+        ("context length", f"{facts['context_length']} tokens (trained)"),
+        ("vocabulary", f"{facts['vocab_size']} tokens ({facts['tokenizer']})"),
+        ("quantization", f"{facts['file_type'] or '-'}; tensors: {types}"),
+        ("tensors", str(facts["tensor_count"])),
+        ("chat template", "yes" if facts["chat_template"] else "no (ChatML is used)"),
+        ("file size", f"{facts['file_size'] / 1e6:.1f} MB ({facts['file_size']} bytes)"),
+    ]
+    width = max(len(key) for key, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"

@@ -1,0 +1,25 @@
+"""Opening the model a command asked for: pull a known model on first use, with progress."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..hub import DEFAULT_MODEL, KNOWN_MODELS, is_cached, pull_model
+from .progress import PullProgress
+
+
+def model_path(name_or_path: str | None) -> str:
+    """A local path for ``--model``: known names are pulled (progress on stderr) when not cached."""
+    name = DEFAULT_MODEL if name_or_path is None else name_or_path
+    if name in KNOWN_MODELS and not is_cached(name):
+        print(f"elelem: {name} is not in the cache yet; pulling it (once)", file=sys.stderr)
+        progress = PullProgress(name)
+        path = pull_model(name, progress=progress)
+        progress.done(path)
+        return str(path)
+    return name
+
+
+def open_llm(args: argparse.Namespace, *, n_ctx: int | None = None):
+    from ..llm import LLM  # the native core loads here, not at startup
+    return LLM(model_path(args.model), n_ctx=args.ctx if n_ctx is None else n_ctx, n_threads=args.threads)

@@ -1,0 +1,133 @@
+"""The argument parser: every command, option and check, in one place."""
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Callable
+
+from .. import __version__
+from ..errors import InvalidArgumentError
+from ..hub import DEFAULT_MODEL
+
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="elelem", description="Run GGUF language models locally.",
+        epilog="Run 'elelem COMMAND --help' for a command's options.")
+    parser.add_argument("--version", action="version", version=f"elelem {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log progress to stderr (-vv: debug details)")
+
+    model = argparse.ArgumentParser(add_help=False)
+    model.add_argument("-m", "--model", default=None, metavar="M",
+                       help=f"a .gguf path or a known model name (default: {DEFAULT_MODEL}, pulled on first use)")
+    model.add_argument("-t", "--threads", type=_positive_int, default=None, metavar="N",
+                       help="CPU threads (default: the CPUs available)")
+    model.add_argument("-c", "--ctx", type=_positive_int, default=None, metavar="N",
+                       help="context window in tokens (default: the model's, at most 4096)")
+
+    generation = argparse.ArgumentParser(add_help=False)
+    generation.add_argument("-n", "--max-tokens", type=_non_negative_int, default=None, metavar="N",
+                            help="most tokens to generate (default: until the model stops or the context is full)")
+    generation.add_argument("--temperature", type=float, default=None, metavar="T",
+                            help="0 is greedy (default: 0.2 with a chat template, 0.8 with --raw)")
+    generation.add_argument("--top-k", type=int, default=None, metavar="K", help="default 40; 0 disables")
+    generation.add_argument("--top-p", type=float, default=None, metavar="P", help="default 0.95")
+    generation.add_argument("--min-p", type=float, default=None, metavar="P", help="default 0.05")
+    generation.add_argument("--repeat-penalty", type=float, default=None, metavar="R", help="default 1.0 (off)")
+    generation.add_argument("--seed", type=int, default=None, metavar="S", help="same seed, same text")
+    generation.add_argument("--stats", action="store_true",
+                            help="print token counts and speed to stderr after each answer")
+
+    run = commands.add_parser("run", parents=[common, model, generation],
+                              help="answer one prompt, streaming to stdout",
+                              description="Answer PROMPT, streaming the text to stdout. Models with a chat "
+                                          "template get the prompt as a user message; --raw continues the text.")
+    run.add_argument("prompt", metavar="PROMPT", help="the prompt; '-' reads it from stdin")
+    run.add_argument("--raw", action="store_true", help="send the prompt as plain text, without the chat template")
+    run.add_argument("--system", default=None, metavar="TEXT", help="a system message (chat template only)")
+    run.set_defaults(handler=_command("run"), command_parser=run)
+
+    chat = commands.add_parser("chat", parents=[common, model, generation],
+                               help="talk with a model in the terminal",
+                               description="An interactive chat. /reset starts over, /exit (or Ctrl-D) quits, "
+                                           "Ctrl-C stops the current answer.")
+    chat.add_argument("--system", default=None, metavar="TEXT", help="a system message")
+    chat.set_defaults(handler=_command("chat"), command_parser=chat)
+
+    info = commands.add_parser("info", parents=[common], help="describe a model file",
+                               description="Architecture, size, context, vocabulary, quantization and chat "
+                                           "template of a model, read from its GGUF header (nothing is loaded).")
+    info.add_argument("model", metavar="MODEL", help="a .gguf path or a known model name")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.set_defaults(handler=_command("info"))
+
+    bench = commands.add_parser("bench", parents=[common, model], help="measure load, prefill and decode speed",
+                                description="Load time, prefill tokens/s and decode tokens/s.")
+    bench.add_argument("-p", "--prompt-tokens", type=_positive_int, default=512, metavar="N",
+                       help="prefill a prompt of N tokens (default 512)")
+    bench.add_argument("-g", "--gen-tokens", type=_positive_int, default=128, metavar="N",
+                       help="decode N tokens, one at a time (default 128)")
+    bench.add_argument("--json", action="store_true", help="machine-readable output")
+    bench.set_defaults(handler=_command("bench"))
+
+    models = commands.add_parser("models", parents=[common], help="list the known models and whether they are cached")
+    models.set_defaults(handler=_command("models", "list_models"))
+
+    pull = commands.add_parser("pull", parents=[common], help="download a known model into the cache")
+    pull.add_argument("name", metavar="NAME", help="a known model name (see 'elelem models')")
+    pull.add_argument("--force", action="store_true", help="download again even if cached")
+    pull.set_defaults(handler=_command("models", "pull"))
+    return parser
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Checks argparse cannot express; a failure exits with status 2, like argparse's own."""
+    parser = getattr(args, "command_parser", parser)  # so the usage line is the command's
+    if hasattr(args, "temperature"):
+        try:
+            args.sampling = sampling_options(args)
+            from ..sampling import SamplingParams
+            SamplingParams(**args.sampling)  # the library's own range checks
+        except InvalidArgumentError as error:
+            parser.error(str(error))
+    if getattr(args, "prompt", None) is not None and not args.prompt.strip():
+        parser.error("the prompt is empty")
+
+
+def sampling_options(args: argparse.Namespace) -> dict:
+    """The sampling options the user gave; the rest keep the library's defaults."""
+    return {name: getattr(args, name) for name in SAMPLING_OPTIONS if getattr(args, name) is not None}
+
+
+def _command(module: str, function: str = "main") -> Callable:
+    # Imported when run, so `elelem --help` does not load numpy and the native core.
+    def handler(args):
+        return getattr(importlib.import_module(f"{__package__}.{module}_cmd"), function)(args)
+    return handler
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None

@@ -1,0 +1,73 @@
+"""From what the caller gives (text, token ids, chat messages) to prompt ids, and the token budget.
+
+Tokenization follows llama-cpp-python and llama.cpp:
+
+* a text prompt is tokenized with the model's own BOS setting and with
+  ``special=True``, so a hand-written template (``"<|im_start|>user\\n…"``)
+  becomes the control tokens it names; a list of ids is used as it is;
+* a chat is rendered with the model's chat template and the whole rendered
+  text is tokenized with ``special=True`` -- the template's markup must become
+  control tokens.  As in llama.cpp, that includes the messages' content: a
+  message whose text contains ``<|im_end|>`` produces that token.  Treat
+  message content from untrusted sources accordingly;
+* when the model adds a BOS itself and the template also printed one, the
+  duplicate is dropped (llama.cpp strips the template's).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
+
+from .errors import ContextLimitError, InvalidArgumentError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .session import Session
+
+Prompt = Union[str, Sequence[int]]
+
+
+def completion_prompt_ids(session: "Session", prompt: Prompt) -> list[int]:
+    if isinstance(prompt, (bytes, bytearray)):
+        prompt = bytes(prompt).decode("utf-8", "replace")
+    if isinstance(prompt, str):
+        ids = session.tokenize(prompt, special=True)
+        if not ids:
+            bos = session._llm.tokenizer.bos_id
+            if bos is None:
+                raise InvalidArgumentError("the prompt is empty")
+            ids = [bos]  # as llama-cpp-python: an empty prompt starts from BOS
+        return ids
+    return session._check_ids(prompt, "prompt")
+
+
+def chat_prompt_ids(session: "Session", messages: Sequence[Mapping[str, Any]], *,
+                    tools: Optional[Sequence[Mapping[str, Any]]] = None, **template_vars: Any) -> list[int]:
+    llm = session._llm
+    text = llm.chat_template.render(messages, add_generation_prompt=True, tools=tools, **template_vars)
+    ids = session.tokenize(text, special=True)
+    bos = llm.tokenizer.bos_id
+    if bos is not None and ids[:2] == [bos, bos]:
+        ids = ids[1:]
+    if not ids:
+        raise InvalidArgumentError("the chat template rendered an empty prompt")
+    return ids
+
+
+def token_budget(n_prompt: int, max_tokens: Optional[int], n_ctx: int) -> int:
+    """How many tokens may be generated: ``max_tokens``, or all the room left when None.
+
+    Raises :class:`ContextLimitError`, naming the numbers, when the prompt plus
+    ``max_tokens`` does not fit in ``n_ctx`` -- before anything is computed.
+    """
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                   or max_tokens < 0):
+        raise InvalidArgumentError(f"max_tokens must be a non-negative integer or None, got {max_tokens!r}")
+    if max_tokens is None:
+        if n_prompt >= n_ctx:
+            raise ContextLimitError(
+                f"the prompt has {n_prompt} tokens, which leaves no room to generate in n_ctx={n_ctx}")
+        return n_ctx - n_prompt
+    if n_prompt + max_tokens > n_ctx:
+        raise ContextLimitError(
+            f"the prompt has {n_prompt} tokens and max_tokens is {max_tokens}: "
+            f"{n_prompt + max_tokens} tokens do not fit in n_ctx={n_ctx}")
+    return max_tokens

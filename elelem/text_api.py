@@ -1,0 +1,146 @@
+"""The text API every session has: tokenize, generate, stream, chat, and llama-cpp-python's dicts.
+
+Sampling keywords (all optional; defaults are llama-cpp-python's, see
+:class:`~elelem.sampling.SamplingParams`): ``temperature`` (0.8; 0.2 for the
+chat methods, as llama-cpp-python's ``create_chat_completion``; 0 is greedy),
+``top_k`` (40), ``top_p`` (0.95), ``min_p`` (0.05), ``typical_p`` (1.0),
+``repeat_penalty`` (1.0), ``repeat_last_n`` (64), ``frequency_penalty`` (0.0),
+``presence_penalty`` (0.0), ``logit_bias`` ({}), ``seed`` (None: fresh
+randomness; the same seed gives the same text).
+
+``max_tokens`` is the most tokens to generate.  None (the default of
+``generate``, ``stream``, ``chat`` and ``chat_stream``) means: until an
+end-of-generation token, a stop string, or the end of the context window.
+The prompt plus ``max_tokens`` must fit in ``n_ctx``, else
+:class:`~elelem.errors.ContextLimitError` is raised before any compute.
+``stop`` is a string or a list of strings; the text ends before the first
+one, and no part of one is ever streamed.
+
+Generation stops at the model's end-of-generation tokens (EOS and the
+others the vocabulary marks, e.g. ``<|im_end|>`` and ``<|endoftext|>``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+
+from . import completions
+from .generation import TextStream
+from .prompts import Prompt, chat_prompt_ids, completion_prompt_ids, token_budget
+from .sampling import SamplingParams
+from .stop_strings import StopArg, normalize_stop
+
+Messages = Sequence[Mapping[str, Any]]
+
+SAMPLING_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+#: llama-cpp-python's create_chat_completion samples cooler than create_completion.
+CHAT_DEFAULTS = {"temperature": 0.2}
+
+
+class TextAPI:
+    """Mixed into :class:`~elelem.session.Session`: the methods users call."""
+
+    # -- tokens ----------------------------------------------------------------
+
+    def tokenize(self, text: Union[str, bytes], add_bos: Optional[bool] = None,
+                 special: bool = False) -> list[int]:
+        """Token ids of ``text``; ``add_bos`` None follows the model, ``special``
+        makes control-token text (``<|im_start|>``) into those tokens."""
+        llm = self._llm
+        tokenizer = llm.tokenizer
+        with llm._tokenizer_lock:  # the tokenizer's word cache is not thread-safe
+            return tokenizer.encode(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, ids: Sequence[int], special: bool = False) -> bytes:
+        """The bytes of ``ids`` (as llama-cpp-python: ``.decode()`` them for text)."""
+        return self._llm.tokenizer.decode(ids, special=special)
+
+    # -- plain text ------------------------------------------------------------
+
+    def stream(self, prompt: Prompt, *, max_tokens: Optional[int] = None, stop: StopArg = None,
+               **sampling: Any) -> TextStream:
+        """An iterator of text deltas continuing ``prompt`` (text or token ids)."""
+        with self._lock:
+            ids = completion_prompt_ids(self, prompt)
+            return self._text_stream(ids, max_tokens, stop, sampling, {})
+
+    def generate(self, prompt: Prompt, *, max_tokens: Optional[int] = None, stop: StopArg = None,
+                 **sampling: Any) -> str:
+        """The text continuing ``prompt``."""
+        with self._lock:  # the whole call, so concurrent calls are serialized
+            return self.stream(prompt, max_tokens=max_tokens, stop=stop, **sampling).text()
+
+    # -- chat ------------------------------------------------------------------
+
+    def chat_stream(self, messages: Messages, *, max_tokens: Optional[int] = None, stop: StopArg = None,
+                    tools: Optional[Sequence[Mapping[str, Any]]] = None, **sampling: Any) -> TextStream:
+        """An iterator of the assistant's reply to ``messages``, as text deltas.
+
+        ``messages`` are ``{"role", "content"}`` dicts, rendered with the
+        model's chat template (ChatML when it has none).
+        """
+        with self._lock:
+            ids = chat_prompt_ids(self, messages, tools=tools)
+            return self._text_stream(ids, max_tokens, stop, sampling, CHAT_DEFAULTS)
+
+    def chat(self, messages: Messages, *, max_tokens: Optional[int] = None, stop: StopArg = None,
+             tools: Optional[Sequence[Mapping[str, Any]]] = None, **sampling: Any) -> str:
+        """The assistant's reply to ``messages``."""
+        with self._lock:
+            return self.chat_stream(messages, max_tokens=max_tokens, stop=stop, tools=tools, **sampling).text()
+
+    # -- llama-cpp-python's dicts ---------------------------------------------
+
+    def create_completion(self, prompt: Prompt, *, max_tokens: Optional[int] = 16, stream: bool = False,
+                          stop: StopArg = None, model: Optional[str] = None,
+                          **sampling: Any) -> Union[dict, Iterator[dict]]:
+        """llama-cpp-python's ``create_completion``: a ``text_completion`` dict, or its chunks.
+
+        As there, ``max_tokens`` defaults to 16, and None or <= 0 means no limit
+        but the context window.
+        """
+        with self._lock:
+            ids = completion_prompt_ids(self, prompt)
+            text = self._text_stream(ids, _unlimited_if_not_positive(max_tokens), stop, sampling, {})
+            name = model if model is not None else self._llm.model_name
+            if stream:
+                return completions.completion_chunks(text, name)
+            return completions.completion(text, name)
+
+    __call__ = create_completion
+
+    def create_chat_completion(self, messages: Messages, *, stream: bool = False,
+                               max_tokens: Optional[int] = None, stop: StopArg = None,
+                               tools: Optional[Sequence[Mapping[str, Any]]] = None,
+                               model: Optional[str] = None, **sampling: Any) -> Union[dict, Iterator[dict]]:
+        """llama-cpp-python's ``create_chat_completion``: a ``chat.completion`` dict, or its chunks.
+
+        ``tools`` are handed to the chat template; tool calls in the reply are
+        not parsed (the text is returned as ``content``).
+        """
+        with self._lock:
+            ids = chat_prompt_ids(self, messages, tools=tools)
+            text = self._text_stream(ids, _unlimited_if_not_positive(max_tokens), stop, sampling, CHAT_DEFAULTS)
+            name = model if model is not None else self._llm.model_name
+            if stream:
+                return completions.chat_completion_chunks(text, name)
+            return completions.chat_completion(text, name)
+
+    # -- shared ----------------------------------------------------------------
+
+    def _text_stream(self, ids: list[int], max_tokens: Optional[int], stop: StopArg,
+                     sampling: dict, defaults: Mapping[str, Any]) -> TextStream:
+        unknown = sorted(set(sampling) - SAMPLING_NAMES)
+        if unknown:
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r}; "
+                            f"the sampling parameters are {', '.join(sorted(SAMPLING_NAMES))}")
+        params = SamplingParams(**{**defaults, **sampling})
+        budget = token_budget(len(ids), max_tokens, self.n_ctx)
+        return TextStream(self, ids, params, budget, normalize_stop(stop))
+
+
+def _unlimited_if_not_positive(max_tokens: Optional[int]) -> Optional[int]:
+    # llama-cpp-python's rule for its create_* methods.
+    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens <= 0:
+        return None
+    return max_tokens

@@ -1,0 +1,90 @@
+"""Threads: one LLM shared by several threads, and independent sessions over one model."""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import elelem
+from elelem.errors import ClosedError
+
+pytestmark = pytest.mark.real_model
+
+PROMPTS = ["The capital of Italy is", "def add(a, b):", "Roses are red,"]
+
+
+@pytest.fixture(scope="module")
+def llm(smollm_path):
+    with elelem.LLM(smollm_path, n_ctx=512, n_threads=1) as llm:
+        yield llm
+
+
+@pytest.fixture(scope="module")
+def references(llm):
+    return [llm.generate(p, max_tokens=8, temperature=0) for p in PROMPTS]
+
+
+def test_one_llm_shared_by_threads_serializes_calls(llm, references):
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(lambda p: llm.generate(p, max_tokens=8, temperature=0), PROMPTS * 2))
+    assert results == references * 2
+
+
+def test_interleaved_streams_on_one_llm_each_get_their_own_text(llm, references):
+    # Two streams advanced in turn: each step finds the other's tokens in the
+    # cache and re-prefills its own (the common prefix is reused).
+    a = llm.stream(PROMPTS[0], max_tokens=8, temperature=0)
+    b = llm.stream(PROMPTS[1], max_tokens=8, temperature=0)
+    out_a, out_b = [], []
+    for _ in range(20):
+        out_a.append(next(a, ""))
+        out_b.append(next(b, ""))
+    assert ["".join(out_a), "".join(out_b)] == references[:2]
+
+
+def test_sessions_share_the_weights_and_keep_their_own_caches(llm, references):
+    sessions = [llm.new_session() for _ in PROMPTS]
+    try:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            results = list(pool.map(lambda sp: sp[0].generate(sp[1], max_tokens=8, temperature=0),
+                                    zip(sessions, PROMPTS)))
+        assert results == references
+        assert [s.cached_tokens[:3] for s in sessions] != [sessions[0].cached_tokens[:3]] * 3
+        assert sessions[0].n_ctx == llm.n_ctx and sessions[0]._session.model is llm._model
+    finally:
+        for s in sessions:
+            s.close()
+
+
+def test_sessions_run_at_the_same_time(llm):
+    slow, quick = llm.new_session(), llm.new_session()
+    long_prompt = llm.tokenize(" ".join(["the quick brown fox"] * 100))[:400]
+    finished = {}
+
+    def prefill():
+        slow.eval(long_prompt)
+        finished["slow"] = time.perf_counter()
+
+    worker = threading.Thread(target=prefill)
+    worker.start()
+    time.sleep(0.02)  # let the long prefill start
+    quick.eval([1, 2, 3])
+    finished["quick"] = time.perf_counter()
+    worker.join()
+    # The quick session did not wait for the slow one's lock (or for the GIL).
+    assert finished["quick"] < finished["slow"]
+    slow.close(), quick.close()
+
+
+def test_closing_the_llm_closes_its_sessions(smollm_path):
+    llm = elelem.LLM(smollm_path, n_ctx=64, n_threads=1)
+    session = llm.new_session(n_ctx=32)
+    assert session.n_ctx == 32
+    llm.close()
+    assert session.closed
+    with pytest.raises(ClosedError):
+        session.generate("hi")
+    with pytest.raises(ClosedError):
+        llm.new_session()
