@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import gguf
 import numpy as np
@@ -104,8 +104,13 @@ def _is_matmul_weight(name: str, arr: np.ndarray) -> bool:
     return arr.ndim == 2 and name != "token_embd.weight"
 
 
-def write_model(path: Path, cfg: TinyConfig) -> dict[str, np.ndarray]:
-    """Write ``cfg`` to ``path``; returns the weights exactly as stored (dequantized)."""
+def write_model(path: Path, cfg: TinyConfig,
+                extra_metadata: Optional[Callable[[gguf.GGUFWriter], None]] = None) -> dict[str, np.ndarray]:
+    """Write ``cfg`` to ``path``; returns the weights exactly as stored (dequantized).
+
+    ``extra_metadata``, when given, is called with the writer after the
+    hyperparameters and before the tensors, to add more keys (a vocabulary).
+    """
     weights = make_weights(cfg)
     writer = gguf.GGUFWriter(str(path), cfg.arch)
     a = cfg.arch
@@ -127,6 +132,8 @@ def write_model(path: Path, cfg: TinyConfig) -> dict[str, np.ndarray]:
             writer.add_float32(key.format(arch=a), value)
         else:
             writer.add_uint32(key.format(arch=a), value)
+    if extra_metadata is not None:
+        extra_metadata(writer)
     stored = {}
     for name, arr in weights.items():
         qtype = QTYPES[cfg.wtype] if _is_matmul_weight(name, arr) else gguf.GGMLQuantizationType.F32

@@ -79,3 +79,44 @@ def test_logits_agree_with_numpy_reference(request, model):
     assert (got.argmax(1) == want.argmax(1)).all()
     assert np.abs(got - want).max() <= VALUE_TOLERANCE[model] * np.abs(want).max()
     assert min(np.corrcoef(g, w)[0, 1] for g, w in zip(got, want)) > 0.995
+
+
+# Greedy fixtures made with llama.cpp on this project's CI machine, with the
+# CPU features ggml saw (see each file's header).  Where this CPU has the same
+# features, elelem runs the same kernels in the same order, and its greedy
+# tokens must equal llama.cpp's exactly.  On other CPUs, a token may differ
+# only where llama.cpp's own top two were within NEAR_TIE.
+GREEDY = Path(__file__).parent / "fixtures" / "greedy"
+LOCAL = {"qwen2": ("qwen2.5-coder-0.5b.json", "qwen_path"), "llama": ("smollm2-135m.json", "smollm_path"),
+         "gemma3": ("gemma3-270m.json", "gemma_path")}
+CPU_FLAGS = ("SSE3", "SSSE3", "AVX", "AVX2", "F16C", "FMA", "BMI2", "AVX512", "AVX512_VBMI", "AVX512_VNNI",
+             "AVX512_BF16")
+
+
+def _this_cpu() -> dict:
+    import ctypes
+    from elelem import _core
+    lib = ctypes.CDLL(_core.__file__)
+    return {flag: int(getattr(lib, f"ggml_cpu_has_{flag.lower()}")()) for flag in CPU_FLAGS}
+
+
+def _local_cases():
+    for model, (name, _) in LOCAL.items():
+        data = json.loads((GREEDY / name).read_text())
+        for case in data["greedy"]:
+            yield pytest.param(model, data["header"], case, id=f"{model}-{case['prompt'][:24]}")
+
+
+@pytest.mark.parametrize("model,header,case", list(_local_cases()))
+def test_greedy_tokens_equal_llama_cpp_on_the_same_cpu(request, model, header, case):
+    path = request.getfixturevalue(LOCAL[model][1])
+    with elelem.LLM(path, n_ctx=2048) as llm:
+        got = llm.generate_tokens(case["prompt_ids"], len(case["greedy_ids"]),
+                                  stop_ids=[header["eos_id"]])
+    want = case["greedy_ids"]
+    same_cpu = all(header["cpu_features"].get(f, 0) == v for f, v in _this_cpu().items())
+    if same_cpu:
+        assert got == want
+    else:
+        first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+        assert first is None or case["gaps"][first] < NEAR_TIE
