@@ -120,3 +120,19 @@ def test_greedy_tokens_equal_llama_cpp_on_the_same_cpu(request, model, header, c
     else:
         first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
         assert first is None or case["gaps"][first] < NEAR_TIE
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def test_opening_maps_the_weights_without_reading_them(qwen_path):
+    """The 491 MB file is mapped, not read: resident memory grows by the
+    repacked copies (28 MB on this model) and the tables, not by the file."""
+    before = _rss_mb()
+    with elelem.LLM(qwen_path, n_ctx=512) as llm:
+        opened = _rss_mb()
+        assert llm.gguf.file_size > 400 * 2**20
+        assert opened - before < 120, f"RSS grew by {opened - before:.0f} MB on open"
+        llm.eval([1, 2, 3])  # now the pages are touched, and RSS may grow
