@@ -545,6 +545,38 @@ def causal_mask(int n_past, int n_tokens, int n_kv, int n_swa=0):
     return out
 
 
+# --------------------------------------------------------------------------
+# A fast path for elelem.gguf_reader: walking the length-prefixed strings of a
+# GGUF string array (300k of them in a Qwen2 vocabulary and merges) in C.
+
+def scan_string_array(const unsigned char[::1] buf, Py_ssize_t pos, Py_ssize_t count, Py_ssize_t max_length):
+    """Walk ``count`` strings (u64 little-endian length, then bytes) from ``pos``.
+
+    Returns ``(ends, bad)``: ``ends[i]`` is the offset just past string i, and
+    ``bad`` is the index of the first string whose length is over
+    ``max_length`` or runs past the buffer (-1 if none; ``ends`` then stops there).
+    """
+    ends = np.empty(count, dtype=np.int64)
+    cdef cnp.int64_t[::1] out = ends
+    cdef Py_ssize_t size = buf.shape[0], i, bad = -1
+    cdef unsigned long long length
+    cdef int k
+    with nogil:
+        for i in range(count):
+            if size - pos < 8:
+                bad = i
+                break
+            length = 0
+            for k in range(8):
+                length |= (<unsigned long long> buf[pos + k]) << (8 * k)
+            if length > <unsigned long long> max_length or length > <unsigned long long> (size - pos - 8):
+                bad = i
+                break
+            pos += 8 + <Py_ssize_t> length
+            out[i] = pos
+    return (ends, -1) if bad < 0 else (ends[:bad], bad)
+
+
 include "_blocks.pxi"
 include "_arch_qwen2.pxi"
 include "_arch_gemma3.pxi"

@@ -28,9 +28,15 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from collections.abc import Sequence
+from typing import Any, NoReturn, Optional
 
 import numpy as np
+
+try:  # the compiled core's fast path; the reader works without it, only slower
+    from ._core import scan_string_array as _scan_string_array
+except ImportError:  # pragma: no cover - a source tree without the extension
+    _scan_string_array = None
 
 from .errors import (
     GGUFFormatError,
@@ -294,6 +300,52 @@ class GGUFFile:
         raise GGUFMetadataError(f"{self.path}: {field}: {problem}{where}", field=field, offset=offset)
 
 
+class LazyStrings(Sequence):
+    """A GGUF string array whose UTF-8 is decoded (and checked) on first use.
+
+    Holds a copy of the array's bytes; ``ends[i]`` is where string i ends in
+    it.  A string that is not valid UTF-8 raises :class:`GGUFMetadataError`
+    naming the element and its file offset, when the array is first read.
+    """
+
+    __slots__ = ("_blob", "_ends", "_base", "_field", "_path", "_items")
+
+    def __init__(self, blob: bytes, ends, base: int, field: str, path: str):
+        self._blob, self._ends, self._base, self._field, self._path = blob, ends, base, field, path
+        self._items: Optional[list[str]] = None
+
+    def _decoded(self) -> list[str]:
+        if self._items is None:
+            blob, items, start = self._blob, [], 0
+            append = items.append
+            for i, end in enumerate(self._ends.tolist()):
+                try:
+                    append(blob[start + 8:end].decode("utf-8"))
+                except UnicodeDecodeError as exc:
+                    raise GGUFMetadataError(
+                        f"{self._path}: {self._field}[{i}]: string is not valid UTF-8 (bad byte {exc.start}) "
+                        f"at offset {self._base + start + 8 + exc.start}",
+                        field=f"{self._field}[{i}]", offset=self._base + start + 8 + exc.start) from None
+                start = end
+            self._items, self._blob = items, b""
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, index):
+        return self._decoded()[index]
+
+    def __iter__(self):
+        return iter(self._decoded())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, (list, tuple, Sequence)) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"<LazyStrings: {len(self)} strings of {self._field}>"
+
+
 def read_gguf(path: str | os.PathLike) -> GGUFFile:
     """Parse and validate the GGUF file at ``path``; never reads tensor data.
 
@@ -518,10 +570,29 @@ class _Parser:
         self.pos += count * element_size
         return element_type, value, data_offset
 
-    def read_string_array(self, field: str, count: int) -> list[str]:
-        # The hot loop of the whole reader (about 300k strings in a Qwen2
-        # vocabulary plus merges): locals only, one bound check per string,
-        # and errors are located afterwards, off the fast path.
+    def read_string_array(self, field: str, count: int) -> "Sequence[str]":
+        # The hot loop of the whole reader: about 300k strings in a Qwen2
+        # vocabulary plus merges.  The native scanner walks the lengths in C
+        # and the text is decoded on first use (the tokenizer's), not at load.
+        if _scan_string_array is not None:
+            start = self.pos
+            view = memoryview(self.buf)
+            try:
+                ends, bad = _scan_string_array(view, start, count, MAX_STRING_LENGTH)
+            finally:
+                view.release()
+            if bad < 0:
+                self.pos = int(ends[-1]) if count else start
+                blob = self.buf[start:self.pos]  # a copy: the array outlives the mmap
+                return LazyStrings(blob, ends - start, start, field, str(self.path))
+            self.pos = int(ends[-1]) if bad else start
+            self.read_string(f"{field}[{bad}]", GGUFMetadataError)  # raises, precisely
+            raise AssertionError("unreachable: the checked reader accepted a string the scanner refused")
+        return self._read_string_array_python(field, count)
+
+    def _read_string_array_python(self, field: str, count: int) -> list[str]:
+        # Without the compiled core: locals only, one bound check per string,
+        # and errors located afterwards, off the fast path.
         buf = self.buf
         size = self.size
         unpack_length = _U64.unpack_from

@@ -21,7 +21,7 @@ from . import _core
 from .architectures import ModelSpec, model_spec
 from .chat_template import ChatTemplate
 from .errors import InvalidArgumentError
-from .gguf_reader import GGUFFile, read_gguf
+from .gguf_reader import GGUFFile, read_gguf, validate_tokenizer_metadata
 from .hub import ProgressFn, resolve_model
 from .session import Session
 from .tokenizer import Tokenizer
@@ -124,6 +124,7 @@ class LLM(Session):
             with self._assets_lock:
                 if self._tokenizer is None:
                     t0 = time.perf_counter()
+                    validate_tokenizer_metadata(self.gguf)  # ids in range, types, merges vs vocabulary
                     self._tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
                     log.debug("built the tokenizer in %.3f s", time.perf_counter() - t0)
         return self._tokenizer

@@ -293,10 +293,16 @@ def test_invalid_utf8_in_string_value(tmp_path):
 
 
 def test_invalid_utf8_in_string_array(tmp_path):
+    """String arrays are decoded on first use (the tokenizer's), and checked then."""
     raw = RawGGUF().kv("a", ARRAY, (STRING, ["ok", b"\xc0\xaf"]))
     data = raw.build()
     bad_at = raw.kv_offsets[0] + 9 + 4 + 12 + (8 + 2) + 8
-    expect_error(tmp_path, data, GGUFMetadataError, "key 'a'[1]", bad_at, "UTF-8")
+    strings = parse(tmp_path, data).metadata["a"]
+    assert len(strings) == 2
+    with pytest.raises(GGUFMetadataError) as caught:
+        strings[0]
+    assert caught.value.field == "key 'a'[1]" and caught.value.offset == bad_at
+    assert f"at offset {bad_at}" in str(caught.value) and "UTF-8" in str(caught.value)
 
 
 def test_string_array_element_longer_than_file(tmp_path):
