@@ -42,6 +42,13 @@ cdef void _make_inputs(Step * st) except *:
         st.inp_mask_swa = NULL
 
 
+cdef inline void _set_input(ggml_tensor * t, const void * data, size_t size) noexcept:
+    # An input no node reads (the global mask of a model whose layers all
+    # slide, say) gets no memory from the allocator: skip it.
+    if t != NULL and t.buffer != NULL:
+        ggml_backend_tensor_set(t, data, 0, size)
+
+
 cdef void _set_inputs(Step * st, const int32_t * ids) except *:
     cdef size_t n_mask = <size_t> st.n_kv * st.n_tokens
     cdef int64_t v_row = <int64_t> st.hp.head_dim_v * st.hp.n_head_kv
@@ -59,21 +66,21 @@ cdef void _set_inputs(Step * st, const int32_t * ids) except *:
         for i in range(st.n_tokens):
             pos[i] = st.n_past + i
             idx[i] = st.n_past + i
-        ggml_backend_tensor_set(st.inp_tokens, ids, 0, st.n_tokens * sizeof(int32_t))
-        ggml_backend_tensor_set(st.inp_pos, pos, 0, st.n_tokens * sizeof(int32_t))
-        ggml_backend_tensor_set(st.inp_k_idx, idx, 0, st.n_tokens * sizeof(int64_t))
+        _set_input(st.inp_tokens, ids, st.n_tokens * sizeof(int32_t))
+        _set_input(st.inp_pos, pos, st.n_tokens * sizeof(int32_t))
+        _set_input(st.inp_k_idx, idx, st.n_tokens * sizeof(int64_t))
         if st.inp_v_idx != NULL:
             # V is stored transposed: element (channel c, position p) at c * n_ctx + p;
             # this step's V, flattened, holds (c, token t) at c + t * v_row.
             for i in range(st.n_tokens):
                 for c in range(v_row):
                     idx[c + i * v_row] = c * st.n_ctx + st.n_past + i
-            ggml_backend_tensor_set(st.inp_v_idx, idx, 0, n_idx * sizeof(int64_t))
+            _set_input(st.inp_v_idx, idx, n_idx * sizeof(int64_t))
         _fill_mask(mask, st.n_past, st.n_tokens, st.n_kv, 0)
-        ggml_backend_tensor_set(st.inp_mask, mask, 0, n_mask * sizeof(uint16_t))
+        _set_input(st.inp_mask, mask, n_mask * sizeof(uint16_t))
         if st.inp_mask_swa != NULL:
             _fill_mask(mask, st.n_past, st.n_tokens, st.n_kv, st.hp.n_swa)
-            ggml_backend_tensor_set(st.inp_mask_swa, mask, 0, n_mask * sizeof(uint16_t))
+            _set_input(st.inp_mask_swa, mask, n_mask * sizeof(uint16_t))
     finally:
         free(pos)
         free(mask)

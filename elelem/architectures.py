@@ -48,6 +48,20 @@ GLOBAL_TENSOR_NAMES = {
     "rope_freqs": "rope_freqs.weight",
 }
 
+# ggml types the CPU backend can multiply (as the weight of a mul_mat) and
+# look rows up in (get_rows); integer and 64-bit float tensors cannot be.
+_MATRIX_TYPES = frozenset({
+    "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+    "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M", "TQ1_0", "TQ2_0",
+    "MXFP4",
+})
+# Norm weights, biases and RoPE factors take part in element-wise F32 ops.
+_VECTOR_TYPES = frozenset({"F32"})
+# Bounds that keep every count a C int and every loop over layers short,
+# checked before anything is sized from them.
+MAX_LAYERS = 1024
+MAX_WIDTH = 1 << 20
+
 _MATMUL_ROLES = frozenset({"wq", "wk", "wv", "wo", "ffn_gate", "ffn_up", "ffn_down"})
 _ATTN_FFN = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -166,10 +180,18 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
     for name in ("n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_ctx_train", "n_vocab"):
         if not 0 < h[name] < 2**31:
             raise ModelShapeError(f"hyperparameter {name} = {h[name]} is out of range")
+    if h["n_layer"] > MAX_LAYERS or f"blk.{h['n_layer'] - 1}.attn_norm.weight" not in gguf.tensors:
+        raise ModelShapeError(f"block_count = {h['n_layer']} does not match the file's layers")
+    for name in ("n_embd", "n_head", "n_head_kv", "n_ff"):
+        if h[name] > MAX_WIDTH:
+            raise ModelShapeError(f"hyperparameter {name} = {h[name]} is out of range")
     if gguf.get(prefix + "attention.key_length") is None and h["n_embd"] % h["n_head"] != 0:
         raise ModelShapeError(f"n_head = {h['n_head']} does not divide n_embd = {h['n_embd']}")
     h["head_dim_k"] = int(key("attention.key_length", h["n_embd"] // h["n_head"]))
     h["head_dim_v"] = int(key("attention.value_length", h["head_dim_k"]))
+    for name in ("head_dim_k", "head_dim_v"):
+        if not 0 < h[name] <= 4096:
+            raise ModelShapeError(f"{name} = {h[name]} is out of range")
     h["n_rot"] = int(key("rope.dimension_count", h["head_dim_k"]))
     scaling = gguf.get(prefix + "rope.scaling.factor")
     scaling_type = gguf.get(prefix + "rope.scaling.type", "none")
@@ -189,8 +211,11 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
         raise ModelShapeError(f"layer_norm_rms_epsilon = {h['rms_eps']} must be positive")
     if not (h["rope_base"] > 0 and math.isfinite(h["rope_base"])):
         raise ModelShapeError(f"rope.freq_base = {h['rope_base']} must be positive")
-    if h.get("n_swa", 0) < 0:
-        raise ModelShapeError(f"attention.sliding_window = {h['n_swa']} must not be negative")
+    if not 0 <= h.get("n_swa", 0) < 2**31:
+        raise ModelShapeError(f"attention.sliding_window = {h['n_swa']} is out of range")
+    for name in ("rope_base_swa", "rope_scale", "attn_scale", "embd_scale"):
+        if name in h and not (math.isfinite(h[name]) and h[name] > 0):
+            raise ModelShapeError(f"{name} = {h[name]} must be a positive number")
     return h
 
 
@@ -209,7 +234,12 @@ def _expected_shapes(h: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
 
 
 def _check_shape(gguf: GGUFFile, role: str, name: str, want: tuple[int, ...]) -> None:
-    got = tuple(gguf.tensors[name].shape)
+    info = gguf.tensors[name]
+    allowed = _VECTOR_TYPES if len(want) == 1 else _MATRIX_TYPES
+    if info.type_name not in allowed:
+        raise ModelShapeError(f"tensor {name!r} ({role}) has type {info.type_name}, which elelem cannot "
+                              f"compute with here; expected one of {', '.join(sorted(allowed))}")
+    got = tuple(info.shape)
     # A trailing dimension of 1 is the same shape to ggml.
     while len(got) > len(want) and got[-1] == 1:
         got = got[:-1]

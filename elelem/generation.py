@@ -33,7 +33,7 @@ class TextStream:
     """
 
     def __init__(self, session: "Session", prompt_ids: list[int], params: SamplingParams,
-                 max_tokens: int, stop: tuple[str, ...]):
+                 max_tokens: int, stop: tuple[str, ...], constraint=None):
         self.prompt_tokens = len(prompt_ids)
         self.reused_tokens = 0
         self.completion_tokens = 0
@@ -42,6 +42,9 @@ class TextStream:
         self.decode_seconds = 0.0
         # Built now, so bad parameters fail before any compute.
         self._sampler = Sampler(params, n_vocab=session.n_vocab)
+        # A TokenConstraint (elelem.tools.constrained) picks the tokens of a
+        # forced tool call; the reply ends when it is complete.
+        self._constraint = constraint
         self._steps = self._run(session, list(prompt_ids), max_tokens, stop)
 
     def __iter__(self) -> "TextStream":
@@ -71,6 +74,7 @@ class TextStream:
         decoder = tokenizer.stream_decoder()
         stops = StopStringFilter(stop)
         sampler = self._sampler
+        constraint = self._constraint
         session._start_generation()
         if max_tokens == 0:
             self.finish_reason = "length"
@@ -81,7 +85,7 @@ class TextStream:
         self.prefill_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
         while True:
-            token = sampler.sample(logits, seq)
+            token = sampler.sample(logits, seq) if constraint is None else constraint.sample(sampler, logits, seq)
             if token in eog_ids:
                 self.finish_reason = "stop"
                 break
@@ -90,7 +94,7 @@ class TextStream:
             text = stops.push(decoder.feed(token))
             if text:
                 yield text
-            if stops.stopped:
+            if stops.stopped or (constraint is not None and constraint.complete):
                 self.finish_reason = "stop"
                 break
             if self.completion_tokens >= max_tokens:

@@ -29,6 +29,8 @@ from .generation import TextStream
 from .prompts import Prompt, chat_prompt_ids, completion_prompt_ids, token_budget
 from .sampling import SamplingParams
 from .stop_strings import StopArg, normalize_stop
+from .tools import responses as tool_responses
+from .tools.request import ToolChoice, ToolPlan, messages_for_template, plan_tools
 
 Messages = Sequence[Mapping[str, Any]]
 
@@ -73,21 +75,28 @@ class TextAPI:
     # -- chat ------------------------------------------------------------------
 
     def chat_stream(self, messages: Messages, *, max_tokens: Optional[int] = None, stop: StopArg = None,
-                    tools: Optional[Sequence[Mapping[str, Any]]] = None, **sampling: Any) -> TextStream:
+                    tools: Optional[Sequence[Mapping[str, Any]]] = None, tool_choice: ToolChoice = None,
+                    **sampling: Any) -> TextStream:
         """An iterator of the assistant's reply to ``messages``, as text deltas.
 
         ``messages`` are ``{"role", "content"}`` dicts, rendered with the
-        model's chat template (ChatML when it has none).
+        model's chat template (ChatML when it has none).  With ``tools``, the
+        deltas are the raw reply in the model's own format, tool-call markup
+        included (``create_chat_completion`` is the API that parses calls);
+        ``tool_choice`` works as there.
         """
         with self._lock:
-            ids = chat_prompt_ids(self, messages, tools=tools)
-            return self._text_stream(ids, max_tokens, stop, sampling, CHAT_DEFAULTS)
+            plan = plan_tools(tools, tool_choice, self._llm.chat_template.source)
+            return self._chat_text_stream(messages, plan, max_tokens, stop, sampling)
 
     def chat(self, messages: Messages, *, max_tokens: Optional[int] = None, stop: StopArg = None,
-             tools: Optional[Sequence[Mapping[str, Any]]] = None, **sampling: Any) -> str:
-        """The assistant's reply to ``messages``."""
+             tools: Optional[Sequence[Mapping[str, Any]]] = None, tool_choice: ToolChoice = None,
+             **sampling: Any) -> str:
+        """The assistant's reply to ``messages``: its raw text, including any
+        tool-call markup (see ``chat_stream``)."""
         with self._lock:
-            return self.chat_stream(messages, max_tokens=max_tokens, stop=stop, tools=tools, **sampling).text()
+            return self.chat_stream(messages, max_tokens=max_tokens, stop=stop, tools=tools,
+                                    tool_choice=tool_choice, **sampling).text()
 
     # -- llama-cpp-python's dicts ---------------------------------------------
 
@@ -111,32 +120,45 @@ class TextAPI:
 
     def create_chat_completion(self, messages: Messages, *, stream: bool = False,
                                max_tokens: Optional[int] = None, stop: StopArg = None,
-                               tools: Optional[Sequence[Mapping[str, Any]]] = None,
+                               tools: Optional[Sequence[Mapping[str, Any]]] = None, tool_choice: ToolChoice = None,
                                model: Optional[str] = None, **sampling: Any) -> Union[dict, Iterator[dict]]:
         """llama-cpp-python's ``create_chat_completion``: a ``chat.completion`` dict, or its chunks.
 
-        ``tools`` are handed to the chat template; tool calls in the reply are
-        not parsed (the text is returned as ``content``).
+        ``tools`` are OpenAI function tools, shown to the model through its
+        chat template; calls in the reply come back as ``message.tool_calls``
+        (streamed: ``delta.tool_calls``) with ``finish_reason`` ``"tool_calls"``.
+        ``tool_choice``: ``"auto"`` (default with tools), ``"none"``,
+        ``"required"`` or ``{"type": "function", "function": {"name": ...}}``;
+        the last two constrain the reply to one valid call (see :mod:`elelem.tools`).
         """
         with self._lock:
-            ids = chat_prompt_ids(self, messages, tools=tools)
-            text = self._text_stream(ids, _unlimited_if_not_positive(max_tokens), stop, sampling, CHAT_DEFAULTS)
+            plan = plan_tools(tools, tool_choice, self._llm.chat_template.source)
+            text = self._chat_text_stream(messages, plan, _unlimited_if_not_positive(max_tokens), stop, sampling)
             name = model if model is not None else self._llm.model_name
+            if plan.parses_calls:
+                build = tool_responses.chat_completion_chunks if stream else tool_responses.chat_completion
+                return build(text, name, plan.parser, plan.tool_names)
             if stream:
                 return completions.chat_completion_chunks(text, name)
             return completions.chat_completion(text, name)
 
     # -- shared ----------------------------------------------------------------
 
+    def _chat_text_stream(self, messages: Messages, plan: ToolPlan, max_tokens: Optional[int],
+                          stop: StopArg, sampling: dict) -> TextStream:
+        ids = chat_prompt_ids(self, messages_for_template(messages), tools=plan.template_tools)
+        constraint = plan.constraint(self._llm.tokenizer)
+        return self._text_stream(ids, max_tokens, stop, sampling, CHAT_DEFAULTS, constraint)
+
     def _text_stream(self, ids: list[int], max_tokens: Optional[int], stop: StopArg,
-                     sampling: dict, defaults: Mapping[str, Any]) -> TextStream:
+                     sampling: dict, defaults: Mapping[str, Any], constraint=None) -> TextStream:
         unknown = sorted(set(sampling) - SAMPLING_NAMES)
         if unknown:
             raise TypeError(f"unexpected keyword argument {unknown[0]!r}; "
                             f"the sampling parameters are {', '.join(sorted(SAMPLING_NAMES))}")
         params = SamplingParams(**{**defaults, **sampling})
         budget = token_budget(len(ids), max_tokens, self.n_ctx)
-        return TextStream(self, ids, params, budget, normalize_stop(stop))
+        return TextStream(self, ids, params, budget, normalize_stop(stop), constraint)
 
 
 def _unlimited_if_not_positive(max_tokens: Optional[int]) -> Optional[int]:

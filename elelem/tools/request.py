@@ -1,0 +1,128 @@
+"""``tools`` and ``tool_choice`` of one request: checked, and turned into a plan.
+
+* ``"auto"`` (the default when tools are given): the model sees the tools
+  and decides; calls are parsed out of its reply.
+* ``"none"``: the model does not see the tools (so it answers in text), and
+  nothing is parsed.  Earlier tool calls and results in ``messages`` still
+  render.
+* ``"required"``: the reply is one call of one of the tools, constrained
+  token by token (:mod:`elelem.tools.constrained`).
+* ``{"type": "function", "function": {"name": ...}}``: the same, for that tool.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+from ..errors import InvalidArgumentError
+from .constrained import Forced, TokenConstraint, TokenTexts
+from .json_automaton import JsonAutomaton
+from .parsers import ToolCallParser, parser_for
+
+Tools = Optional[Sequence[Mapping[str, Any]]]
+ToolChoice = Any  # "auto" | "none" | "required" | {"type": "function", "function": {"name": str}}
+
+
+@dataclass
+class ToolPlan:
+    """What a request with tools does: which tools the template shows, how the
+    reply is parsed, and (forced modes) which functions the call may name."""
+
+    template_tools: Optional[list]
+    parser: Optional[ToolCallParser]
+    tool_names: tuple[str, ...]
+    forced_functions: Optional[list]  # None: the model is free ("auto", "none", no tools)
+
+    @property
+    def parses_calls(self) -> bool:
+        return self.parser is not None
+
+    def constraint(self, tokenizer) -> Optional[TokenConstraint]:
+        """The token constraint of a forced call, or None when the model is free."""
+        if self.forced_functions is None:
+            return None
+        parser = self.parser
+        prefix = tokenizer.encode(parser.forced_prefix, add_bos=False, add_eos=False, special=True)
+        suffix = tokenizer.encode(parser.forced_suffix, add_bos=False, add_eos=False, special=True)
+        automaton = JsonAutomaton.for_tool_call(self.forced_functions)
+        return TokenConstraint([Forced(prefix), automaton, Forced(suffix)], TokenTexts.of(tokenizer))
+
+
+def plan_tools(tools: Tools, tool_choice: ToolChoice, template_source: str) -> ToolPlan:
+    functions = _functions(tools)
+    if tool_choice is None:
+        tool_choice = "auto" if functions else "none"
+    if tool_choice == "none" or not functions:
+        if tool_choice not in ("none", "auto"):
+            raise InvalidArgumentError(f"tool_choice={tool_choice!r} needs tools")
+        return ToolPlan(None, None, (), None)
+    parser = parser_for(template_source)
+    names = tuple(f["name"] for f in functions)
+    template_tools = [dict(t) for t in tools]
+    if tool_choice == "auto":
+        return ToolPlan(template_tools, parser, names, None)
+    if tool_choice == "required":
+        return ToolPlan(template_tools, parser, names, functions)
+    name = _named_choice(tool_choice)
+    chosen = [f for f in functions if f["name"] == name]
+    if not chosen:
+        raise InvalidArgumentError(f"tool_choice names {name!r}, which is not among the tools {list(names)}")
+    return ToolPlan(template_tools, parser, names, chosen)
+
+
+def _functions(tools: Tools) -> list[dict]:
+    if tools is None:
+        return []
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+        raise InvalidArgumentError("tools must be a list of {'type': 'function', 'function': {...}} dicts")
+    functions = []
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, Mapping) or tool.get("type", "function") != "function":
+            raise InvalidArgumentError(f"tools[{index}] must be {{'type': 'function', 'function': {{...}}}}")
+        function = tool.get("function")
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise InvalidArgumentError(f"tools[{index}]['function'] must be a dict with a non-empty 'name'")
+        functions.append(dict(function))
+    return functions
+
+
+def _named_choice(tool_choice: ToolChoice) -> str:
+    if isinstance(tool_choice, Mapping) and tool_choice.get("type") == "function":
+        function = tool_choice.get("function")
+        if isinstance(function, Mapping) and isinstance(function.get("name"), str):
+            return function["name"]
+    raise InvalidArgumentError(
+        "tool_choice must be 'auto', 'none', 'required' or "
+        f"{{'type': 'function', 'function': {{'name': ...}}}}, got {tool_choice!r}")
+
+
+def messages_for_template(messages: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+    """``messages`` with each assistant tool call's ``arguments`` as a dict.
+
+    OpenAI messages carry ``arguments`` as a JSON string, but chat templates
+    (Qwen2.5's, HF's convention) write them with ``tojson``, which would
+    quote the string a second time; llama.cpp decodes them the same way.
+    Arguments that are not valid JSON are left as they are.
+    """
+    if not isinstance(messages, Sequence) or not any(
+            isinstance(m, Mapping) and m.get("tool_calls") for m in messages):
+        return messages
+    return [_decoded_calls(m) if isinstance(m, Mapping) and m.get("tool_calls") else m for m in messages]
+
+
+def _decoded_calls(message: Mapping[str, Any]) -> dict:
+    calls = message["tool_calls"]
+    if isinstance(calls, (str, bytes)) or not isinstance(calls, Sequence):
+        return dict(message)  # the template's own checks report the bad shape
+    decoded = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        arguments = function.get("arguments") if isinstance(function, Mapping) else None
+        if isinstance(arguments, str):
+            try:
+                call = {**call, "function": {**function, "arguments": json.loads(arguments)}}
+            except ValueError:
+                pass
+        decoded.append(call)
+    return {**message, "tool_calls": decoded}

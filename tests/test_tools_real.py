@@ -1,0 +1,63 @@
+"""Tool calling with the real Qwen2.5-Coder-0.5B-Instruct: call, result, answer."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.real_model
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city name"}},
+                   "required": ["city"]}}}]
+QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def llm(qwen_path):
+    from elelem import LLM
+    with LLM(qwen_path, n_ctx=1024) as model:
+        yield model
+
+
+def only_call(response):
+    choice = response["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"]
+    return call["function"]["name"], json.loads(call["function"]["arguments"])
+
+
+def test_auto_mode_call(llm):
+    response = llm.create_chat_completion(QUESTION, tools=WEATHER, temperature=0, max_tokens=40)
+    if not response["choices"][0]["message"].get("tool_calls"):
+        pytest.skip("the model answered in text (its choice in auto mode)")
+    assert only_call(response) == ("get_weather", {"city": "Paris"})
+
+
+def test_required_mode_streams_one_valid_call(llm):
+    chunks = list(llm.create_chat_completion(QUESTION, tools=WEATHER, tool_choice="required",
+                                             stream=True, temperature=0.7, seed=1, max_tokens=60))
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert not any(d.get("content") for d in deltas)  # the markup never leaks
+    parts = [tc for d in deltas for tc in d.get("tool_calls", ())]
+    assert parts[0]["function"]["name"] == "get_weather" and parts[0]["id"]
+    arguments = "".join(p["function"]["arguments"] for p in parts)
+    assert json.loads(arguments) == {"city": "Paris"}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_round_trip_named_call_then_answer(llm):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    response = llm.create_chat_completion(QUESTION, tools=WEATHER, tool_choice=named, temperature=0)
+    assert only_call(response) == ("get_weather", {"city": "Paris"})
+    message = response["choices"][0]["message"]
+    result = {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"],
+              "content": "The weather in Paris is sunny and 18 degrees Celsius."}
+    # "none": the agent wants the answer now, not another call.
+    final = llm.create_chat_completion(QUESTION + [message, result], tools=WEATHER, tool_choice="none",
+                                       temperature=0, max_tokens=40)
+    choice = final["choices"][0]
+    assert "tool_calls" not in choice["message"]
+    assert "sunny" in choice["message"]["content"].lower() or "18" in choice["message"]["content"]
