@@ -79,32 +79,37 @@ class TextStream:
         if max_tokens == 0:
             self.finish_reason = "length"
             return
-        t0 = time.perf_counter()
-        logits, seen, evaluated = session._logits_after(seq, None)
-        self.reused_tokens = len(seq) - evaluated
-        self.prefill_seconds = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        while True:
-            token = sampler.sample(logits, seq) if constraint is None else constraint.sample(sampler, logits, seq)
-            if token in eog_ids:
-                self.finish_reason = "stop"
-                break
-            seq.append(token)
-            self.completion_tokens += 1
-            text = stops.push(decoder.feed(token))
-            if text:
-                yield text
-            if stops.stopped or (constraint is not None and constraint.complete):
-                self.finish_reason = "stop"
-                break
-            if self.completion_tokens >= max_tokens:
-                # The last token is never evaluated: its logits would go unused.
-                self.finish_reason = "length"
-                break
-            logits, seen, _ = session._logits_after(seq, seen)
-        self.decode_seconds = time.perf_counter() - t0
-        tail = stops.push(decoder.flush()) + stops.flush()
-        if tail:
-            yield tail
+        # The stream holds its session for its whole life, from the first
+        # token to the last (or until it is closed or dropped): calls from
+        # other threads wait, so each gets the answer it would get alone,
+        # rather than re-evaluating after an interleaved call.
+        with session._lock:
+            t0 = time.perf_counter()
+            logits, seen, evaluated = session._logits_after(seq, None)
+            self.reused_tokens = len(seq) - evaluated
+            self.prefill_seconds = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            while True:
+                token = sampler.sample(logits, seq) if constraint is None else constraint.sample(sampler, logits, seq)
+                if token in eog_ids:
+                    self.finish_reason = "stop"
+                    break
+                seq.append(token)
+                self.completion_tokens += 1
+                text = stops.push(decoder.feed(token))
+                if text:
+                    yield text
+                if stops.stopped or (constraint is not None and constraint.complete):
+                    self.finish_reason = "stop"
+                    break
+                if self.completion_tokens >= max_tokens:
+                    # The last token is never evaluated: its logits would go unused.
+                    self.finish_reason = "length"
+                    break
+                logits, seen, _ = session._logits_after(seq, seen)
+            self.decode_seconds = time.perf_counter() - t0
+            tail = stops.push(decoder.flush()) + stops.flush()
+            if tail:
+                yield tail
         log.debug("generated %d tokens (%s) after a %d-token prompt (%d reused)",
                   self.completion_tokens, self.finish_reason, self.prompt_tokens, self.reused_tokens)

@@ -104,13 +104,17 @@ class Session(TextAPI):
         """Bring the cache to exactly ``prompt_ids`` and return the last logits.
 
         Only the tokens after the longest common prefix with the cache are
-        evaluated; at least one is, because its logits are the result.
+        evaluated: at least two (of a longer prompt), because ggml computes a
+        lone token with other kernels than a batch (gemv rather than gemm),
+        and a prompt whose last token alone were re-evaluated could then get
+        other logits, and at a near-tie another greedy answer, than it gets
+        evaluated afresh.
         """
         ids = self._check_ids(prompt_ids, "prompt")
         with self._lock:
             session = self._session_or_raise()
             self._sync_cache()
-            keep = min(_common_prefix(self._cached, ids), len(ids) - 1)
+            keep = max(0, min(_common_prefix(self._cached, ids), len(ids) - 2))
             session.rewind(keep)
             del self._cached[keep:]
             return self.eval(ids[keep:])

@@ -21,12 +21,12 @@ def test_prefix_reuse_evaluates_only_new_tokens(tiny_model):
         before = llm.n_evaluated
         extended = prompt + first + [11, 12]
         llm.generate_tokens(extended, 3)
-        # the cache already held prompt + first[:-1]: only first[-1] and the two new tokens are new
+        # the cache already held prompt + first[:-1]: first[-1] and the two new tokens are new
         assert llm.n_evaluated - before == 3 + 2  # 3 prompt tokens, then 2 decode steps
         before = llm.n_evaluated
-        again = llm.generate_tokens(prompt, 4)  # a shorter prompt: rewind, re-evaluate its last token
+        again = llm.generate_tokens(prompt, 4)  # a shorter prompt: rewind, re-evaluate its last two tokens
         assert again == first
-        assert llm.n_evaluated - before == 1 + 3
+        assert llm.n_evaluated - before == 2 + 3
 
 
 def test_generation_stops_at_stop_ids(tiny_model):
