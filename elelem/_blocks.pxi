@@ -14,8 +14,8 @@ cdef struct Step:
     bint flash_attn         # ggml_flash_attn_ext, else mul_mat + softmax (llama.cpp's default)
     ggml_tensor * inp_tokens    # I32 (n_tokens)
     ggml_tensor * inp_pos       # I32 (n_tokens): n_past .. n_past + n_tokens - 1
-    ggml_tensor * inp_mask      # F16 (n_kv, n_tokens): 0 or -inf, causal
-    ggml_tensor * inp_mask_swa  # F16 (n_kv, n_tokens): causal and windowed; NULL without SWA
+    ggml_tensor * inp_mask      # (n_kv, n_tokens): 0 or -inf, causal; F16 for flash attention, else F32 (as llama.cpp)
+    ggml_tensor * inp_mask_swa  # the same, causal and windowed; NULL without SWA
     ggml_tensor * inp_k_idx     # I64 (n_tokens): cache rows this step's K (and V) go to
     ggml_tensor * inp_v_idx     # I64 (v_row * n_tokens): cache elements of transposed V; NULL with flash_attn
     ggml_tensor * logits        # F32 (n_vocab, n_tokens or 1)
@@ -24,7 +24,8 @@ cdef struct Step:
 cdef void _make_inputs(Step * st) except *:
     st.inp_tokens = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I32, st.n_tokens)
     st.inp_pos = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I32, st.n_tokens)
-    st.inp_mask = ggml_new_tensor_2d(st.ctx, GGML_TYPE_F16, st.n_kv, st.n_tokens)
+    cdef ggml_type mask_type = GGML_TYPE_F16 if st.flash_attn else GGML_TYPE_F32
+    st.inp_mask = ggml_new_tensor_2d(st.ctx, mask_type, st.n_kv, st.n_tokens)
     ggml_set_input(st.inp_tokens)
     ggml_set_input(st.inp_pos)
     ggml_set_input(st.inp_mask)
@@ -36,7 +37,7 @@ cdef void _make_inputs(Step * st) except *:
         st.inp_v_idx = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I64, <int64_t> st.hp.head_dim_v * st.hp.n_head_kv * st.n_tokens)
         ggml_set_input(st.inp_v_idx)
     if st.hp.n_swa > 0:
-        st.inp_mask_swa = ggml_new_tensor_2d(st.ctx, GGML_TYPE_F16, st.n_kv, st.n_tokens)
+        st.inp_mask_swa = ggml_new_tensor_2d(st.ctx, mask_type, st.n_kv, st.n_tokens)
         ggml_set_input(st.inp_mask_swa)
     else:
         st.inp_mask_swa = NULL
@@ -54,7 +55,8 @@ cdef void _set_inputs(Step * st, const int32_t * ids) except *:
     cdef int64_t v_row = <int64_t> st.hp.head_dim_v * st.hp.n_head_kv
     cdef size_t n_idx = st.n_tokens * (v_row if st.inp_v_idx != NULL else 1)
     cdef int32_t * pos = <int32_t *> malloc(st.n_tokens * sizeof(int32_t))
-    cdef uint16_t * mask = <uint16_t *> malloc(n_mask * sizeof(uint16_t))
+    cdef size_t mask_el = 2 if st.flash_attn else 4
+    cdef uint16_t * mask = <uint16_t *> malloc(n_mask * mask_el)
     cdef int64_t * idx = <int64_t *> malloc(n_idx * sizeof(int64_t))
     cdef int64_t i, c
     if pos == NULL or mask == NULL or idx == NULL:
@@ -76,11 +78,11 @@ cdef void _set_inputs(Step * st, const int32_t * ids) except *:
                 for c in range(v_row):
                     idx[c + i * v_row] = c * st.n_ctx + st.n_past + i
             _set_input(st.inp_v_idx, idx, n_idx * sizeof(int64_t))
-        _fill_mask(mask, st.n_past, st.n_tokens, st.n_kv, 0)
-        _set_input(st.inp_mask, mask, n_mask * sizeof(uint16_t))
+        _fill_mask(mask, st.n_past, st.n_tokens, st.n_kv, 0, st.flash_attn)
+        _set_input(st.inp_mask, mask, n_mask * mask_el)
         if st.inp_mask_swa != NULL:
-            _fill_mask(mask, st.n_past, st.n_tokens, st.n_kv, st.hp.n_swa)
-            _set_input(st.inp_mask_swa, mask, n_mask * sizeof(uint16_t))
+            _fill_mask(mask, st.n_past, st.n_tokens, st.n_kv, st.hp.n_swa, st.flash_attn)
+            _set_input(st.inp_mask_swa, mask, n_mask * mask_el)
     finally:
         free(pos)
         free(mask)

@@ -17,6 +17,7 @@ The graph builders live in the included ``.pxi`` files: shared blocks in
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint8_t, uintptr_t
 from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset
+from libc.math cimport INFINITY
 from posix.fcntl cimport open as c_open, O_RDONLY
 from posix.unistd cimport close as c_close
 from posix.stat cimport struct_stat, fstat
@@ -520,28 +521,33 @@ cdef KVCache _new_kv_cache(Model m, int n_ctx, ggml_type type, ggml_backend_t ba
 cdef uint16_t F16_ZERO = 0x0000
 cdef uint16_t F16_NEG_INF = 0xFC00
 
-cdef void _fill_mask(uint16_t * out, int n_past, int n_tokens, int n_kv, int n_swa) noexcept nogil:
+cdef void _fill_mask(void * out, int n_past, int n_tokens, int n_kv, int n_swa, bint f16) noexcept nogil:
     """Row i (query at position n_past + i) may see key j iff j <= n_past + i
-    and, with a sliding window, n_past + i - j < n_swa."""
+    and, with a sliding window, n_past + i - j < n_swa.  Written as float16
+    (flash attention wants it) or float32 (softmax, as llama.cpp)."""
     cdef int i, j, pos
-    cdef uint16_t * row
+    cdef bint hidden
+    cdef uint16_t * h = <uint16_t *> out
+    cdef float * f = <float *> out
+    cdef size_t at
     for i in range(n_tokens):
         pos = n_past + i
-        row = out + <size_t> i * n_kv
         for j in range(n_kv):
-            if j > pos or (n_swa > 0 and pos - j >= n_swa):
-                row[j] = F16_NEG_INF
+            hidden = j > pos or (n_swa > 0 and pos - j >= n_swa)
+            at = <size_t> i * n_kv + j
+            if f16:
+                h[at] = F16_NEG_INF if hidden else F16_ZERO
             else:
-                row[j] = F16_ZERO
+                f[at] = -INFINITY if hidden else 0.0
 
 
 def causal_mask(int n_past, int n_tokens, int n_kv, int n_swa=0):
-    """The attention mask for a step, as float16 ``(n_tokens, n_kv)``: 0 or -inf."""
+    """The attention mask for a step, as float32 ``(n_tokens, n_kv)``: 0 or -inf."""
     if n_past < 0 or n_tokens <= 0 or n_kv < n_past + n_tokens or n_swa < 0:
         raise ValueError("need n_past >= 0, n_tokens > 0, n_kv >= n_past + n_tokens, n_swa >= 0")
-    out = np.empty((n_tokens, n_kv), dtype=np.float16)
-    cdef cnp.uint16_t[:, ::1] view = out.view(np.uint16)
-    _fill_mask(&view[0, 0], n_past, n_tokens, n_kv, n_swa)
+    out = np.empty((n_tokens, n_kv), dtype=np.float32)
+    cdef float[:, ::1] view = out
+    _fill_mask(&view[0, 0], n_past, n_tokens, n_kv, n_swa, False)
     return out
 
 
