@@ -5,6 +5,7 @@ tests are exact and need no compute; the tokenizer is SmolLM2's real one.
 """
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -33,6 +34,7 @@ class ScriptedSession:
         self.n_vocab = tokenizer.n_vocab
         self.script = list(script)
         self.steps = 0
+        self._lock = threading.RLock()  # a stream holds its session's lock while it runs
 
     def _start_generation(self):
         pass

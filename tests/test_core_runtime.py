@@ -144,8 +144,9 @@ def test_ctrl_c_stops_a_long_prefill_and_leaves_the_model_usable(tmp_path_factor
     import sys
     path = tmp_path_factory.mktemp("ctrlc") / "mid.gguf"
     _write_wide_model(path, n_embd=1024, n_ff=4096, n_head=16, n_head_kv=4, n_layer=6)
+    # cwd away from the checkout, so the child imports the installed elelem, not the source tree
     out = subprocess.run([sys.executable, "-c", CTRL_C_SCRIPT, str(path)], capture_output=True, text=True,
-                         timeout=300)
+                         timeout=300, cwd=path.parent)
     assert out.returncode == 0, out.stderr
     words = out.stdout.split()
     assert words[0] == "INTERRUPTED", out.stdout
