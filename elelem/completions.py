@@ -35,6 +35,16 @@ class _Envelope:
         self.created = int(time.time())
         self.model = model
 
+    def chat_chunk(self, delta: dict, finish_reason=None) -> dict[str, Any]:
+        """One ``chat.completion.chunk`` of a streamed chat completion."""
+        return {
+            "id": self.id,
+            "model": self.model,
+            "created": self.created,
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
+
 
 def _usage(stream: TextStream) -> dict[str, int]:
     return {
@@ -95,15 +105,7 @@ def chat_completion(stream: TextStream, model: str) -> dict[str, Any]:
 
 def chat_completion_chunks(stream: TextStream, model: str) -> Iterator[dict[str, Any]]:
     env = _Envelope(model, chat=True)
-
-    def chunk(delta: dict, finish_reason):
-        return {
-            "id": env.id,
-            "model": env.model,
-            "created": env.created,
-            "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-        }
+    chunk = env.chat_chunk
 
     with stream:
         yield chunk({"role": "assistant"}, None)

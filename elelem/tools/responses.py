@@ -48,14 +48,7 @@ def chat_completion_chunks(stream: TextStream, model: str, parser: ToolCallParse
     env = _Envelope(model, chat=True)
     calls = StreamingToolCallParser(parser, tool_names)
 
-    def chunk(delta: dict, finish_reason=None):
-        return {
-            "id": env.id,
-            "model": env.model,
-            "created": env.created,
-            "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-        }
+    chunk = env.chat_chunk
 
     def chunks_of(events) -> Iterator[dict]:
         for kind, value in events:
