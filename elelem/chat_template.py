@@ -120,6 +120,11 @@ _MAX_DATA_DEPTH = 64
 _MAX_JSON_INDENT = 64
 # Longest strftime_now() format string.
 _MAX_STRFTIME_FORMAT = 1024
+# textwrap breaks an over-long word (or run of spaces) by re-slicing what is
+# left of it once per line, so wrapping costs about text length x longest run
+# / width character copies. This bound keeps a wordwrap under ~50 ms.
+_MAX_WORDWRAP_WORK = 100_000_000
+_WORDWRAP_RUN = re.compile(r"\S+|\s+")
 
 #: ChatML, used when a model has no template of its own (llama.cpp makes the
 #: same choice). Assistant tool calls are written Hermes-style, one
@@ -674,9 +679,22 @@ def _precheck_indent(value: Any, width: Any = 4, *_: Any, **__: Any) -> None:
 def _precheck_wordwrap(
     value: Any, width: Any = 79, break_long_words: Any = True, wrapstring: Any = None, *_: Any, **__: Any
 ) -> None:
-    # At worst every character starts a new line, each joined by wrapstring.
+    budget = _budget()
+    text = str(value)
+    # At worst every character starts a new line, each joined by wrapstring;
+    # jinja's wordwrap lets textwrap expand each tab to up to 8 spaces first.
     separator = len(wrapstring) if isinstance(wrapstring, str) else 1
-    _budget().check_size(len(str(value)) * (1 + separator), "a wrapped string")
+    expanded_bound = len(text) + 7 * text.count("\t")
+    budget.check_size(expanded_bound * (1 + separator), "a wrapped string")
+    if not isinstance(width, numbers.Integral) or width <= 0:
+        return  # textwrap rejects it itself
+    text = text.expandtabs()
+    longest_run = max((match.end() - match.start() for match in _WORDWRAP_RUN.finditer(text)), default=0)
+    if len(text) * longest_run / int(width) > _MAX_WORDWRAP_WORK:
+        raise TemplateLimitError(
+            f"chat template asked wordwrap to break a run of {longest_run:,} characters "
+            f"at width {int(width)}; that would take too long"
+        )
 
 
 def _precheck_replace(value: Any, old: Any = "", new: Any = "", count: Any = None, **_: Any) -> None:

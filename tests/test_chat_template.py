@@ -410,6 +410,9 @@ EXPENSIVE = {
         "{% set x %}{% for i in range(100000) %}" + "y" * 5000 + "{% endfor %}{% endset %}{{ x | length }}"
     ),
     "wordwrap_separator": "{{ ('x ' * 100000) | wordwrap(1, wrapstring='y' * 1000) }}",
+    "wordwrap_long_word": "{{ ('a' * 500000) | wordwrap(3) }}",
+    "wordwrap_long_space_run": "{{ (' ' * 500000) | wordwrap(3) }}",
+    "wordwrap_tabs": "{{ ('\t' * 32768) | wordwrap(1) }}",
     "indent_width": "{{ ('x\n' * 100000) | indent(1000) }}",
     "expandtabs": "{{ ('\t' * 100000).expandtabs(1000) }}",
     "translate": "{{ ('a' * 100000).translate({97: 'b' * 1000}) }}",
@@ -424,6 +427,27 @@ def test_expensive_templates_fail_fast(source):
     with pytest.raises(TemplateLimitError):
         render(source)
     assert time.monotonic() - start < 2.0  # well before the 2 s deadline: the size checks come first
+
+
+@pytest.mark.parametrize("text", ["a" * 500_000, " " * 500_000, "\t" * 32_768, "-" * 200_000])
+def test_wordwrap_of_a_huge_run_is_refused_at_once(text):
+    # textwrap is quadratic in the longest word or run of spaces; the limit
+    # must come from the pre-check, not from the deadline after the fact.
+    start = time.monotonic()
+    with pytest.raises(TemplateLimitError, match="wordwrap"):
+        render("{{ text | wordwrap(3) }}", text=text)
+    assert time.monotonic() - start < 0.25
+
+
+@pytest.mark.parametrize(
+    "text, width",
+    [("hello world, " * 2000, 79), ("a" * 5000, 3), ("x-y " * 3000 + "\tend", 7), ("a" * 9999, 1)],
+)
+def test_wordwrap_within_its_bound_wraps_like_jinja(text, width):
+    import jinja2
+
+    expected = jinja2.Environment().from_string("{{ text | wordwrap(w) }}").render(text=text, w=width)
+    assert render("{{ text | wordwrap(w) }}", text=text, w=width) == expected
 
 
 SLOW = {
