@@ -79,7 +79,9 @@ def test_bad_token_ids_raise_value_error_everywhere(smollm_path, bad):
             llm.generate("Hi", max_tokens=2, logit_bias={bad: 1.0})
         with pytest.raises(ValueError):
             llm.generate_tokens([1, 2], 2, stop_ids=[bad])
-        assert llm.n_past == 0 or llm.generate("Hi", max_tokens=1, temperature=0) is not None
+        assert llm.n_past == 0  # refused before anything was evaluated
+        assert llm.generate("Hi", max_tokens=3, temperature=0) == llm.new_session().generate(
+            "Hi", max_tokens=3, temperature=0)
 
 
 @pytest.mark.real_model
@@ -87,10 +89,10 @@ def test_generating_exactly_up_to_n_ctx_succeeds(smollm_path):
     with elelem.LLM(smollm_path, n_ctx=32, n_threads=1) as llm:
         prompt = llm.tokenize("Once upon a time")
         out = llm.generate_tokens(prompt, 32 - len(prompt), stop_ids=[])
-        assert llm.n_past <= 32
+        # Every position is used: the last token is sampled, never evaluated.
+        assert len(out) == 32 - len(prompt) and llm.n_past == 31
         with pytest.raises(errors.ContextLimitError):
             llm.generate(prompt, max_tokens=32 - len(prompt) + 1)
-        assert len(out) <= 32 - len(prompt)
 
 
 # -- memory stays flat ------------------------------------------------------------
