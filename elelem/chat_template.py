@@ -36,6 +36,7 @@ from .template_sandbox import (
     MAX_OUTPUT_CHARS,
     MAX_RANGE_ITEMS,
     MAX_TEMPLATE_CHARS,
+    MAX_TEMPLATE_TOKENS,
     MAX_WORK_CHARS,
     RENDER_TIMEOUT_S,
     RenderLimits,
@@ -53,6 +54,7 @@ __all__ = [
     "MAX_RANGE_ITEMS",
     "MAX_CALL_DEPTH",
     "MAX_TEMPLATE_CHARS",
+    "MAX_TEMPLATE_TOKENS",
 ]
 
 logger = logging.getLogger("elelem")

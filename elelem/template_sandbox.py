@@ -20,7 +20,8 @@ of hanging the process or exhausting its memory:
 * :data:`MAX_CALL_DEPTH` -- nesting of calls, so self-recursive macros stop
   long before Python's own recursion limit (a ``RecursionError`` that still
   happens is caught and reported the same way).
-* :data:`MAX_TEMPLATE_CHARS` -- the size of the template source.
+* :data:`MAX_TEMPLATE_CHARS` and :data:`MAX_TEMPLATE_TOKENS` -- the size of
+  the template source, which bounds the time to compile it.
 
 The size checks run *before* the operations that can multiply a string's size
 (``*``, ``**``, ``+``, ``%``, ``~``, ``center``/``ljust``/``rjust``/``zfill``,
@@ -34,6 +35,7 @@ where plain Jinja would return an undefined value and carry on.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import numbers
@@ -73,6 +75,11 @@ MAX_RANGE_ITEMS = 100_000
 MAX_CALL_DEPTH = 64
 #: Longest template source accepted (256 KiB; real templates are under 20 KiB).
 MAX_TEMPLATE_CHARS = 256 << 10
+#: Most Jinja lexer tokens (whitespace runs included) a template source may
+#: have. Compiling costs about 20 µs a token, so this keeps a hostile
+#: template's one-off compile under a second; real templates have a few
+#: thousand (Qwen2.5's: 530).
+MAX_TEMPLATE_TOKENS = 32_768
 
 
 # Width of a tojson indent. Each line of output repeats it once per nesting level.
@@ -706,6 +713,7 @@ _ENVIRONMENT = _build_environment()
 @functools.lru_cache(maxsize=32)
 def compile_template(source: str) -> jinja2.Template:
     """Compile (once per distinct source) or raise TemplateError."""
+    _check_token_count(source)
     try:
         return _ENVIRONMENT.from_string(source)
     except jinja2.TemplateSyntaxError as error:
@@ -714,6 +722,21 @@ def compile_template(source: str) -> jinja2.Template:
         raise TemplateLimitError("chat template is nested too deeply to compile") from error
     except (SecurityError, jinja2.TemplateError, ValueError, TypeError, SyntaxError, MemoryError) as error:
         raise TemplateError(f"chat template does not compile: {error}") from error
+
+
+def _check_token_count(source: str) -> None:
+    # Lexing stops at the first token past the limit, so this check is cheap
+    # even on a hostile source; parsing and code generation are the slow part.
+    # (A syntax error met on the way is left for the compiler to report.)
+    tokens = _ENVIRONMENT.lexer.tokeniter(source, None)
+    try:
+        too_many = any(True for _ in itertools.islice(tokens, MAX_TEMPLATE_TOKENS, None))
+    except jinja2.TemplateSyntaxError:
+        return
+    if too_many:
+        raise TemplateLimitError(
+            f"the chat template has more than {MAX_TEMPLATE_TOKENS:,} Jinja tokens; it would take too long to compile"
+        )
 
 
 def render_template(template: jinja2.Template, variables: dict[str, Any], limits: RenderLimits) -> str:

@@ -15,6 +15,7 @@ import pytest
 from elelem.chat_template import (
     CHATML_TEMPLATE,
     MAX_TEMPLATE_CHARS,
+    MAX_TEMPLATE_TOKENS,
     ChatTemplate,
     RenderLimits,
 )
@@ -234,6 +235,28 @@ def test_bad_template_sources():
         ChatTemplate("x" * (MAX_TEMPLATE_CHARS + 1))
     with pytest.raises(InvalidArgumentError):
         ChatTemplate("x", bos_token=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("unit", ["{{ a(1, 2, 3) }}", "{{ 1 + 1 + 1 }}", "{% if a %}x{% endif %}"])
+def test_a_template_with_too_many_tokens_is_refused_before_it_is_parsed(unit):
+    # Parsing and compiling cost ~20 us a token: a source at the size limit
+    # made of these would take seconds to compile.
+    source = unit * (MAX_TEMPLATE_CHARS // len(unit))
+    start = time.monotonic()
+    with pytest.raises(TemplateLimitError, match="tokens"):
+        ChatTemplate(source)
+    assert time.monotonic() - start < 0.25
+
+
+def test_the_token_limit_leaves_real_templates_far_below_it():
+    from elelem.template_sandbox import _ENVIRONMENT
+
+    for name, source in FIXTURES["templates"].items():
+        source = source if isinstance(source, str) else source["source"]
+        count = sum(1 for _ in _ENVIRONMENT.lexer.tokeniter(source, None))
+        assert count < MAX_TEMPLATE_TOKENS // 20, name
+    just_under = "{{ a }}" * (MAX_TEMPLATE_TOKENS // 5 - 1)  # five lexer tokens each, spaces included
+    assert ChatTemplate(just_under).render(HELLO, a="x") == "x" * (MAX_TEMPLATE_TOKENS // 5 - 1)
 
 
 def test_template_errors_at_render_time_are_template_errors():
