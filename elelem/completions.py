@@ -35,6 +35,16 @@ class _Envelope:
         self.created = int(time.time())
         self.model = model
 
+    def text_completion(self, text: str, finish_reason=None) -> dict[str, Any]:
+        """A ``text_completion`` object: a whole answer, or one streamed chunk of it."""
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
+        }
+
     def chat_chunk(self, delta: dict, finish_reason=None) -> dict[str, Any]:
         """One ``chat.completion.chunk`` of a streamed chat completion."""
         return {
@@ -57,32 +67,15 @@ def _usage(stream: TextStream) -> dict[str, int]:
 def completion(stream: TextStream, model: str) -> dict[str, Any]:
     env = _Envelope(model, chat=False)
     text = stream.text()
-    return {
-        "id": env.id,
-        "object": "text_completion",
-        "created": env.created,
-        "model": env.model,
-        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": stream.finish_reason}],
-        "usage": _usage(stream),
-    }
+    return {**env.text_completion(text, stream.finish_reason), "usage": _usage(stream)}
 
 
 def completion_chunks(stream: TextStream, model: str) -> Iterator[dict[str, Any]]:
     env = _Envelope(model, chat=False)
-
-    def chunk(text: str, finish_reason):
-        return {
-            "id": env.id,
-            "object": "text_completion",
-            "created": env.created,
-            "model": env.model,
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
-        }
-
     with stream:  # closing this generator stops the generation
         for delta in stream:
-            yield chunk(delta, None)
-        yield chunk("", stream.finish_reason)
+            yield env.text_completion(delta, None)
+        yield env.text_completion("", stream.finish_reason)
 
 
 def chat_completion(stream: TextStream, model: str) -> dict[str, Any]:
