@@ -592,6 +592,25 @@ include "_arch_gemma3.pxi"
 # Session: one sequence over a model; owns the cache, the backend and the
 # graph allocator, and keeps its model alive.
 
+import operator as _operator
+
+# Positions are int32 in ggml; a cache this long fails to allocate long before.
+DEF MAX_N_CTX = 2147483647
+# ggml's CPU threadpool holds GGML_MAX_N_THREADS (512) workers; more crashes it.
+DEF MAX_N_THREADS = 512
+
+
+cdef int _checked_count(str name, object value, long long upper) except -1:
+    """``value`` as an int in [1, upper], or InvalidArgumentError (never Cython's
+    own OverflowError or TypeError from an ``int`` argument)."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise errors.InvalidArgumentError(f"{name} must be an integer, got {value!r}")
+    number = _operator.index(value)
+    if not 1 <= number <= upper:
+        raise errors.InvalidArgumentError(f"{name} must be between 1 and {upper:,}, got {number:,}")
+    return number
+
+
 DEF KV_PAD = 256
 
 cdef inline int _padded_n_kv(int n_used, int n_ctx) noexcept:
@@ -714,12 +733,11 @@ cdef class Session:
             raise errors.ClosedError("this session is closed")
         self.model._check_open()
 
-    def set_n_threads(self, int n_threads):
-        if n_threads < 1:
-            raise errors.InvalidArgumentError(f"n_threads must be at least 1, got {n_threads}")
+    def set_n_threads(self, object n_threads):
+        cdef int threads = _checked_count("n_threads", n_threads, MAX_N_THREADS)
         self._check_open()
-        self.n_threads = n_threads
-        ggml_backend_cpu_set_n_threads(self.backend, n_threads)
+        self.n_threads = threads
+        ggml_backend_cpu_set_n_threads(self.backend, threads)
 
     def request_abort(self):
         """Ask a running step to stop (from another thread); it raises KeyboardInterrupt."""
@@ -865,16 +883,13 @@ cdef class Session:
         return ggml_gallocr_get_buffer_size(self.galloc, 0) if self.galloc != NULL else 0
 
 
-def new_session(Model model, int n_ctx, int n_batch=512, int n_threads=1, str kv_type="f16",
+def new_session(Model model, object n_ctx, object n_batch=512, object n_threads=1, str kv_type="f16",
                 bint flash_attn=False):
     """A new sequence over ``model`` with its own KV cache of ``n_ctx`` positions."""
     model._check_open()
-    if n_ctx < 1:
-        raise errors.InvalidArgumentError(f"n_ctx must be at least 1, got {n_ctx}")
-    if n_batch < 1:
-        raise errors.InvalidArgumentError(f"n_batch must be at least 1, got {n_batch}")
-    if n_threads < 1:
-        raise errors.InvalidArgumentError(f"n_threads must be at least 1, got {n_threads}")
+    cdef int ctx = _checked_count("n_ctx", n_ctx, MAX_N_CTX)
+    cdef int batch = _checked_count("n_batch", n_batch, MAX_N_CTX)
+    cdef int threads = _checked_count("n_threads", n_threads, MAX_N_THREADS)
     cdef ggml_type kv
     if kv_type == "f16":
         kv = GGML_TYPE_F16
@@ -885,17 +900,17 @@ def new_session(Model model, int n_ctx, int n_batch=512, int n_threads=1, str kv
 
     cdef Session s = Session.__new__(Session)
     s.model = model
-    s.n_ctx = n_ctx
-    s.n_batch = min(n_batch, n_ctx)
-    s.n_threads = n_threads
+    s.n_ctx = ctx
+    s.n_batch = min(batch, ctx)
+    s.n_threads = threads
     s.n_past = 0
     s.flash_attn = flash_attn
     s.backend = ggml_backend_cpu_init()
     if s.backend == NULL:
         raise MemoryError("ggml could not start a CPU backend")
-    ggml_backend_cpu_set_n_threads(s.backend, n_threads)
+    ggml_backend_cpu_set_n_threads(s.backend, threads)
     ggml_backend_cpu_set_abort_callback(s.backend, _abort_requested, <void *> &s.abort_flag)
-    s.cache = _new_kv_cache(model, n_ctx, kv, s.backend)
+    s.cache = _new_kv_cache(model, ctx, kv, s.backend)
     # Graph metadata: a generous node budget per layer; the arena is reused by every step.
     s.graph_size = max(<size_t> GGML_DEFAULT_GRAPH_SIZE, <size_t> model.hp.n_layer * 64 + 256)
     s.graph_meta_size = ggml_tensor_overhead() * s.graph_size + ggml_graph_overhead_custom(s.graph_size, False)

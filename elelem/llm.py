@@ -20,7 +20,6 @@ from typing import Optional
 from . import _core
 from .architectures import ModelSpec, model_spec
 from .chat_template import ChatTemplate
-from .errors import InvalidArgumentError
 from .gguf_reader import GGUFFile, read_gguf, validate_tokenizer_metadata
 from .hub import ProgressFn, resolve_model
 from .session import Session
@@ -65,9 +64,8 @@ class LLM(Session):
         self.path = resolve_model(model_path, progress=progress)
         self.gguf: GGUFFile = read_gguf(self.path)
         self.spec: ModelSpec = model_spec(self.gguf)
-        n_ctx = min(self.spec.hparams["n_ctx_train"], DEFAULT_N_CTX) if n_ctx is None else n_ctx
-        if not isinstance(n_ctx, int) or n_ctx < 1:
-            raise InvalidArgumentError(f"n_ctx must be a positive integer, got {n_ctx!r}")
+        n_ctx_train = self.spec.hparams["n_ctx_train"]
+        n_ctx = min(n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else n_ctx
         self._model = _core.open_model(self.path, self.spec.arch.name, self.spec.hparams,
                                        self.spec.global_tensors, self.spec.layer_tensors,
                                        self.spec.description, self.spec.matmul_weights(), repack)
@@ -79,6 +77,9 @@ class LLM(Session):
         except BaseException:
             self._model.close()
             raise
+        if native.n_ctx > n_ctx_train:  # allowed, as in llama.cpp, but worth knowing
+            log.warning("n_ctx %d is past the model's trained context of %d positions; "
+                        "text beyond that point degrades", native.n_ctx, n_ctx_train)
         super().__init__(self, native)
         self._children: "weakref.WeakSet[Session]" = weakref.WeakSet()
         self._assets_lock = threading.Lock()

@@ -154,11 +154,39 @@ def test_negative_max_tokens(llm):
     assert llm.generate_tokens([1, 2], 0) == []
 
 
-def test_bad_constructor_arguments(tiny_model):
+BAD_OPTIONS = [
+    {"n_ctx": 0}, {"n_batch": 0}, {"n_threads": 0}, {"kv_type": "q4"},
+    # Past the C types: these were OverflowErrors from Cython's int conversion.
+    {"n_ctx": 2**40}, {"n_batch": 2**64}, {"n_ctx": 2**31},
+    # ggml's CPU threadpool has 512 slots; 100000 threads segfaulted in the first step.
+    {"n_threads": 513}, {"n_threads": 100_000},
+    {"n_ctx": 1.5}, {"n_threads": "2"}, {"n_batch": True},
+]
+
+
+@pytest.mark.parametrize("kwargs", BAD_OPTIONS, ids=[repr(o) for o in BAD_OPTIONS])
+def test_bad_constructor_arguments(tiny_model, kwargs):
     path, _ = tiny_model(TinyConfig())
-    for kwargs in ({"n_ctx": 0}, {"n_batch": 0}, {"n_threads": 0}, {"kv_type": "q4"}):
+    with pytest.raises(errors.InvalidArgumentError, match=next(iter(kwargs))):
+        elelem.LLM(path, **kwargs)
+
+
+def test_session_options_accept_numpy_integers_and_check_thread_changes(tiny_model):
+    path, _ = tiny_model(TinyConfig())
+    with elelem.LLM(path, n_ctx=np.int64(32), n_threads=np.int32(1)) as llm:
+        assert llm.n_ctx == 32
+        native = llm._session_or_raise()
         with pytest.raises(errors.InvalidArgumentError):
-            elelem.LLM(path, **kwargs)
+            native.set_n_threads(100_000)
+        native.set_n_threads(2)
+        assert native.n_threads == 2 and llm.eval([1, 2]).shape[-1] == llm.n_vocab
+
+
+def test_a_context_past_the_trained_length_is_allowed_with_a_warning(tiny_model, caplog):
+    path, config = tiny_model(TinyConfig(n_ctx_train=64))
+    with caplog.at_level("WARNING", logger="elelem"), elelem.LLM(path, n_ctx=128) as llm:
+        assert llm.n_ctx == 128
+    assert any("trained context of 64" in r.getMessage() for r in caplog.records)
 
 
 def test_use_after_close(tiny_model):
