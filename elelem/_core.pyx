@@ -743,9 +743,12 @@ cdef class Session:
         """Ask a running step to stop (from another thread); it raises KeyboardInterrupt."""
         self.abort_flag = 1
 
-    def rewind(self, int n_past):
+    def rewind(self, object n_past):
         """Forget every cached position from ``n_past`` on."""
         self._check_open()
+        if isinstance(n_past, bool) or not hasattr(type(n_past), "__index__"):
+            raise errors.InvalidArgumentError(f"rewind takes an integer length, got {n_past!r}")
+        n_past = _operator.index(n_past)
         if n_past < 0 or n_past > self.n_past:
             raise errors.InvalidArgumentError(
                 f"can only rewind to a length in [0, {self.n_past}], got {n_past}")
@@ -822,13 +825,17 @@ cdef class Session:
         return out
 
     cdef cnp.ndarray _validated_ids(self, tokens):
-        ids = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1) if not isinstance(tokens, np.ndarray) \
-            else np.ascontiguousarray(tokens).reshape(-1)
-        if ids.dtype.kind not in "iu":
-            raise errors.InvalidTokenError(f"token ids must be integers, got dtype {ids.dtype}")
-        cdef int n = ids.shape[0]
-        if n == 0:
+        # No dtype forced on the conversion: that would truncate 1.5 to 1.
+        ids = np.asarray(tokens)
+        if ids.size == 0:
             raise errors.InvalidArgumentError("cannot evaluate an empty list of tokens")
+        if ids.ndim != 1:
+            raise errors.InvalidTokenError(f"token ids must be a flat sequence, got shape {ids.shape}")
+        if ids.dtype.kind not in "iu":
+            raise errors.InvalidTokenError(
+                f"token ids must be integers in [0, {self.model.hp.n_vocab}), got dtype {ids.dtype}")
+        ids = np.ascontiguousarray(ids)
+        cdef int n = ids.shape[0]
         if self.n_past + n > self.n_ctx:
             raise errors.ContextLimitError(
                 f"{self.n_past} cached + {n} new tokens = {self.n_past + n} exceeds n_ctx={self.n_ctx}")

@@ -141,6 +141,34 @@ def test_token_id_out_of_range(llm, bad):
     assert llm.n_past == 0
 
 
+@pytest.mark.parametrize("tokens", [[[1, 2], [3, 4]], 5, np.array(7)], ids=["2-D", "int", "0-d array"])
+def test_eval_takes_only_a_flat_sequence(llm, tokens):
+    with pytest.raises(errors.InvalidTokenError, match="flat"):
+        llm.eval(tokens)
+    assert llm.n_past == 0
+
+
+@pytest.mark.parametrize("tokens", [[1.5, 2.0], np.array([1.0]), [2**70]], ids=["floats", "float array", "huge"])
+def test_eval_never_truncates_or_wraps_ids(llm, tokens):
+    with pytest.raises(errors.InvalidTokenError, match="integers"):
+        llm.eval(tokens)
+    assert llm.n_past == 0
+
+
+def test_eval_accepts_strided_integer_arrays(llm):
+    want = llm.eval([0, 2, 4]).copy()
+    llm.reset()
+    np.testing.assert_array_equal(llm.eval(np.arange(6, dtype=np.uint16)[::2]), want)
+
+
+@pytest.mark.parametrize("length", [-1, 2**70, 1.0, True])
+def test_rewind_checks_its_length(llm, length):
+    llm.eval([1, 2, 3])
+    with pytest.raises(errors.InvalidArgumentError):
+        llm._session_or_raise().rewind(length)
+    assert llm.n_past == 3
+
+
 def test_empty_prompt(llm):
     with pytest.raises(errors.InvalidArgumentError):
         llm.eval([])

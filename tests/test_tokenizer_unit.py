@@ -336,7 +336,7 @@ def test_metadata_arrays_as_lists_or_numpy():
 # ------------------------------------------------------------------ decode / stream
 
 def test_decode_rejects_ids_outside_the_vocab(bpe):
-    for bad in ([-1], [bpe.n_vocab], [0, 10**9], ["x"], [1.5]):
+    for bad in ([-1], [bpe.n_vocab], [0, 10**9], ["x"], [1.5], None, 5):
         with pytest.raises(InvalidTokenError):
             bpe.decode(bad)
     with pytest.raises(ValueError):  # InvalidTokenError is a ValueError

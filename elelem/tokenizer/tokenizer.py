@@ -159,7 +159,11 @@ class Tokenizer:
         if self._pieces is None:
             self._pieces = build_pieces(self._vocab)
         table = self._pieces[1] if special else self._pieces[0]
-        ids = ids if isinstance(ids, list) else list(ids)
+        if not isinstance(ids, list):
+            try:
+                ids = list(ids)
+            except TypeError:
+                raise InvalidTokenError(f"token ids must be a sequence of integers, not {type(ids).__name__}") from None
         if not ids:
             return b""
         try:
