@@ -24,6 +24,7 @@ import logging
 import mmap
 import os
 import re
+import stat
 import struct
 import time
 from dataclasses import dataclass
@@ -361,6 +362,9 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     """
     path = Path(path)
     started = time.perf_counter()
+    # Before opening: opening a FIFO would block until something writes to it.
+    if path.exists() and not path.is_dir() and not stat.S_ISREG(path.stat().st_mode):
+        raise ModelNotFoundError(f"{path} is not a regular file (a device, pipe or socket), not a GGUF file")
     try:
         file = open(path, "rb")
     except FileNotFoundError:

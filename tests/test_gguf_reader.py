@@ -144,6 +144,17 @@ def test_directory_is_not_a_model(tmp_path):
         read_gguf(tmp_path)
 
 
+def test_a_pipe_or_device_is_refused_without_opening_it(tmp_path):
+    import os
+
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)  # opening it for reading would block forever: no writer
+    with pytest.raises(ModelNotFoundError, match="not a regular file"):
+        read_gguf(fifo)
+    with pytest.raises(ModelNotFoundError, match="not a regular file"):
+        read_gguf("/dev/zero")
+
+
 # -- GGML_TYPES against the vendored ggml ----------------------------------------
 
 
