@@ -174,7 +174,9 @@ def test_forced_phases_wrap_the_json():
 
 @pytest.mark.parametrize("schema", [{"type": "date"}, {"anyOf": []} | {"type": ["integer", "number"]},
                                     {"type": "object", "properties": {}, "required": ["x"]},
-                                    {"type": "string", "minLength": 10_000}])
+                                    {"type": "string", "minLength": 10_000},
+                                    {"type": "object", "properties": [1, 2]},
+                                    {"type": "object", "properties": {"a": {"type": "string"}}, "required": "a"}])
 def test_unsupported_schemas_are_refused(schema):
     with pytest.raises(InvalidArgumentError):
         JsonAutomaton.for_schema(schema)

@@ -470,7 +470,12 @@ class _Builder:
 
     def _object(self, schema, depth):
         properties = schema.get("properties") or {}
-        required = set(schema.get("required") or ())
+        required_names = schema.get("required") or []
+        if not isinstance(properties, dict) or not all(isinstance(name, str) for name in properties):
+            raise InvalidArgumentError(f"an object schema's properties must map names to schemas, got {properties!r:.80}")
+        if not isinstance(required_names, list) or not all(isinstance(name, str) for name in required_names):
+            raise InvalidArgumentError(f"an object schema's required must be a list of names, got {required_names!r:.80}")
+        required = set(required_names)
         unknown = required - set(properties)
         if unknown:
             raise InvalidArgumentError(f"required properties {sorted(unknown)} are not in properties")
