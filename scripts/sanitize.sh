@@ -10,7 +10,7 @@
 # the source is copied to $ELELEM_ASAN_DIR/src (default /tmp/elelem-asan) and
 # installed, non-editable, into $ELELEM_ASAN_DIR/venv with ELELEM_SANITIZE=1
 # (see setup.py).  Tests and fuzzers run from $ELELEM_ASAN_DIR/run, a copy of
-# tests/, tools/ and scripts/ without elelem/, so `import elelem` can only find
+# tests/ and scripts/ without elelem/, so `import elelem` can only find
 # the sanitized build.  (third_party/ is copied too: a few tests read ggml's
 # headers.)
 #
@@ -78,7 +78,7 @@ build() {
 
 prepare_run() {
     rm -rf "$RUN"
-    copy_tree "$RUN" tests tools scripts pyproject.toml third_party  # some tests read ggml's sources
+    copy_tree "$RUN" tests scripts pyproject.toml third_party  # some tests read ggml's sources
     mkdir -p "$LOGS"
     (cd "$RUN" && env LD_PRELOAD="$(gcc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 \
         "$PY" -c 'import elelem, elelem._core as c; print("elelem from", elelem.__file__); print("core  from", c.__file__)')
@@ -97,7 +97,7 @@ run_tests() {
 
 run_fuzz() {
     say "short fuzz campaigns under ASan/UBSan"
-    [ -d "$RUN/tools" ] || prepare_run
+    [ -d "$RUN/tests" ] || prepare_run
     rm -rf "$WORK/fuzz" "$WORK/crashers"  # this run's failures only
     sanitizer_env
     set +e
