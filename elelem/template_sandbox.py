@@ -28,7 +28,9 @@ The size checks run *before* the operations that can multiply a string's size
 ``expandtabs``, ``replace``, ``join``, ``translate``, ``to_bytes``, format
 widths and the ``center``, ``indent``, ``wordwrap``, ``replace``, ``join``,
 ``format`` and ``tojson`` filters), so the limits hold without first
-allocating the oversized value. Touching an unsafe attribute raises at once,
+allocating the oversized value. The library code that is quadratic in its
+input (``wordwrap``, ``striptags``) is refused inputs it would be slow on.
+Touching an unsafe attribute raises at once,
 where plain Jinja would return an undefined value and carry on.
 """
 
@@ -86,10 +88,12 @@ MAX_TEMPLATE_TOKENS = 32_768
 _MAX_JSON_INDENT = 64
 # Longest strftime_now() format string.
 _MAX_STRFTIME_FORMAT = 1024
-# textwrap breaks an over-long word (or run of spaces) by re-slicing what is
-# left of it once per line, so wrapping costs about text length x longest run
-# / width character copies. This bound keeps a wordwrap under ~50 ms.
-_MAX_WORDWRAP_WORK = 100_000_000
+# Character copies allowed to the library code that is quadratic in its
+# input: textwrap (wordwrap) re-slices an over-long word or run of spaces once
+# per line, about text length x longest run / width copies; markupsafe's
+# striptags rebuilds the whole string once per tag, about length x tags.
+# This bound keeps either under ~50 ms.
+_MAX_QUADRATIC_WORK = 100_000_000
 _WORDWRAP_RUN = re.compile(r"\S+|\s+")
 
 
@@ -331,6 +335,8 @@ def _checked_method_args(owner: Any, name: str, args: tuple, kwargs: dict) -> tu
             items = list(args[0])
             budget.check_size(_weight(items, budget) + len(owner) * len(items), "a joined string")
             return (items, *args[1:])
+        elif name == "striptags":  # a Markup method
+            _check_striptags(str(owner))
         elif name == "translate" and args and isinstance(args[0], Mapping):
             longest = max((len(v) for v in args[0].values() if isinstance(v, (str, bytes))), default=1)
             budget.check_size(len(owner) * max(longest, 1), "a translated string")
@@ -636,11 +642,23 @@ def _precheck_wordwrap(
         return  # textwrap rejects it itself
     text = text.expandtabs()
     longest_run = max((match.end() - match.start() for match in _WORDWRAP_RUN.finditer(text)), default=0)
-    if len(text) * longest_run / int(width) > _MAX_WORDWRAP_WORK:
+    if len(text) * longest_run / int(width) > _MAX_QUADRATIC_WORK:
         raise TemplateLimitError(
             f"chat template asked wordwrap to break a run of {longest_run:,} characters "
             f"at width {int(width)}; that would take too long"
         )
+
+
+def _check_striptags(text: str) -> None:
+    if len(text) * text.count("<") > _MAX_QUADRATIC_WORK:
+        raise TemplateLimitError(
+            f"chat template asked striptags to remove {text.count('<'):,} tags from "
+            f"{len(text):,} characters; that would take too long"
+        )
+
+
+def _precheck_striptags(value: Any, *_: Any, **__: Any) -> None:
+    _check_striptags(str(value))
 
 
 def _precheck_replace(value: Any, old: Any = "", new: Any = "", count: Any = None, **_: Any) -> None:
@@ -662,6 +680,7 @@ _FILTER_PRECHECKS: dict[str, Callable[..., None]] = {
     "center": _precheck_center,
     "indent": _precheck_indent,
     "wordwrap": _precheck_wordwrap,
+    "striptags": _precheck_striptags,
     "replace": _precheck_replace,
     "format": _precheck_format,
 }
