@@ -27,7 +27,7 @@ The size checks run *before* the operations that can multiply a string's size
 (``*``, ``**``, ``+``, ``%``, ``~``, ``center``/``ljust``/``rjust``/``zfill``,
 ``expandtabs``, ``replace``, ``join``, ``translate``, ``to_bytes``, format
 widths and the ``center``, ``indent``, ``wordwrap``, ``replace``, ``join``,
-``format`` and ``tojson`` filters), so the limits hold without first
+``batch``, ``slice``, ``format`` and ``tojson`` filters), so the limits hold without first
 allocating the oversized value. The library code that is quadratic in its
 input (``wordwrap``, ``striptags``) is refused inputs it would be slow on.
 Touching an unsafe attribute raises at once,
@@ -649,6 +649,15 @@ def _precheck_wordwrap(
         )
 
 
+def _precheck_batch(value: Any, linecount: Any = None, fill_with: Any = None, *_: Any, **__: Any) -> None:
+    if fill_with is not None:  # the last batch is padded out to linecount items
+        _check_width(linecount, "a padded batch")
+
+
+def _precheck_slice(value: Any, slices: Any = None, *_: Any, **__: Any) -> None:
+    _check_width(slices, "a list of slices")  # one list per slice, even if empty
+
+
 def _check_striptags(text: str) -> None:
     if len(text) * text.count("<") > _MAX_QUADRATIC_WORK:
         raise TemplateLimitError(
@@ -681,6 +690,8 @@ _FILTER_PRECHECKS: dict[str, Callable[..., None]] = {
     "indent": _precheck_indent,
     "wordwrap": _precheck_wordwrap,
     "striptags": _precheck_striptags,
+    "batch": _precheck_batch,
+    "slice": _precheck_slice,
     "replace": _precheck_replace,
     "format": _precheck_format,
 }

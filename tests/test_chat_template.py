@@ -433,6 +433,8 @@ EXPENSIVE = {
         "{% set x %}{% for i in range(100000) %}" + "y" * 5000 + "{% endfor %}{% endset %}{{ x | length }}"
     ),
     "wordwrap_separator": "{{ ('x ' * 100000) | wordwrap(1, wrapstring='y' * 1000) }}",
+    "batch_padding": "{{ [1] | batch(10**9, fill_with=0) | list | length }}",  # took 36 s
+    "slice_count": "{{ [1] | slice(10**9) | list | length }}",  # took 4.7 s
     "wordwrap_long_word": "{{ ('a' * 500000) | wordwrap(3) }}",
     "wordwrap_long_space_run": "{{ (' ' * 500000) | wordwrap(3) }}",
     "wordwrap_tabs": "{{ ('\t' * 32768) | wordwrap(1) }}",
