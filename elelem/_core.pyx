@@ -19,9 +19,10 @@ from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset
 from libc.math cimport INFINITY
 from posix.fcntl cimport open as c_open, O_RDONLY
-from posix.unistd cimport close as c_close
+from posix.types cimport off_t
+from posix.unistd cimport close as c_close, pread
 from posix.stat cimport struct_stat, fstat
-from posix.mman cimport mmap, munmap, PROT_READ, MAP_SHARED, MAP_FAILED
+from posix.mman cimport mmap, mprotect, munmap, PROT_READ, PROT_WRITE, MAP_SHARED, MAP_PRIVATE, MAP_ANONYMOUS, MAP_FAILED
 
 cimport numpy as cnp
 import logging
@@ -145,7 +146,7 @@ DEF MAX_EXTRA_BUFTS = 4
 cdef class Model:
     cdef gguf_context * gguf            # tensor table and metadata, owned
     cdef ggml_context * weights_ctx     # tensor headers (no data), owned
-    cdef void * map_addr                # the whole file, mapped read-only
+    cdef void * map_addr                # the whole file, mapped read-only (or read into anonymous memory)
     cdef size_t map_size
     cdef ggml_backend_buffer_t weights_buf   # a CPU buffer over the mapping, no copy
     # Matmul weights that ggml's CPU "extra" buffer types (CPU_REPACK) can lay
@@ -255,7 +256,7 @@ cdef class Model:
 
 
 def open_model(path, str arch, dict hparams, dict global_tensors, list layer_tensors, str description="",
-               list matmul_weights=None, bint repack=True):
+               list matmul_weights=None, bint repack=True, bint use_mmap=True):
     """Open ``path`` (already validated by elelem.gguf_reader) for ``arch``.
 
     ``hparams`` holds the HParams fields by name; ``global_tensors`` maps
@@ -263,7 +264,8 @@ def open_model(path, str arch, dict hparams, dict global_tensors, list layer_ten
     ``layer_tensors`` has one dict per layer mapping a role in LAYER_ROLES to
     a tensor name or None (absent optional tensor).  ``matmul_weights`` names
     the tensors used as the left operand of a mul_mat: with ``repack``, those
-    the CPU backend can repack are copied into its repack buffer.
+    the CPU backend can repack are copied into its repack buffer.  Without
+    ``use_mmap`` the file is read into memory instead of mapped.
     """
     if arch not in ARCH_IDS:
         raise errors.UnsupportedArchitectureError(
@@ -287,7 +289,7 @@ def open_model(path, str arch, dict hparams, dict global_tensors, list layer_ten
     if m.gguf == NULL:
         raise errors.GGUFError(f"ggml could not read the GGUF file {m.path}")
 
-    _map_weights(m, bpath)
+    _map_weights(m, bpath, use_mmap)
     if repack and matmul_weights:
         _repack_weights(m, matmul_weights, None if global_tensors.get("output") else global_tensors["tok_embd"])
 
@@ -339,8 +341,9 @@ cdef void _fill_hparams(HParams * hp, dict h) except *:
     hp.n_swa = h.get("n_swa", 0)
 
 
-cdef void _map_weights(Model m, bytes bpath) except *:
-    """mmap the file and place every tensor of weights_ctx at its offset in it."""
+cdef void _map_weights(Model m, bytes bpath, bint use_mmap) except *:
+    """Map the file (or, without ``use_mmap``, read it into anonymous memory)
+    and place every tensor of weights_ctx at its offset in it."""
     cdef int fd = c_open(bpath, O_RDONLY)
     if fd < 0:
         raise errors.ModelNotFoundError(f"cannot open {m.path}")
@@ -349,11 +352,27 @@ cdef void _map_weights(Model m, bytes bpath) except *:
         c_close(fd)
         raise OSError(f"cannot stat {m.path}")
     m.map_size = <size_t> st.st_size
-    m.map_addr = mmap(NULL, m.map_size, PROT_READ, MAP_SHARED, fd, 0)
-    c_close(fd)  # the mapping keeps the file alive
+    cdef ssize_t got = 0
+    if use_mmap:
+        m.map_addr = mmap(NULL, m.map_size, PROT_READ, MAP_SHARED, fd, 0)
+    else:
+        m.map_addr = mmap(NULL, m.map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        if m.map_addr != MAP_FAILED:
+            with nogil:
+                got = _read_fully(fd, <char *> m.map_addr, m.map_size)
+    c_close(fd)  # a file mapping keeps the file alive
     if m.map_addr == MAP_FAILED:
         m.map_addr = NULL
-        raise OSError(f"cannot memory-map {m.path}")
+        raise OSError(f"cannot memory-map {m.path}") if use_mmap else \
+            MemoryError(f"cannot allocate {m.map_size:,} bytes to read {m.path} into")
+    if not use_mmap:
+        if got < 0:
+            raise OSError(f"cannot read {m.path}")
+        if got != <ssize_t> m.map_size:
+            raise errors.GGUFTruncatedError(
+                f"{m.path}: read {got:,} of {m.map_size:,} bytes; the file changed while it was being read",
+                field="tensor data", offset=got)
+        mprotect(m.map_addr, m.map_size, PROT_READ)  # weights are never written
 
     m.weights_buf = ggml_backend_cpu_buffer_from_ptr(m.map_addr, m.map_size)
     if m.weights_buf == NULL:
@@ -375,6 +394,20 @@ cdef void _map_weights(Model m, bytes bpath) except *:
         _check_status(ggml_backend_tensor_alloc(m.weights_buf, t, <char *> m.map_addr + start),
                       "placing a tensor in the mapped weights")
         t = ggml_get_next_tensor(m.weights_ctx, t)
+
+
+cdef ssize_t _read_fully(int fd, char * dest, size_t size) noexcept nogil:
+    """Read ``size`` bytes from offset 0; the count read (less at EOF), or -1."""
+    cdef size_t done = 0
+    cdef ssize_t n
+    while done < size:
+        n = pread(fd, dest + done, min(size - done, <size_t> (1 << 30)), <off_t> done)
+        if n < 0:
+            return -1
+        if n == 0:
+            break
+        done += <size_t> n
+    return <ssize_t> done
 
 
 cdef bint _repack_supported(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, ggml_tensor * w) except -1:

@@ -47,7 +47,11 @@ class LLM(Session):
     ``n_ctx`` defaults to the smaller of the model's trained context and 4096.
     ``kv_type`` is ``"f16"`` (as llama.cpp) or ``"f32"``.  ``flash_attn``
     selects ggml's fused attention kernel; the default path (mul_mat +
-    softmax) is llama.cpp's default and gives its exact tokens.
+    softmax) is llama.cpp's default and gives its exact tokens.  The weights
+    are memory-mapped; ``use_mmap=False`` reads them into memory instead
+    (slower to open, but the model no longer depends on the file staying
+    unchanged on disk: a mapped file that is truncated under it ends the
+    process with SIGBUS, as in llama.cpp).
 
     Calls on one LLM are serialized by a lock, so it can be shared between
     threads; for parallel work, :meth:`new_session` gives independent caches
@@ -57,7 +61,8 @@ class LLM(Session):
 
     def __init__(self, model_path: str | os.PathLike | None = None, *, n_ctx: Optional[int] = None,
                  n_threads: Optional[int] = None, n_batch: int = 512, kv_type: str = "f16",
-                 flash_attn: bool = False, repack: bool = True, progress: Optional[ProgressFn] = None):
+                 flash_attn: bool = False, repack: bool = True, use_mmap: bool = True,
+                 progress: Optional[ProgressFn] = None):
         t0 = time.perf_counter()
         self._session = None
         self._model = None
@@ -68,7 +73,8 @@ class LLM(Session):
         n_ctx = min(n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else n_ctx
         self._model = _core.open_model(self.path, self.spec.arch.name, self.spec.hparams,
                                        self.spec.global_tensors, self.spec.layer_tensors,
-                                       self.spec.description, self.spec.matmul_weights(), repack)
+                                       self.spec.description, self.spec.matmul_weights(), repack,
+                                       use_mmap)
         self._session_options = dict(n_ctx=n_ctx, n_batch=n_batch,
                                      n_threads=default_n_threads() if n_threads is None else n_threads,
                                      kv_type=kv_type, flash_attn=flash_attn)

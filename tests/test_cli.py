@@ -158,6 +158,15 @@ def test_run_raw_reads_stdin(smollm_path, smollm):
 
 
 @pytest.mark.real_model
+def test_run_without_mmap_answers_the_same(smollm_path, smollm):
+    result = cli("run", "-m", smollm_path, "-t", 1, "--no-mmap", "--raw", "--temperature", 0, "-n", 6,
+                 "The capital of France is")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip("\n") == smollm.generate("The capital of France is", max_tokens=6,
+                                                          temperature=0).rstrip("\n")
+
+
+@pytest.mark.real_model
 def test_run_uses_the_default_model(qwen_path):
     result = cli("run", "-t", 1, "--temperature", 0, "-n", 3, "Hi")
     assert result.returncode == 0, result.stderr

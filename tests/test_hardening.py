@@ -142,3 +142,26 @@ def test_a_model_outlives_the_users_reference_through_its_session(tiny_model):
     gc.collect()
     session.reset()
     np.testing.assert_array_equal(session.eval([1, 2, 3]), want)
+
+
+# -- the model file changing under a loaded model ----------------------------------
+
+@pytest.mark.parametrize("wtype", ["f32", "q8_0"])
+def test_use_mmap_false_gives_the_same_logits(tiny_model, wtype):
+    path, _ = tiny_model(TinyConfig(wtype=wtype))
+    with elelem.LLM(path, n_ctx=64) as mapped, elelem.LLM(path, n_ctx=64, use_mmap=False) as read:
+        np.testing.assert_array_equal(read.eval([1, 2, 3], all_logits=True),
+                                      mapped.eval([1, 2, 3], all_logits=True))
+
+
+def test_without_mmap_a_model_survives_its_file_being_truncated(tiny_model, tmp_path):
+    # A mapped model would die of SIGBUS here, on its first read of a lost page.
+    path, _ = tiny_model(TinyConfig())
+    with elelem.LLM(path, n_ctx=64) as reference:
+        want = reference.eval([1, 2, 3]).copy()
+    copy = tmp_path / "model.gguf"
+    copy.write_bytes(path.read_bytes())
+    with elelem.LLM(copy, n_ctx=64, use_mmap=False) as llm:
+        with open(copy, "r+b") as f:
+            f.truncate(64)
+        np.testing.assert_array_equal(llm.eval([1, 2, 3]), want)

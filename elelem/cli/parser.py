@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="CPU threads (default: the CPUs available)")
     model.add_argument("-c", "--ctx", type=_positive_int, default=None, metavar="N",
                        help="context window in tokens (default: the model's, at most 4096)")
+    model.add_argument("--no-mmap", dest="use_mmap", action="store_false",
+                       help="read the weights into memory instead of mapping the file")
 
     generation = argparse.ArgumentParser(add_help=False)
     generation.add_argument("-n", "--max-tokens", type=_non_negative_int, default=None, metavar="N",
