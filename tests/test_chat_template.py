@@ -245,7 +245,7 @@ def test_a_template_with_too_many_tokens_is_refused_before_it_is_parsed(unit):
     start = time.monotonic()
     with pytest.raises(TemplateLimitError, match="tokens"):
         ChatTemplate(source)
-    assert time.monotonic() - start < 0.25
+    assert time.monotonic() - start < 1.0  # unchecked, these take 2-36 s; checked, milliseconds
 
 
 def test_the_token_limit_leaves_real_templates_far_below_it():
@@ -461,7 +461,7 @@ def test_wordwrap_of_a_huge_run_is_refused_at_once(text):
     start = time.monotonic()
     with pytest.raises(TemplateLimitError, match="wordwrap"):
         render("{{ text | wordwrap(3) }}", text=text)
-    assert time.monotonic() - start < 0.25
+    assert time.monotonic() - start < 1.0  # unchecked, these take 2-36 s; checked, milliseconds
 
 
 @pytest.mark.parametrize("source", [
@@ -473,7 +473,7 @@ def test_striptags_on_many_tags_is_refused_at_once(source, text):
     start = time.monotonic()
     with pytest.raises(TemplateLimitError, match="striptags"):
         render(source, text=text)
-    assert time.monotonic() - start < 0.25
+    assert time.monotonic() - start < 1.0  # unchecked, these take 2-36 s; checked, milliseconds
 
 
 def test_striptags_within_its_bound_works():
