@@ -363,8 +363,9 @@ cdef void _map_weights(Model m, bytes bpath, bint use_mmap) except *:
     c_close(fd)  # a file mapping keeps the file alive
     if m.map_addr == MAP_FAILED:
         m.map_addr = NULL
-        raise OSError(f"cannot memory-map {m.path}") if use_mmap else \
-            MemoryError(f"cannot allocate {m.map_size:,} bytes to read {m.path} into")
+        if use_mmap:
+            raise OSError(f"cannot memory-map {m.path}")
+        raise MemoryError(f"cannot allocate {m.map_size:,} bytes to read {m.path} into")
     if not use_mmap:
         if got < 0:
             raise OSError(f"cannot read {m.path}")
@@ -633,12 +634,18 @@ DEF MAX_N_CTX = 2147483647
 DEF MAX_N_THREADS = 512
 
 
-cdef int _checked_count(str name, object value, long long upper) except -1:
-    """``value`` as an int in [1, upper], or InvalidArgumentError (never Cython's
-    own OverflowError or TypeError from an ``int`` argument)."""
+cdef object _as_integer(str name, object value):
+    """``value`` as a Python int (numpy integers too, bools not), or
+    InvalidArgumentError: never Cython's own OverflowError or TypeError from
+    an ``int`` argument."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise errors.InvalidArgumentError(f"{name} must be an integer, got {value!r}")
-    number = _operator.index(value)
+    return _operator.index(value)
+
+
+cdef int _checked_count(str name, object value, long long upper) except -1:
+    """``value`` as an int in [1, upper], or InvalidArgumentError."""
+    number = _as_integer(name, value)
     if not 1 <= number <= upper:
         raise errors.InvalidArgumentError(f"{name} must be between 1 and {upper:,}, got {number:,}")
     return number
@@ -779,9 +786,7 @@ cdef class Session:
     def rewind(self, object n_past):
         """Forget every cached position from ``n_past`` on."""
         self._check_open()
-        if isinstance(n_past, bool) or not hasattr(type(n_past), "__index__"):
-            raise errors.InvalidArgumentError(f"rewind takes an integer length, got {n_past!r}")
-        n_past = _operator.index(n_past)
+        n_past = _as_integer("the length to rewind to", n_past)
         if n_past < 0 or n_past > self.n_past:
             raise errors.InvalidArgumentError(
                 f"can only rewind to a length in [0, {self.n_past}], got {n_past}")

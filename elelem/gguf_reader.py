@@ -362,16 +362,16 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     """
     path = Path(path)
     started = time.perf_counter()
-    # Before opening: opening a FIFO would block until something writes to it.
-    if path.exists() and not path.is_dir() and not stat.S_ISREG(path.stat().st_mode):
-        raise ModelNotFoundError(f"{path} is not a regular file (a device, pipe or socket), not a GGUF file")
+    # Checked before opening: opening a FIFO would block until something writes to it.
     try:
-        file = open(path, "rb")
+        mode = path.stat().st_mode
     except FileNotFoundError:
         raise ModelNotFoundError(f"no such model file: {path}") from None
-    except IsADirectoryError:
-        raise ModelNotFoundError(f"{path} is a directory, not a GGUF file") from None
-    with file:
+    if stat.S_ISDIR(mode):
+        raise ModelNotFoundError(f"{path} is a directory, not a GGUF file")
+    if not stat.S_ISREG(mode):
+        raise ModelNotFoundError(f"{path} is not a regular file (a device, pipe or socket), not a GGUF file")
+    with open(path, "rb") as file:
         file_size = os.fstat(file.fileno()).st_size
         if file_size < HEADER_SIZE:
             # mmap refuses empty files, and nothing this short can be GGUF.
