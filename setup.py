@@ -1,15 +1,21 @@
 """Build elelem: the vendored ggml with CMake, then one Cython extension.
 
-ggml is configured and built as static, position-independent libraries in the
-setuptools build folder (never inside the source tree) and linked into
-``elelem._core`` through ``extra_objects``, the way uvloop links libuv.
+ggml is configured and built as shared libraries in the setuptools build
+folder (never inside the source tree) and shipped inside the package, in
+``elelem/_lib``: ``libggml-base`` and ``libggml``, which ``elelem._core``
+links against (found through an ``$ORIGIN`` rpath), and the CPU backend as
+modules (``libggml-cpu*.so``) that the core loads at run time, choosing the
+best one the running CPU supports.
 
 Environment switches:
-  ELELEM_PORTABLE=1   build for any CPU of the platform (no -march=native).
+  ELELEM_PORTABLE=1   build every x86-64 CPU variant (ggml's GGML_CPU_ALL_VARIANTS):
+                      one build that runs, at native speed, on any x86-64 CPU.
+                      Without it, one CPU module for the build machine's CPU.
   ELELEM_SANITIZE=1   compile ggml and the extension with ASan and UBSan.
   ELELEM_DEBUG=1      a debug build of ggml and the extension.
 """
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +26,9 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 GGML = ROOT / "third_party" / "ggml"
 CMAKE_PROJECT = ROOT / "cmake"
-GGML_LIBS = ("ggml", "ggml-cpu", "ggml-base")  # link order: dependents first
+LIB_DIR_NAME = "_lib"               # elelem/_lib: ggml's shared libraries and backend modules
+LINKED_LIBS = ("libggml.so", "libggml-base.so")
+BACKEND_MODULE_GLOB = "libggml-cpu*.so"
 
 
 def env_flag(name: str) -> bool:
@@ -36,28 +44,29 @@ class BuildGGMLThenExt(build_ext):
         if not (GGML / "CMakeLists.txt").is_file():
             sys.exit("third_party/ggml is missing; restore it with: python scripts/vendor_ggml.py")
         build_dir = Path(self.build_temp).resolve() / "ggml-build"
-        libs, openmp = self.build_ggml(build_dir)
+        built = self.build_ggml(build_dir)
+        lib_dir = Path(self.get_ext_fullpath("elelem._core")).resolve().parent / LIB_DIR_NAME
+        linked = install_libraries(built, lib_dir)
         for ext in self.extensions:
-            ext.extra_objects = [str(p) for p in libs]
-            ext.depends = list(ext.depends) + [str(p) for p in libs]  # relink when ggml changes
-            link = ["-lm", "-lpthread"] + sanitizer_flags()
-            if openmp:
-                link.append("-fopenmp")
-            ext.extra_link_args = link
+            ext.depends = list(ext.depends) + [str(p) for p in linked]  # relink when ggml changes
+            ext.extra_link_args = [str(p) for p in linked] + [
+                f"-Wl,-rpath,$ORIGIN/{LIB_DIR_NAME}", "-lm", "-lpthread"] + sanitizer_flags()
             ext.extra_compile_args = ["-O3" if not env_flag("ELELEM_DEBUG") else "-O0", "-g0"] + sanitizer_flags()
         super().run()
 
-    def build_ggml(self, build_dir: Path):
+    def build_ggml(self, build_dir: Path) -> Path:
+        """Configure and build ggml; returns the folder holding its libraries."""
         build_dir.mkdir(parents=True, exist_ok=True)
         cmake = cmake_executable()
         config = "Debug" if env_flag("ELELEM_DEBUG") else "Release"
         args = [
             cmake, "-S", str(CMAKE_PROJECT), "-B", str(build_dir),
             f"-DCMAKE_BUILD_TYPE={config}",
-            "-DBUILD_SHARED_LIBS=OFF",
+            f"-DELELEM_CPU_VARIANTS={'all' if env_flag('ELELEM_PORTABLE') else 'native'}",
             "-DCMAKE_POSITION_INDEPENDENT_CODE=ON",
-            f"-DGGML_NATIVE={'OFF' if env_flag('ELELEM_PORTABLE') else 'ON'}",
-            "-DGGML_BACKEND_DL=OFF",
+            "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
+            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={build_dir / 'lib'}",
+            f"-DCMAKE_RUNTIME_OUTPUT_DIRECTORY={build_dir / 'lib'}",
             # llama.cpp turns on llamafile's tinyBLAS matmuls (ggml alone does not):
             # faster prefill, and the same summation order, so the same tokens.
             "-DGGML_LLAMAFILE=ON",
@@ -72,16 +81,34 @@ class BuildGGMLThenExt(build_ext):
         subprocess.run(args, check=True)
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 2)
         subprocess.run([cmake, "--build", str(build_dir), "--config", config, "-j", jobs], check=True)
+        return build_dir / "lib"
 
-        libs = []
-        for name in GGML_LIBS:
-            found = sorted(build_dir.rglob(f"lib{name}.a"))
-            if not found:
-                sys.exit(f"ggml build produced no lib{name}.a under {build_dir}")
-            libs.append(found[0])
-        cache = (build_dir / "CMakeCache.txt").read_text()
-        openmp = "GGML_OPENMP:BOOL=ON" in cache and "OpenMP_C_FLAGS:STRING=-fopenmp" in cache
-        return libs, openmp
+
+def install_libraries(built: Path, lib_dir: Path) -> list[Path]:
+    """Copy ggml's libraries into the package; returns the ones to link against.
+
+    Shared libraries are copied under their SONAME (libggml.so.0), the name
+    the dynamic linker looks for, as plain files: wheels cannot hold symlinks.
+    The folder is emptied first so that modules of an earlier build (another
+    CPU variant set) are never loaded."""
+    if lib_dir.exists():
+        shutil.rmtree(lib_dir)
+    lib_dir.mkdir(parents=True)
+    linked = []
+    for name in LINKED_LIBS:
+        sonames = sorted(p for p in built.glob(name + ".*") if p.name.count(".") == 2)  # libggml.so.0
+        if not sonames:
+            sys.exit(f"ggml build produced no {name}.<major> under {built}")
+        target = lib_dir / sonames[0].name
+        shutil.copyfile(sonames[0].resolve(), target)
+        linked.append(target)
+    modules = sorted(built.glob(BACKEND_MODULE_GLOB))
+    if not modules:
+        sys.exit(f"ggml build produced no CPU backend module ({BACKEND_MODULE_GLOB}) under {built}")
+    for module in modules:
+        shutil.copyfile(module, lib_dir / module.name)
+    shutil.copyfile(GGML / "LICENSE", lib_dir / "LICENSE-ggml")  # ggml's MIT licence travels with its binaries
+    return linked
 
 
 def cmake_executable() -> str:

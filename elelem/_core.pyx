@@ -65,7 +65,6 @@ cdef void _ggml_log_callback(ggml_log_level level, const char * text, void * use
         pass  # a logging failure must never propagate into C
 
 ggml_log_set(_ggml_log_callback, NULL)
-ggml_cpu_init()
 
 
 # --------------------------------------------------------------------------
@@ -706,6 +705,10 @@ cdef cbool _abort_requested(void * data) noexcept nogil:
     return (<volatile int *> data)[0] != 0 or elelem_sigint_seen != 0
 
 
+include "_cpu_backend.pxi"
+_load_cpu_backend()
+
+
 cdef class Session:
     cdef readonly Model model           # kept alive for as long as the session lives
     cdef readonly KVCache cache
@@ -777,7 +780,7 @@ cdef class Session:
         cdef int threads = _checked_count("n_threads", n_threads, MAX_N_THREADS)
         self._check_open()
         self.n_threads = threads
-        ggml_backend_cpu_set_n_threads(self.backend, threads)
+        _cpu_set_n_threads(self.backend, threads)
 
     def request_abort(self):
         """Ask a running step to stop (from another thread); it raises KeyboardInterrupt."""
@@ -950,11 +953,7 @@ def new_session(Model model, object n_ctx, object n_batch=512, object n_threads=
     s.n_threads = threads
     s.n_past = 0
     s.flash_attn = flash_attn
-    s.backend = ggml_backend_cpu_init()
-    if s.backend == NULL:
-        raise MemoryError("ggml could not start a CPU backend")
-    ggml_backend_cpu_set_n_threads(s.backend, threads)
-    ggml_backend_cpu_set_abort_callback(s.backend, _abort_requested, <void *> &s.abort_flag)
+    s.backend = _new_cpu_backend(threads, &s.abort_flag)
     s.cache = _new_kv_cache(model, ctx, kv, s.backend)
     # Graph metadata: a generous node budget per layer; the arena is reused by every step.
     s.graph_size = max(<size_t> GGML_DEFAULT_GRAPH_SIZE, <size_t> model.hp.n_layer * 64 + 256)

@@ -186,12 +186,31 @@ cdef extern from "ggml-alloc.h" nogil:
                                                                    ggml_backend_buffer_type_t buft)
 
 
-cdef extern from "ggml-cpu.h" nogil:
-    void ggml_cpu_init()
-    ggml_backend_t ggml_backend_cpu_init()
-    void ggml_backend_cpu_set_n_threads(ggml_backend_t backend_cpu, int n_threads)
-    void ggml_backend_cpu_set_abort_callback(ggml_backend_t backend_cpu, ggml_abort_callback abort_callback,
-                                             void * abort_callback_data)
+cdef extern from "ggml-backend.h" nogil:
+    # Backends are modules loaded at run time (GGML_BACKEND_DL); the CPU
+    # backend's own functions are reached through its registry entry.
+    ggml_backend_reg_t ggml_backend_load(const char * path)
+    const char * ggml_backend_reg_name(ggml_backend_reg_t reg)
+    const char * ggml_backend_dev_name(ggml_backend_dev_t device)
+    const char * ggml_backend_dev_description(ggml_backend_dev_t device)
+    ggml_backend_t ggml_backend_dev_init(ggml_backend_dev_t device, const char * params)
+    ctypedef void (*ggml_backend_set_n_threads_t)(ggml_backend_t backend, int n_threads)
+    ctypedef void (*ggml_backend_set_abort_callback_t)(ggml_backend_t backend, ggml_abort_callback abort_callback,
+                                                        void * abort_callback_data)
+    struct ggml_backend_feature:
+        const char * name
+        const char * value
+    ctypedef ggml_backend_feature * (*ggml_backend_get_features_t)(ggml_backend_reg_t reg)
+
+
+cdef extern from "<dlfcn.h>" nogil:
+    # Used to read a CPU module's score before ggml loads it for good.
+    void * dlopen(const char * filename, int flags)
+    void * dlsym(void * handle, const char * symbol)
+    int dlclose(void * handle)
+    char * dlerror()
+    int RTLD_NOW
+    int RTLD_LOCAL
 
 
 cdef extern from "gguf.h" nogil:

@@ -94,10 +94,9 @@ CPU_FLAGS = ("SSE3", "SSSE3", "AVX", "AVX2", "F16C", "FMA", "BMI2", "AVX512", "A
 
 
 def _this_cpu() -> dict:
-    import ctypes
     from elelem import _core
-    lib = ctypes.CDLL(_core.__file__)
-    return {flag: int(getattr(lib, f"ggml_cpu_has_{flag.lower()}")()) for flag in CPU_FLAGS}
+    compiled = {name for name, value in _core.cpu_backend_info()["features"] if value == "1"}
+    return {flag: int(flag in compiled) for flag in CPU_FLAGS}
 
 
 def _local_cases():

@@ -1,0 +1,130 @@
+# The CPU backend: one of the ggml modules in elelem/_lib, chosen at import
+# for the running CPU, then reached through its registry entry.
+#
+# A native build ships one module (libggml-cpu.so, built for the build
+# machine); the portable build ships ggml's ladder of x86-64 variants
+# (libggml-cpu-x64.so ... libggml-cpu-sapphirerapids.so).  Each module
+# exports ggml_backend_score(): 0 when this CPU lacks an instruction set it
+# was compiled for, otherwise higher for more capable variants.  ggml's own
+# ggml_backend_load_best() does the same scan, but falls back to a module
+# that scored 0 (a native build on another CPU would die of SIGILL); here a
+# CPU that no module supports is an ImportError that says what to do.
+
+import glob as _glob
+
+ctypedef int (*_backend_score_fn)() noexcept nogil
+
+LIB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lib")
+CPU_MODULE_PREFIX = "libggml-cpu"
+# ELELEM_CPU_VARIANT=haswell (say) loads that module instead of the best one,
+# for benchmarks that compare kernel paths on one machine.
+CPU_VARIANT_ENV = "ELELEM_CPU_VARIANT"
+
+cdef ggml_backend_reg_t _cpu_reg = NULL
+cdef ggml_backend_set_n_threads_t _cpu_set_n_threads = NULL
+cdef ggml_backend_set_abort_callback_t _cpu_set_abort_callback = NULL
+cdef dict _cpu_choice = {}
+
+
+def _variant_name(str path):
+    stem = os.path.basename(path)[len(CPU_MODULE_PREFIX):-len(".so")]
+    return stem.lstrip("-") or "native"
+
+
+cdef int _module_score(str path) except -2:
+    """The module's own verdict on this CPU; -1 when it cannot even be opened."""
+    cdef bytes bpath = os.fsencode(path)
+    cdef void * handle = dlopen(<const char *> bpath, RTLD_NOW | RTLD_LOCAL)
+    if handle == NULL:
+        _log.debug("cannot open %s: %s", path, (<bytes> dlerror()).decode("utf-8", "replace"))
+        return -1
+    cdef _backend_score_fn score_fn = <_backend_score_fn> dlsym(handle, "ggml_backend_score")
+    cdef int score = score_fn() if score_fn != NULL else 0
+    dlclose(handle)
+    return score
+
+
+cdef void _load_cpu_backend() except *:
+    global _cpu_reg, _cpu_set_n_threads, _cpu_set_abort_callback
+    modules = sorted(_glob.glob(os.path.join(LIB_DIR, CPU_MODULE_PREFIX + "*.so")))
+    if not modules:
+        raise ImportError(f"elelem's CPU backend modules are missing from {LIB_DIR}; reinstall elelem")
+    scores = {_variant_name(p): _module_score(p) for p in modules}
+    paths = {_variant_name(p): p for p in modules}
+    forced = os.environ.get(CPU_VARIANT_ENV, "").strip()
+    if forced:
+        if forced not in scores:
+            raise ImportError(f"{CPU_VARIANT_ENV}={forced!r}: this elelem has the CPU variants {sorted(scores)}")
+        if scores[forced] <= 0:
+            raise ImportError(f"{CPU_VARIANT_ENV}={forced!r}: this CPU lacks instructions that variant needs")
+        chosen = forced
+    else:
+        chosen = max(scores, key=lambda name: scores[name])
+        if scores[chosen] <= 0:
+            raise ImportError(
+                "this elelem was built for another CPU: none of its CPU backends "
+                f"({', '.join(sorted(scores))}) runs on this one. Rebuild it here "
+                "(pip install --force-reinstall --no-binary elelem elelem), or install the portable "
+                "build (ELELEM_PORTABLE=1 pip install .)")
+    cdef bytes bpath = os.fsencode(paths[chosen])
+    cdef const char * cpath = bpath
+    with nogil:
+        _cpu_reg = ggml_backend_load(cpath)
+    if _cpu_reg == NULL:
+        raise ImportError(f"ggml could not load its CPU backend {paths[chosen]}")
+    _cpu_set_n_threads = <ggml_backend_set_n_threads_t> ggml_backend_reg_get_proc_address(
+        _cpu_reg, "ggml_backend_set_n_threads")
+    _cpu_set_abort_callback = <ggml_backend_set_abort_callback_t> ggml_backend_reg_get_proc_address(
+        _cpu_reg, "ggml_backend_set_abort_callback")
+    if _cpu_set_n_threads == NULL or _cpu_set_abort_callback == NULL or \
+            ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU) == NULL:
+        raise ImportError(f"{paths[chosen]} is not a ggml CPU backend elelem can drive")
+    _cpu_choice.update(variant=chosen, path=paths[chosen], scores=scores, forced=bool(forced))
+    _log.debug("CPU backend: %s (scores %s)", chosen, scores)
+
+
+cdef ggml_backend_t _new_cpu_backend(int n_threads, volatile int * abort_flag) except NULL:
+    cdef ggml_backend_t backend = ggml_backend_dev_init(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU), NULL)
+    if backend == NULL:
+        raise MemoryError("ggml could not start a CPU backend")
+    _cpu_set_n_threads(backend, n_threads)
+    _cpu_set_abort_callback(backend, _abort_requested, <void *> abort_flag)
+    return backend
+
+
+cdef list _cpu_features():
+    cdef ggml_backend_get_features_t get = <ggml_backend_get_features_t> ggml_backend_reg_get_proc_address(
+        _cpu_reg, "ggml_backend_get_features")
+    cdef ggml_backend_feature * f = get(_cpu_reg) if get != NULL else NULL
+    out = []
+    while f != NULL and f.name != NULL:
+        out.append((f.name.decode(), f.value.decode()))
+        f += 1
+    return out
+
+
+cdef list _cpu_extra_buffer_types():
+    cdef ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
+    cdef ggml_backend_dev_get_extra_bufts_t get_extra = <ggml_backend_dev_get_extra_bufts_t> \
+        ggml_backend_reg_get_proc_address(_cpu_reg, "ggml_backend_dev_get_extra_bufts")
+    cdef ggml_backend_buffer_type_t * bufts = get_extra(dev) if get_extra != NULL else NULL
+    out = []
+    cdef int i = 0
+    while bufts != NULL and bufts[i] != NULL:
+        out.append(ggml_backend_buft_name(bufts[i]).decode())
+        i += 1
+    return out
+
+
+def cpu_backend_info():
+    """What was loaded for this CPU: the variant and its score among those
+    shipped, the features it was compiled with, its repack buffer types."""
+    return {
+        "variant": _cpu_choice["variant"],
+        "module": _cpu_choice["path"],
+        "forced": _cpu_choice["forced"],
+        "scores": dict(_cpu_choice["scores"]),
+        "description": ggml_backend_dev_description(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)).decode(),
+        "features": _cpu_features(),
+        "extra_buffer_types": _cpu_extra_buffer_types(),
+    }
