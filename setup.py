@@ -35,6 +35,10 @@ def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def cpu_variants() -> str:
+    return "all" if env_flag("ELELEM_PORTABLE") else "native"
+
+
 def sanitizer_flags() -> list[str]:
     return ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"] if env_flag("ELELEM_SANITIZE") else []
 
@@ -43,7 +47,8 @@ class BuildGGMLThenExt(build_ext):
     def run(self):
         if not (GGML / "CMakeLists.txt").is_file():
             sys.exit("third_party/ggml is missing; restore it with: python scripts/vendor_ggml.py")
-        build_dir = Path(self.build_temp).resolve() / "ggml-build"
+        # One folder per CPU variant set: switching between them never reuses a stale CMake cache.
+        build_dir = Path(self.build_temp).resolve() / f"ggml-build-{cpu_variants()}"
         built = self.build_ggml(build_dir)
         lib_dir = Path(self.get_ext_fullpath("elelem._core")).resolve().parent / LIB_DIR_NAME
         linked = install_libraries(built, lib_dir)
@@ -62,7 +67,7 @@ class BuildGGMLThenExt(build_ext):
         args = [
             cmake, "-S", str(CMAKE_PROJECT), "-B", str(build_dir),
             f"-DCMAKE_BUILD_TYPE={config}",
-            f"-DELELEM_CPU_VARIANTS={'all' if env_flag('ELELEM_PORTABLE') else 'native'}",
+            f"-DELELEM_CPU_VARIANTS={cpu_variants()}",
             "-DCMAKE_POSITION_INDEPENDENT_CODE=ON",
             "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={build_dir / 'lib'}",

@@ -5,7 +5,7 @@ function(elelem_apply_amx_tile_config_fix source)
     set(header ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/amx_tile_config_fix.h)
     set(cpu_targets "")
     foreach (backend ${GGML_AVAILABLE_BACKENDS})
-        if (backend MATCHES "^ggml-cpu")
+        if (backend MATCHES "^ggml-cpu" AND TARGET ${backend})  # the list is cached across configures
             list(APPEND cpu_targets ${backend})
         endif()
     endforeach()

@@ -154,6 +154,7 @@ cdef class Model:
     cdef ggml_context * repack_ctx[MAX_EXTRA_BUFTS]
     cdef ggml_backend_buffer_t repack_buf[MAX_EXTRA_BUFTS]
     cdef readonly int n_repacked
+    cdef readonly dict repacked        # buffer type name -> number of weights repacked into it
     cdef HParams hp
     cdef LayerWeights * layers          # n_layer entries, calloc'd
     cdef unsigned char * swa_layers     # n_layer flags: 1 where the layer attends over the window
@@ -178,6 +179,7 @@ cdef class Model:
             self.repack_ctx[i] = NULL
             self.repack_buf[i] = NULL
         self.n_repacked = 0
+        self.repacked = {}
         self.tok_embd = self.output_norm = self.output = self.rope_freqs = NULL
         self.closed = True
 
@@ -255,7 +257,7 @@ cdef class Model:
 
 
 def open_model(path, str arch, dict hparams, dict global_tensors, list layer_tensors, str description="",
-               list matmul_weights=None, bint repack=True, bint use_mmap=True):
+               list matmul_weights=None, bint repack=True, bint use_mmap=True, amx_types=None):
     """Open ``path`` (already validated by elelem.gguf_reader) for ``arch``.
 
     ``hparams`` holds the HParams fields by name; ``global_tensors`` maps
@@ -265,6 +267,8 @@ def open_model(path, str arch, dict hparams, dict global_tensors, list layer_ten
     the tensors used as the left operand of a mul_mat: with ``repack``, those
     the CPU backend can repack are copied into its repack buffer.  Without
     ``use_mmap`` the file is read into memory instead of mapped.
+    ``amx_types`` names the ggml types (``"q4_K"``, ...) allowed into the AMX
+    buffer type, where the CPU has one; None allows every type it takes.
     """
     if arch not in ARCH_IDS:
         raise errors.UnsupportedArchitectureError(
@@ -290,7 +294,8 @@ def open_model(path, str arch, dict hparams, dict global_tensors, list layer_ten
 
     _map_weights(m, bpath, use_mmap)
     if repack and matmul_weights:
-        _repack_weights(m, matmul_weights, None if global_tensors.get("output") else global_tensors["tok_embd"])
+        _repack_weights(m, matmul_weights, None if global_tensors.get("output") else global_tensors["tok_embd"],
+                        None if amx_types is None else frozenset(amx_types))
 
     m.tok_embd = m._tensor(global_tensors["tok_embd"], True)
     m.output_norm = m._tensor(global_tensors["output_norm"], True)
@@ -436,7 +441,9 @@ cdef bint _repack_supported(ggml_backend_dev_t dev, ggml_backend_buffer_type_t b
 
 cdef bytes TIED_OUTPUT_NAME = b"output.weight"
 
-cdef void _repack_weights(Model m, list names, tied_from) except *:
+cdef bytes AMX_BUFT_NAME = b"AMX"
+
+cdef void _repack_weights(Model m, list names, tied_from, amx_types) except *:
     cdef ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
     if dev == NULL:
         return
@@ -451,10 +458,15 @@ cdef void _repack_weights(Model m, list names, tied_from) except *:
     cdef ggml_init_params p
     pending = list(dict.fromkeys(names))
     while bufts != NULL and bufts[ib] != NULL and ib < MAX_EXTRA_BUFTS and pending:
+        buft_name = ggml_backend_buft_name(bufts[ib])
+        # ggml offers its extra buffer types best first (AMX before CPU_REPACK);
+        # a type kept out of AMX falls through to the next one that takes it.
+        allowed = amx_types if buft_name == AMX_BUFT_NAME else None
         chosen = []
         for name in pending:
             w = ggml_get_tensor(m.weights_ctx, name.encode())
-            if w != NULL and _repack_supported(dev, bufts[ib], w):
+            if w != NULL and (allowed is None or ggml_type_name(w.type).decode() in allowed) \
+                    and _repack_supported(dev, bufts[ib], w):
                 chosen.append(name)
         if chosen:
             p.mem_size = ggml_tensor_overhead() * (len(chosen) + 1)
@@ -481,7 +493,8 @@ cdef void _repack_weights(Model m, list names, tied_from) except *:
                 with nogil:
                     ggml_backend_tensor_set(r, w.data, 0, ggml_nbytes(w))  # the buffer repacks on write
             m.n_repacked += len(chosen)
-            _log.debug("repacked %d weights into %s", len(chosen), ggml_backend_buft_name(bufts[ib]).decode())
+            m.repacked[buft_name.decode()] = len(chosen)
+            _log.debug("repacked %d weights into %s", len(chosen), buft_name.decode())
             chosen_set = set(chosen)
             pending = [n for n in pending if n not in chosen_set]
         ib += 1

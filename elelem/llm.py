@@ -20,6 +20,7 @@ from typing import Optional
 from . import _core
 from .architectures import ModelSpec, model_spec
 from .chat_template import ChatTemplate
+from .cpu import amx_types
 from .gguf_reader import GGUFFile, read_gguf, validate_tokenizer_metadata
 from .hub import ProgressFn, resolve_model
 from .session import Session
@@ -53,6 +54,15 @@ class LLM(Session):
     unchanged on disk: a mapped file that is truncated under it ends the
     process with SIGBUS, as in llama.cpp).
 
+    ``repack`` (default on) lets the CPU backend copy the matmul weights it
+    has faster kernels for into its own layouts when the model opens, as
+    llama.cpp does: its AVX2/AVX-512 repacked GEMMs (Q4_0, IQ4_NL, ...) and,
+    on CPUs with AMX, its AMX tiles.  It costs the memory of the repacked
+    copies; ``repack=False`` uses every weight in place from the file.
+    ``amx`` chooses AMX per weight type: None (default) follows
+    ``elelem.cpu.AMX_SLOWER_TYPES``, False never uses AMX, True uses it for
+    every type it takes.  ``elelem info --system`` shows what this CPU has.
+
     Calls on one LLM are serialized by a lock, so it can be shared between
     threads; for parallel work, :meth:`new_session` gives independent caches
     over the same weights.  The tokenizer and chat template are built on
@@ -61,8 +71,8 @@ class LLM(Session):
 
     def __init__(self, model_path: str | os.PathLike | None = None, *, n_ctx: Optional[int] = None,
                  n_threads: Optional[int] = None, n_batch: int = 512, kv_type: str = "f16",
-                 flash_attn: bool = False, repack: bool = True, use_mmap: bool = True,
-                 progress: Optional[ProgressFn] = None):
+                 flash_attn: bool = False, repack: bool = True, amx: Optional[bool] = None,
+                 use_mmap: bool = True, progress: Optional[ProgressFn] = None):
         t0 = time.perf_counter()
         self._session = None
         self._model = None
@@ -74,7 +84,7 @@ class LLM(Session):
         self._model = _core.open_model(self.path, self.spec.arch.name, self.spec.hparams,
                                        self.spec.global_tensors, self.spec.layer_tensors,
                                        self.spec.description, self.spec.matmul_weights(), repack,
-                                       use_mmap)
+                                       use_mmap, amx_types(amx))
         self._session_options = dict(n_ctx=n_ctx, n_batch=n_batch,
                                      n_threads=default_n_threads() if n_threads is None else n_threads,
                                      kv_type=kv_type, flash_attn=flash_attn)
@@ -104,6 +114,12 @@ class LLM(Session):
     @property
     def description(self) -> str:
         return self.spec.description
+
+    @property
+    def repacked(self) -> dict:
+        """How many weights the CPU backend repacked, by buffer type
+        (e.g. ``{"CPU_REPACK": 168}``, ``{"AMX": 120}``); empty when none."""
+        return dict(self._model.repacked)
 
     @property
     def model_name(self) -> str:

@@ -11,7 +11,8 @@ def main(args: argparse.Namespace) -> int:
     from ..benchmark import run_benchmark
 
     r = run_benchmark(model_path(args.model), n_threads=args.threads, n_prompt=args.prompt_tokens,
-                      n_decode=args.gen_tokens, repeats=1, n_ctx=args.ctx, use_mmap=args.use_mmap)
+                      n_decode=args.gen_tokens, repeats=1, n_ctx=args.ctx, use_mmap=args.use_mmap,
+                      repack=args.repack, amx=args.amx)
     if args.json:
         print(json.dumps(r.as_dict(), indent=2))
         return 0

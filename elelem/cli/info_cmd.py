@@ -55,6 +55,8 @@ def describe(path) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.system:
+        return show_system(args)
     path = args.model
     if path in KNOWN_MODELS:
         if not is_cached(path):
@@ -88,3 +90,29 @@ def main(args: argparse.Namespace) -> int:
 
 def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def show_system(args: argparse.Namespace) -> int:
+    from ..cpu import system_info  # loads the native core
+
+    facts = system_info()
+    if args.json:
+        print(json.dumps(facts, indent=2))
+        return 0
+    scores = ", ".join(f"{name} {'(cannot run here)' if score <= 0 else score}"
+                       for name, score in sorted(facts["cpu_variants"].items(), key=lambda kv: -kv[1]))
+    rows = [
+        ("cpu", facts["cpu"]),
+        ("cpu flags", " ".join(facts["cpu_flags"]) or "-"),
+        ("cpu variant", facts["cpu_variant"] + (" (forced by ELELEM_CPU_VARIANT)" if facts["cpu_variant_forced"]
+                                                else " (the best this CPU runs)")),
+        ("variants", scores),
+        ("compiled with", " ".join(facts["compiled_features"]) or "-"),
+        ("repack buffers", ", ".join(facts["repack_buffer_types"]) or "none"),
+        ("amx", ("on: " if facts["amx"] else "off: ") + facts["amx_reason"]),
+        ("module", facts["cpu_module"]),
+    ]
+    width = max(len(key) for key, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0

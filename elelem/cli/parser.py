@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="context window in tokens (default: the model's, at most 4096)")
     model.add_argument("--no-mmap", dest="use_mmap", action="store_false",
                        help="read the weights into memory instead of mapping the file")
+    model.add_argument("--no-repack", dest="repack", action="store_false",
+                       help="use the weights as stored, without the CPU backend's repacked layouts")
+    model.add_argument("--no-amx", dest="amx", action="store_const", const=False, default=None,
+                       help="never use AMX matmuls, on CPUs that have them")
 
     generation = argparse.ArgumentParser(add_help=False)
     generation.add_argument("-n", "--max-tokens", type=_non_negative_int, default=None, metavar="N",
@@ -65,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     info = commands.add_parser("info", parents=[common], help="describe a model file",
                                description="Architecture, size, context, vocabulary, quantization and chat "
                                            "template of a model, read from its GGUF header (nothing is loaded).")
-    info.add_argument("model", metavar="MODEL", help="a .gguf path or a known model name")
+    info.add_argument("model", metavar="MODEL", nargs="?", help="a .gguf path or a known model name")
+    info.add_argument("--system", action="store_true",
+                      help="the CPU instead: the backend variant chosen, its features, repacking and AMX")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(handler=_command("info"))
 
@@ -100,6 +106,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             parser.error(str(error))
     if getattr(args, "prompt", None) is not None and not args.prompt.strip():
         parser.error("the prompt is empty")
+    if args.command == "info" and (args.model is None) == (not args.system):
+        parser.error("give a MODEL or --system")
 
 
 def sampling_options(args: argparse.Namespace) -> dict:

@@ -1,0 +1,89 @@
+"""The CPU elelem runs on: which of its CPU backend modules was chosen, what
+that module was compiled with, and whether AMX is used, and why (not).
+
+``elelem info --system`` prints :func:`system_info`.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from . import _core
+
+# Instruction sets that decide which ggml kernels run, as /proc/cpuinfo names them.
+KERNEL_FLAGS = ("sse4_2", "avx", "f16c", "fma", "bmi2", "avx2", "avx_vnni", "avx512f", "avx512bw",
+                "avx512vl", "avx512_vbmi", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+
+# ggml types kept out of the AMX buffer type by default (they then take the
+# AVX-512 repack path).  To be filled from benchmarks/cpu_paths.py, run on an
+# AMX CPU: a type goes here when its AMX prefill or decode is slower.
+AMX_SLOWER_TYPES: frozenset[str] = frozenset()
+
+AMX_BUFFER_TYPE = "AMX"
+
+
+def cpu_flags() -> set[str]:
+    """The running CPU's feature flags, as the kernel reports them (empty where unknown)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_model_name() -> Optional[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return None
+
+
+def amx_types(amx: Optional[bool]) -> Optional[list[str]]:
+    """The ``amx_types`` the core takes for ``LLM(amx=...)``: None (every type
+    ggml's AMX kernels take), or the list of types allowed."""
+    if amx is None:
+        return None if not AMX_SLOWER_TYPES else [t for t in _AMX_KERNEL_TYPES if t not in AMX_SLOWER_TYPES]
+    return None if amx else []
+
+
+# The types ggml's AMX mul_mat has kernels for (qtype_has_amx_kernels in
+# ggml-cpu/amx/common.h).
+_AMX_KERNEL_TYPES = ("q4_0", "q4_1", "q8_0", "q4_K", "q5_K", "q6_K", "iq4_xs")
+
+
+def amx_status(backend: dict, flags: set[str]) -> tuple[bool, str]:
+    """(on, why) for the loaded CPU backend on a CPU with ``flags``."""
+    compiled = {name for name, value in backend["features"] if value == "1"}
+    if not {"amx_tile", "amx_int8"} <= flags:
+        return False, "this CPU has no AMX (amx_tile, amx_int8)"
+    if "AMX_INT8" not in compiled:
+        return False, (f"the CPU has AMX, but the '{backend['variant']}' CPU module was built without it "
+                       "(rebuild natively on this machine, or use the portable build)")
+    if AMX_BUFFER_TYPE not in backend["extra_buffer_types"]:
+        return False, "the CPU module has AMX, but the kernel did not grant AMX tile state (arch_prctl)"
+    kept_out = f"; {', '.join(sorted(AMX_SLOWER_TYPES))} take the AVX-512 path" if AMX_SLOWER_TYPES else ""
+    return True, f"AMX matmuls for the weight types it supports{kept_out}; LLM(amx=False) or --no-amx turns it off"
+
+
+def system_info() -> dict:
+    backend = _core.cpu_backend_info()
+    flags = cpu_flags()
+    amx_on, amx_why = amx_status(backend, flags)
+    return {
+        "cpu": cpu_model_name() or backend["description"],
+        "cpu_flags": [f for f in KERNEL_FLAGS if f in flags],
+        "cpu_variant": backend["variant"],
+        "cpu_variant_forced": backend["forced"],
+        "cpu_variants": backend["scores"],
+        "cpu_module": backend["module"],
+        "compiled_features": [name for name, value in backend["features"] if value == "1"],
+        "repack_buffer_types": backend["extra_buffer_types"],
+        "amx": amx_on,
+        "amx_reason": amx_why,
+    }
