@@ -14,17 +14,19 @@ cdef ggml_tensor * build_gemma3(Model m, KVCache cache, Step * st) except NULL:
     cdef ggml_tensor * v
     cdef bint swa
     cdef float base
+    cdef float scale
     cdef int il
     for il in range(hp.n_layer):
         lw = &m.layers[il]
         swa = m.swa_layers[il] != 0
         base = hp.rope_base_swa if swa else hp.rope_base
+        scale = hp.rope_scale_swa if swa else hp.rope_scale
         h = norm_rms(st, x, lw.attn_norm)
         q = ggml_reshape_3d(ctx, linear(st, lw.wq, NULL, h), hp.head_dim_k, hp.n_head, st.n_tokens)
         k = ggml_reshape_3d(ctx, linear(st, lw.wk, NULL, h), hp.head_dim_k, hp.n_head_kv, st.n_tokens)
         v = linear(st, lw.wv, NULL, h)
-        q = rope(st, norm_rms(st, q, lw.q_norm), base, NULL)
-        k = rope(st, norm_rms(st, k, lw.k_norm), base, NULL)
+        q = rope(st, norm_rms(st, q, lw.q_norm), base, scale, NULL)
+        k = rope(st, norm_rms(st, k, lw.k_norm), base, scale, NULL)
         q = ggml_scale(ctx, q, hp.attn_scale)
         h = linear(st, lw.wo, NULL,
                    attention(st, cache, il, q, k, v, st.inp_mask_swa if swa else st.inp_mask, 1.0))

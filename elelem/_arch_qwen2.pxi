@@ -21,8 +21,8 @@ cdef ggml_tensor * build_qwen2_family(Model m, KVCache cache, Step * st) except 
         if lw.q_norm != NULL:
             q = norm_rms(st, q, lw.q_norm)
             k = norm_rms(st, k, lw.k_norm)
-        q = rope(st, q, hp.rope_base, m.rope_freqs)
-        k = rope(st, k, hp.rope_base, m.rope_freqs)
+        q = rope(st, q, hp.rope_base, hp.rope_scale, m.rope_freqs)
+        k = rope(st, k, hp.rope_base, hp.rope_scale, m.rope_freqs)
         h = linear(st, lw.wo, lw.bo, attention(st, cache, il, q, k, v, st.inp_mask, hp.attn_scale))
         if il == hp.n_layer - 1:
             h = last_token_only(st, h)

@@ -101,10 +101,11 @@ cdef inline ggml_tensor * linear(Step * st, ggml_tensor * w, ggml_tensor * b, gg
     return ggml_add(st.ctx, x, b) if b != NULL else x
 
 
-cdef inline ggml_tensor * rope(Step * st, ggml_tensor * x, float freq_base, ggml_tensor * freq_factors) noexcept:
+cdef inline ggml_tensor * rope(Step * st, ggml_tensor * x, float freq_base, float freq_scale,
+                               ggml_tensor * freq_factors) noexcept:
     """Rotary position embedding of (head_dim, n_heads, n_tokens) at inp_pos."""
     return ggml_rope_ext(st.ctx, x, st.inp_pos, freq_factors, st.hp.n_rot, st.hp.rope_type,
-                         st.hp.n_ctx_train, freq_base, st.hp.rope_scale,
+                         st.hp.n_ctx_train, freq_base, freq_scale,
                          0.0, 1.0, 32.0, 1.0)  # no YaRN: ext_factor 0, attn_factor 1, beta 32/1
 
 

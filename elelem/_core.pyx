@@ -95,6 +95,7 @@ cdef struct HParams:
     float rope_base       # global layers
     float rope_base_swa   # sliding-window layers
     float rope_scale      # freq_scale = 1 / linear scaling factor
+    float rope_scale_swa  # the same for sliding-window layers (gemma3: never scaled, as llama.cpp)
     float attn_scale      # multiplies Q.K
     float embd_scale      # multiplies the token embeddings (1 for most)
     int n_swa             # sliding window width, 0 if none
@@ -340,6 +341,7 @@ cdef void _fill_hparams(HParams * hp, dict h) except *:
     hp.rope_base = h["rope_base"]
     hp.rope_base_swa = h.get("rope_base_swa", h["rope_base"])
     hp.rope_scale = h.get("rope_scale", 1.0)
+    hp.rope_scale_swa = h.get("rope_scale_swa", hp.rope_scale)
     hp.attn_scale = h["attn_scale"]
     hp.embd_scale = h.get("embd_scale", 1.0)
     hp.n_swa = h.get("n_swa", 0)
