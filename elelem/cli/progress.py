@@ -7,12 +7,14 @@ quarter and a summary.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
 from collections import deque
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Optional, TextIO
+from typing import Callable, Iterator, Optional, TextIO
 
 from ..hub import pull_model
 
@@ -24,10 +26,28 @@ _CLEAR_TO_END = "\x1b[K"
 
 def pull_with_progress(name: str, *, force: bool = False, stream: Optional[TextIO] = None) -> Path:
     """Pull a known model with its progress on ``stream`` (stderr); returns the cached path."""
-    with PullProgress(name, stream) as progress:
+    with PullProgress(name, stream) as progress, _log_lines_above(progress):
         path = pull_model(name, progress=progress, force=force)
         progress.done(path)
     return path
+
+
+@contextmanager
+def _log_lines_above(progress: "PullProgress") -> Iterator[None]:
+    """With -v, a log line printed during the bar gets a line of its own; the bar redraws below it."""
+    handlers = [h for h in logging.getLogger("elelem").handlers if getattr(h, "stream", None) is progress.stream]
+
+    def make_room(record: logging.LogRecord) -> bool:
+        progress.end_line()
+        return True
+
+    for handler in handlers:
+        handler.addFilter(make_room)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(make_room)
 
 
 class PullProgress:
@@ -51,7 +71,7 @@ class PullProgress:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._end_line()  # an error or Ctrl-C starts on a fresh line, not after a half bar
+        self.end_line()  # an error or Ctrl-C starts on a fresh line, not after a half bar
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         now = self._clock()
@@ -74,14 +94,14 @@ class PullProgress:
                 self._write(f"{self.name}: {quarter * 25}% of {_size(total)}, {self._speed_text()}\n")
 
     def done(self, path) -> None:
-        self._end_line()
+        self.end_line()
         self._write(f"{self.name}: ready at {path} (sha256 checked)\n")
 
     # -- stages -----------------------------------------------------------------------
 
     def _start_stage(self, stage: str, now: float, total: int) -> None:
         if not self._transient:
-            self._end_line()
+            self.end_line()
         self._transient = False
         self._stage, self._started, self._last_draw = stage, now, float("-inf")
         self._samples: deque[tuple[float, int]] = deque()
@@ -96,7 +116,7 @@ class PullProgress:
                        f"({_size(done / seconds)}/s)")
             if self.tty:
                 self._redraw(summary)
-                self._end_line()
+                self.end_line()
             else:
                 self._write(summary + "\n")
         elif self.tty and self._open_line:  # the assembly bar goes away; done() says the rest
@@ -143,10 +163,12 @@ class PullProgress:
         except (OSError, ValueError, AttributeError):
             return 80
 
-    def _end_line(self) -> None:
+    def end_line(self) -> None:
+        """Move below a drawn line, so that what is written next starts at column 0."""
         if self._open_line:
             self._write("\n")
             self._open_line = False
+        self._transient = False
 
     def _write(self, text: str) -> None:
         self.stream.write(text)
