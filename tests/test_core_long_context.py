@@ -75,9 +75,9 @@ def test_positions_past_the_256_padding_and_the_window(tiny_model, name):
 FLASH_CASES = {
     "decode": (TinyConfig(), 30, 20, 64, 1),                  # one_chunk
     "long-prompt": (TinyConfig(), 104, 100, 128, 1),          # tiled, then one_chunk
-    "decode-past-256": (TinyConfig(), 310, 300, 600, 2),      # tiled, then split-KV over 2 threads
-    "decode-across-512": (TinyConfig(), 517, 505, 768, 2),    # split-KV at n_kv 512 and 768
-    "gemma3-window": (GEMMA3, 310, 300, 600, 2),              # a 40-wide window at every kernel
+    "decode-past-256": (TinyConfig(), 304, 300, 600, 2),      # tiled, then split-KV in 2 chunks
+    "decode-across-512": (TinyConfig(), 517, 505, 768, 1),    # split-KV at n_kv 512 and 768
+    "gemma3-window": (GEMMA3, 310, 300, 600, 1),              # a 40-wide window at every kernel
     "gemma3-window-5": (GEMMA3.but(n_swa=5), 110, 100, 600, 1),  # a window far inside one tile
 }
 

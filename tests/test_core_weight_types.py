@@ -66,10 +66,26 @@ def _cases():
 
 @pytest.mark.parametrize("wtype,tied,repack", list(_cases()))
 def test_quantized_output_projection_matches_ggml_arithmetic(tiny_model, wtype, tied, repack):
+    n_repacked = _check_output_projection(tiny_model, BASE, wtype, tied, repack)
+    if not repack:
+        assert n_repacked == 0
+    elif _cpu_has_avx2():
+        assert n_repacked == (1 if wtype in REPACKED_ON_AVX2 else 0)
+
+
+@pytest.mark.parametrize("wtype", sorted(REPACKED_ON_AVX2))
+def test_weights_the_repacker_cannot_take_run_unrepacked(tiny_model, wtype):
+    # The repacked kernels need a multiple of 8 output rows; 100 is not.
+    assert _check_output_projection(tiny_model, BASE.but(n_vocab=100), wtype, False, True) == 0
+
+
+def _check_output_projection(tiny_model, base: TinyConfig, wtype: str, tied: bool, repack: bool) -> int:
+    """Batch and decode logits against the reference; returns the repacked weight count."""
     # token_embd has the type too: get_rows from it, and (tied) the output reads it.
-    cfg = BASE.but(embd_type=wtype, tied=tied, wtypes=() if tied else (("output.weight", wtype),))
+    cfg = base.but(embd_type=wtype, tied=tied, wtypes=() if tied else (("output.weight", wtype),))
     path, weights = tiny_model(cfg)
-    x = reference_hidden(weights, cfg, PROMPT)
+    tokens = PROMPT % cfg.n_vocab
+    x = reference_hidden(weights, cfg, tokens)
     name = output_weight_name(weights)
     w = weights[name].astype(np.float64)
     want = numerics.matmul(x, w, wtype, weights.raw.get(name))
@@ -78,18 +94,15 @@ def test_quantized_output_projection_matches_ggml_arithmetic(tiny_model, wtype, 
     # One thread: on models this small ggml's thread barriers cost more than the work.
     with elelem.LLM(path, kv_type="f32", repack=repack, n_threads=1) as llm:
         n_repacked = llm._model.n_repacked
-        batch = llm.eval(PROMPT, all_logits=True)
+        batch = llm.eval(tokens, all_logits=True)
         llm.reset()
-        steps = np.stack([llm.eval([t]) for t in PROMPT])
-    if not repack:
-        assert n_repacked == 0
-    elif _cpu_has_avx2():
-        assert n_repacked == (1 if wtype in REPACKED_ON_AVX2 else 0)
+        steps = np.stack([llm.eval([t]) for t in tokens])
     for got in (batch, steps):
         excess = (np.abs(got - want) - allowance).max()
         assert excess <= bound, f"{excess / np.abs(want).max():.3g} of the largest logit beyond the allowance"
     # The bound is tight enough to see ggml's activation quantization at all.
     assert (np.abs(batch - x @ w.T) - allowance).max() > 50 * bound
+    return n_repacked
 
 
 def test_quantized_weights_round_trip_through_the_writer(tiny_model):
