@@ -53,6 +53,8 @@ POSITION_CASES = {
     "llama": (TinyConfig(arch="llama"), 270, 250, 600, 100),
     # sliding layers over 40 positions, at positions up to 6.7 windows
     "gemma3-window": (GEMMA3, 270, 250, 600, 100),
+    # to the last slot of a context that is not a multiple of 256 (n_kv 256 -> 300)
+    "qwen2-full-context": (TinyConfig(), 300, 250, 300, 512),
 }
 
 
