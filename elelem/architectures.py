@@ -193,9 +193,7 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
         if not 0 < h[name] <= 4096:
             raise ModelShapeError(f"{name} = {h[name]} is out of range")
     h["n_rot"] = int(key("rope.dimension_count", h["head_dim_k"]))
-    scaling = gguf.get(prefix + "rope.scaling.factor")
-    scaling_type = gguf.get(prefix + "rope.scaling.type", "none")
-    h["rope_scale"] = 1.0 / float(scaling) if scaling_type == "linear" and scaling else 1.0
+    h["rope_scale"] = _rope_freq_scale(gguf, prefix, key)
     h["attn_scale"] = 1.0 / math.sqrt(h["head_dim_k"])
     if arch.derive is not None:
         arch.derive(h, key)
@@ -217,6 +215,31 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
         if name in h and not (math.isfinite(h[name]) and h[name] > 0):
             raise ModelShapeError(f"{name} = {h[name]} must be a positive number")
     return h
+
+
+def _rope_freq_scale(gguf: GGUFFile, prefix: str, key: Callable[[str, Any], Any]) -> float:
+    """RoPE's position scale: 1/factor for linear scaling, else 1.
+
+    As llama.cpp reads it: the type defaults to linear, and the factor comes
+    from rope.scaling.factor or the older rope.scale_linear (0 or absent: no
+    scaling).  YaRN and LongRoPE also change the rotation's frequencies and
+    magnitude, which elelem does not implement, so they are refused rather
+    than run as if unscaled.
+    """
+    type_key = prefix + "rope.scaling.type"
+    kind = gguf.get(type_key, "linear")
+    if kind == "none":
+        return 1.0
+    if kind != "linear":
+        raise ModelShapeError(f"{type_key} = {kind!r} is not supported: elelem implements only "
+                              f"'linear' and 'none' RoPE scaling")
+    name = "rope.scaling.factor" if gguf.get(prefix + "rope.scaling.factor") is not None else "rope.scale_linear"
+    factor = float(key(name, 0.0))
+    if factor == 0.0:
+        return 1.0
+    if not (factor > 0 and math.isfinite(factor)):
+        raise ModelShapeError(f"{prefix + name} = {factor} must be a positive number")
+    return 1.0 / factor
 
 
 def _expected_shapes(h: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -753,6 +753,9 @@ def _pad(n: int, alignment: int) -> int:
 # -- tokenizer metadata -----------------------------------------------------------
 
 _SPECIAL_TOKEN_KEY = re.compile(r"tokenizer\.ggml\.\w+_token_id")
+# The tokenizer's flags; llama.cpp refuses a file where one is not a BOOL.
+_TOKENIZER_FLAGS = ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
+                    "tokenizer.ggml.add_space_prefix")
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 TOKEN_TYPE_BYTE = 6  # llama_token_type LLAMA_TOKEN_TYPE_BYTE
 
@@ -764,7 +767,9 @@ def validate_tokenizer_metadata(gguf: GGUFFile) -> None:
     for array entries, the index.  Checks: tokens are STRING, scores FLOAT32,
     token_type INT32 and merges STRING arrays; scores and token_type have one
     entry per token; every ``tokenizer.ggml.*_token_id`` is a UINT32 (as
-    llama.cpp requires) in ``[0, n_vocab)``; every BYTE-type token reads
+    llama.cpp requires) in ``[0, n_vocab)``; ``tokenizer.ggml.pre`` is a
+    STRING and the ``add_bos_token``/``add_eos_token``/``add_space_prefix``
+    flags are BOOLs, as llama.cpp requires; every BYTE-type token reads
     ``<0xNN>`` with two hex digits; and for a ``gpt2`` (byte-level BPE)
     vocabulary every merge is ``"A B"`` with A, B and AB in the vocabulary.
     A file without ``tokenizer.ggml.tokens`` passes only if its tokenizer
@@ -779,6 +784,9 @@ def validate_tokenizer_metadata(gguf: GGUFFile) -> None:
     n_vocab = len(tokens)
     if n_vocab == 0:
         gguf._fail("tokenizer.ggml.tokens", "vocabulary is empty")
+    gguf.expect_scalar("tokenizer.ggml.pre", GGUFValueType.STRING, required=False)
+    for key in _TOKENIZER_FLAGS:
+        gguf.expect_scalar(key, GGUFValueType.BOOL, required=False)
 
     scores = gguf.expect_array("tokenizer.ggml.scores", GGUFValueType.FLOAT32, required=False)
     if scores is not None and len(scores) != n_vocab:

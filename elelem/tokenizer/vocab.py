@@ -11,6 +11,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
+import numpy as np
+
 from ..errors import GGUFError
 
 log = logging.getLogger("elelem")
@@ -94,7 +96,13 @@ def _as_list(value: Any) -> list:
 
 def _get_bool(meta: Mapping[str, Any], key: str) -> Optional[bool]:
     value = meta.get(_KEY + key)
-    return None if value is None else bool(value)
+    if value is None:
+        return None
+    # A GGUF BOOL reads as a Python or numpy bool; anything else (an array,
+    # a string) is a malformed file, which llama.cpp refuses too.
+    if not isinstance(value, (bool, np.bool_)):
+        raise GGUFError(f"{_KEY + key} must be a bool, got {type(value).__name__}")
+    return bool(value)
 
 
 def load_vocab(meta: Mapping[str, Any], *, pre_add_bos: bool = False) -> Vocab:

@@ -5,6 +5,8 @@ and the core) over many cases.  When the runner dies or stalls, the case it
 had started is the culprit (see :mod:`fuzzing.runner`); the rest of the
 batch then runs in a fresh process, and the culprit is run once more on its
 own to tell a reproducible failure from one that needed the cases before it.
+A runner that finishes every case but exits with a status other than 0 (a
+crash in a destructor at shutdown, say) fails its last case, the same way.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,13 +107,18 @@ def run_batch(target: str, cases: list[Case], work: Path, *, case_timeout: float
     results: list[tuple[Case, Outcome, str]] = []
     remaining = list(cases)
     while remaining:
-        done, culprit, stderr = _run_process(target, remaining, work, case_timeout, python)
+        done, culprit, stderr, returncode = _run_process(target, remaining, work, case_timeout, python)
         results += [(case, outcome, "") for case, outcome in done]
+        if culprit is None and len(done) == len(remaining) and returncode != 0:
+            # Every case ended, then the process did not exit cleanly.
+            case, _, _ = results.pop()
+            culprit = (case, Outcome(CRASH, "exit", f"runner {describe_returncode(returncode)} after its last case",
+                                     _crash_detail(stderr)))
         if culprit is None and len(done) < len(remaining):
             if not done:  # no case even started: the harness is broken, not elelem
                 raise RuntimeError(f"the fuzz runner for {target!r} died before its first case:\n{stderr[-3000:]}")
             # Died between two cases: the last one left something broken behind.
-            case, _ = results.pop()
+            case, _, _ = results.pop()
             culprit = (case, Outcome(CRASH, "after the case", "runner died between cases", _crash_detail(stderr)))
         if culprit is None:
             break
@@ -122,7 +129,7 @@ def run_batch(target: str, cases: list[Case], work: Path, *, case_timeout: float
 
 
 def _run_process(target: str, cases: list[Case], work: Path, case_timeout: float, python: str):
-    """One runner process over ``cases``: (finished cases, culprit or None, stderr)."""
+    """One runner process over ``cases``: (finished cases, culprit or None, stderr, exit status)."""
     fd, list_name = tempfile.mkstemp(prefix="cases-", suffix=".txt", dir=work)
     os.close(fd)
     Path(list_name).write_text("".join(f"{c.path}\n" for c in cases))
@@ -181,7 +188,7 @@ def _run_process(target: str, cases: list[Case], work: Path, case_timeout: float
         how = HANG if timed_out else CRASH
         error = f"no result after {case_timeout:g} s" if timed_out else describe_returncode(proc.returncode)
         culprit = (by_path[started[0]], Outcome(how, "process", error, _crash_detail(stderr)))
-    return done, culprit, stderr
+    return done, culprit, stderr, proc.returncode
 
 
 def _crash_detail(stderr: str) -> str:
@@ -194,10 +201,16 @@ def _crash_detail(stderr: str) -> str:
 
 def run_campaign(writer: CaseWriter, *, seed: int, iterations: int, first_index: int = 0,
                  work: Optional[Path] = None, batch_size: int = 50, case_timeout: float = 30.0, jobs: int = 1,
-                 confirm: bool = True, python: str = sys.executable,
+                 confirm: bool = True, python: str = sys.executable, seconds: Optional[float] = None,
+                 min_iterations: int = 0,
                  on_failure: Optional[Callable[[Failure], None]] = None,
                  on_progress: Optional[Callable[[Summary], None]] = None) -> Summary:
-    """Run cases ``first_index .. first_index + iterations - 1`` of ``seed``."""
+    """Run cases ``first_index .. first_index + iterations - 1`` of ``seed``.
+
+    With ``seconds``, no batch starts after that many seconds (once at least
+    ``min_iterations`` cases have run), so ``iterations`` is then a ceiling and
+    the campaign is as long as the machine's speed allows.
+    """
     summary = Summary(writer.target, seed, first_index)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"elelem-fuzz-{writer.target}-", dir=work or _fast_tmp()) as tmp:
@@ -215,12 +228,30 @@ def run_campaign(writer: CaseWriter, *, seed: int, iterations: int, first_index:
                     case.path.unlink(missing_ok=True)
                 batch_dir.rmdir()
 
-        batches = [range(i, min(i + batch_size, first_index + iterations))
-                   for i in range(first_index, first_index + iterations, batch_size)]
+        batches = iter([range(i, min(i + batch_size, first_index + iterations))
+                        for i in range(first_index, first_index + iterations, batch_size)])
+        submitted = [0]  # cases in the batches started so far
+
+        def out_of_time() -> bool:
+            return (seconds is not None and submitted[0] >= min_iterations
+                    and time.monotonic() - started >= seconds)
+
         _STOP.clear()
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            pending = deque()
+
+            def submit_next() -> None:
+                batch = None if out_of_time() else next(batches, None)
+                if batch is not None:
+                    submitted[0] += len(batch)
+                    pending.append(pool.submit(one_batch, batch))
+
             try:
-                for results in pool.map(one_batch, batches):
+                for _ in range(max(1, jobs)):
+                    submit_next()
+                while pending:
+                    results = pending.popleft().result()
+                    submit_next()
                     for case, outcome, stderr, reproduced in results:
                         summary.iterations += 1
                         summary.counts[outcome.status] += 1
@@ -245,7 +276,9 @@ def run_campaign(writer: CaseWriter, *, seed: int, iterations: int, first_index:
 
 def _reproduces(target: str, case: Case, work: Path, case_timeout: float, python: str, first: Outcome) -> bool:
     """Does a crashing or hanging case fail the same way when run alone?"""
-    _, culprit, _ = _run_process(target, [case], work, case_timeout, python)
+    done, culprit, _, returncode = _run_process(target, [case], work, case_timeout, python)
+    if culprit is None and done and returncode != 0:  # it ended, then the runner exited badly again
+        return first.status == CRASH and first.stage == "exit"
     return culprit is not None and culprit[1].status == first.status
 
 

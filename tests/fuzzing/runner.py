@@ -9,9 +9,17 @@ the target's imports are done, so start-up time never counts against a case.
 
 The runner enables ``faulthandler`` (a Python traceback on stderr when a
 signal kills it), tells ggml not to attach gdb on an abort
-(``GGML_NO_BACKTRACE``), and caps its address space (unless a sanitizer is
-loaded: their shadow memory needs terabytes of it) so a runaway allocation is a
-``MemoryError`` rather than a machine-wide out-of-memory kill.
+(``GGML_NO_BACKTRACE``), and caps its address space for each case (unless a
+sanitizer is loaded: their shadow memory needs terabytes of it): what the
+process already uses, plus :data:`HEADROOM_BYTES`, plus twice the case file
+(the model is mapped, and repacked weights are copied).  A small input that
+makes elelem allocate from an unchecked count (a tensor count, a vocabulary
+size, a context length read from the file) then fails inside that
+allocation -- a ``MemoryError`` or a failed ``malloc``, which the targets
+count as failures -- instead of passing because the machine had the memory.
+
+The exit status is the driver's to read: 0 after the last case, anything else
+(a crash at interpreter shutdown, say) is a failure of the batch.
 """
 from __future__ import annotations
 
@@ -31,17 +39,41 @@ TARGET_MODULES = {
     "template": "fuzzing.template_target",
     "selftest": "fuzzing.selftest_target",
 }
-ADDRESS_SPACE_LIMIT = 12 << 30
+# What one case may add to the address space (beyond its own file, twice).
+# Every stage of a 64-token context on a synthetic model needs a few MB; a
+# packaged model's compute buffers stay under 300 MB.
+HEADROOM_BYTES = 1 << 30
 
 
-def _limit_address_space() -> None:
-    if "asan" in os.environ.get("LD_PRELOAD", "") or os.environ.get("ELELEM_FUZZ_NO_RLIMIT"):
-        return
+def address_space_capped(env=os.environ) -> bool:
+    """False where the cap is off: under a sanitizer, or with ELELEM_FUZZ_NO_RLIMIT set."""
+    return not ("asan" in env.get("LD_PRELOAD", "") or env.get("ELELEM_FUZZ_NO_RLIMIT")) and \
+        sys.platform.startswith("linux")
+
+
+def _address_space_in_use() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cap_address_space(case: Path) -> None:
+    """Lower the soft RLIMIT_AS to what this case may use (the hard limit stays, so it can rise again)."""
+    import resource
     try:
-        import resource
-        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT))
-    except (ImportError, ValueError, OSError):
-        pass
+        size = case.stat().st_size
+    except OSError:
+        size = 0
+    limit = _address_space_in_use() + HEADROOM_BYTES + 2 * size
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _uncap_address_space() -> None:
+    import resource
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
 
 
 def main(argv: list[str]) -> int:
@@ -49,7 +81,7 @@ def main(argv: list[str]) -> int:
     faulthandler.enable()
     warnings.simplefilter("ignore")
     logging.disable(logging.CRITICAL)
-    _limit_address_space()
+    capped = address_space_capped()
     module = importlib.import_module(TARGET_MODULES[target])
     if hasattr(module, "warm_up"):
         module.warm_up()
@@ -66,9 +98,13 @@ def main(argv: list[str]) -> int:
             continue
         emit({"start": line, "t": time.time()})
         faulthandler.dump_traceback_later(stall_s, exit=False)
+        if capped:
+            _cap_address_space(Path(line))
         started = time.perf_counter()
         outcome = module.execute(Path(line))
         outcome.seconds = round(time.perf_counter() - started, 4)
+        if capped:
+            _uncap_address_space()
         faulthandler.cancel_dump_traceback_later()
         emit({"end": line, "outcome": outcome.to_json()})
     os.close(fd)

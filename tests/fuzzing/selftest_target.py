@@ -2,10 +2,13 @@
 
 A case file holds one word: ``ok``, ``reject`` (an allowed ValueError),
 ``raise`` (an unexpected TypeError), ``abort`` (SIGABRT, as a GGML_ASSERT
-does), ``segv`` (SIGSEGV) or ``hang`` (sleeps past any time limit).
+does), ``segv`` (SIGSEGV), ``hang`` (sleeps past any time limit) or
+``exit-later`` (passes, but makes the runner exit with status 3 at shutdown)
+or ``allocate`` (asks for 2 GiB at once, over the runner's memory cap).
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import time
@@ -27,6 +30,10 @@ def execute(path: Path) -> Outcome:
             ctypes.string_at(0)
         if action == "hang":
             time.sleep(3600)
+        if action == "allocate":
+            bytearray(2 << 30)
+        if action == "exit-later":
+            atexit.register(os._exit, 3)
     except Exception as error:  # noqa: BLE001
         return from_exception(error, "selftest", (ValueError,))
     return Outcome(PASS, "selftest")

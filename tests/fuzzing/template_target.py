@@ -7,23 +7,41 @@ and the limits must stop; known hostile payloads; and the real templates of
 the packaged models (``tests/fixtures/chat_templates.json``) mutated chunk by
 chunk.  Messages are mostly valid and sometimes not.
 
-Allowed: ``TemplateError`` (with ``UnsafeTemplateError`` and
-``TemplateLimitError``) and ``InvalidArgumentError`` for bad messages.  Also a
-failure: a render that returns or raises well after its own time limit
-(``RenderLimits.timeout_s`` plus :data:`SLACK_S`), which means some operation
-ran without checking the budget.  The limit itself is the module's: cases set
-``timeout_s`` lower than the default to keep campaigns fast.
+A render passes when it returns text within its limits, or when it is
+refused by one of the sandbox's own refusals: ``UnsafeTemplateError``,
+``TemplateLimitError``, a ``TemplateError`` that elelem raised itself
+(``raise_exception``, a limit) or made from a Jinja error (a syntax error,
+an undefined name), or from an ordinary error of a template expression on
+plain data (:data:`EXPRESSION_ERRORS`, raised inside Jinja, elelem or the
+standard library's text helpers).  And ``InvalidArgumentError`` for bad
+messages.  Everything else fails:
+
+* any other cause behind the ``TemplateError`` (``OSError``, ``ImportError``,
+  ``RuntimeError``... or an expression error raised from elsewhere, such
+  as ``os.py``): the template reached code a chat template has no business in;
+* a ``TemplateLimitError`` made from a ``MemoryError``: an allocation got past
+  the budget and was only stopped by the runner's memory cap;
+* a tripwire (:mod:`fuzzing.canary`): the render touched the planted canary
+  object or raised an audit event such as ``open``, ``import`` or
+  ``subprocess.Popen``, whatever it returned or raised;
+* a render that returns or raises well after its own time limit
+  (``RenderLimits.timeout_s`` plus :data:`SLACK_S`), which means some operation
+  ran without checking the budget.  The limit itself is the module's: cases set
+  ``timeout_s`` lower than the default to keep campaigns fast.
 """
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import signal
 import time
+import traceback
 from pathlib import Path
 
-from .outcomes import INVARIANT, PASS, Outcome, from_exception
+from . import canary
+from .outcomes import INVARIANT, PASS, REJECTED, UNEXPECTED, Outcome, from_exception
 
 ROOT = Path(__file__).resolve().parents[2]
 SLACK_S = 0.75
@@ -43,6 +61,18 @@ def _stop_render(signum, frame):
     raise _Overrun()
 
 
+# Errors a template expression raises on plain data ('a' - 1, x[10], 1 / 0,
+# 'x'|int(base=99)); elelem reports them as a TemplateError with the error as
+# its cause.  UnicodeError and json's errors are ValueErrors.
+EXPRESSION_ERRORS = (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError, OverflowError,
+                     AttributeError, RecursionError)
+# Where such an error may come from: the template's own code, Jinja and
+# MarkupSafe, elelem, and the standard-library helpers Jinja's filters use.
+_EXPRESSION_HOMES = (f"{os.sep}jinja2{os.sep}", f"{os.sep}markupsafe{os.sep}", f"{os.sep}elelem{os.sep}",
+                     f"{os.sep}json{os.sep}", "textwrap.py", "string.py", "random.py", "pprint.py",
+                     "urllib/parse.py", "_collections_abc.py")
+
+
 def allowed_errors() -> tuple[type, ...]:
     from elelem.errors import InvalidArgumentError, TemplateError
     return (TemplateError, InvalidArgumentError)
@@ -50,6 +80,7 @@ def allowed_errors() -> tuple[type, ...]:
 
 def warm_up() -> None:
     import elelem.chat_template  # noqa: F401 -- jinja2 and the environment, before the first case's clock
+    canary.plant()
 
 
 def execute(path: Path) -> Outcome:
@@ -61,13 +92,15 @@ def execute(path: Path) -> Outcome:
     stage = "compile"
     previous = signal.signal(signal.SIGALRM, _stop_render)
     signal.setitimer(signal.ITIMER_REAL, limits.timeout_s + HARD_STOP_S)
+    touched: list[str] = []
     try:
         template = ChatTemplate(case["source"], bos_token=case.get("bos_token", "<s>"),
                                 eos_token=case.get("eos_token", "</s>"), limits=limits)
         stage = "render"
         started = time.perf_counter()
-        text = template.render(case["messages"], add_generation_prompt=case.get("add_generation_prompt", True),
-                               tools=case.get("tools"), **case.get("extra", {}))
+        with canary.armed() as touched:
+            text = template.render(case["messages"], add_generation_prompt=case.get("add_generation_prompt", True),
+                                   tools=case.get("tools"), **case.get("extra", {}))
         outcome = Outcome(PASS, "render")
         if not isinstance(text, str) or len(text) > limits.max_output_chars:
             outcome = Outcome(INVARIANT, "render", "output", f"render returned {type(text).__name__} "
@@ -76,10 +109,15 @@ def execute(path: Path) -> Outcome:
         return Outcome(INVARIANT, stage, "slow", f"{stage} still running after {time.perf_counter() - started:.2f} s "
                                                  f"with a {limits.timeout_s} s limit (stopped by the fuzzer)")
     except Exception as error:  # noqa: BLE001 -- classified, not swallowed
-        outcome = from_exception(error, stage, allowed_errors())
+        outcome = judge_exception(error, stage)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+    refused = outcome.status == REJECTED and outcome.error == "elelem.errors.UnsafeTemplateError"
+    touched = [t for t in touched if not (refused and t.startswith(canary.PEEK))]
+    if touched:
+        return Outcome(INVARIANT, stage, "escape", f"the render reached outside the sandbox: {touched} "
+                                                   f"(it ended as {outcome.status} {outcome.error})")
     elapsed = time.perf_counter() - started
     if elapsed > limits.timeout_s + SLACK_S and not outcome.failed:
         return Outcome(INVARIANT, stage, "slow", f"render took {elapsed:.2f} s with a {limits.timeout_s} s limit "
@@ -87,11 +125,51 @@ def execute(path: Path) -> Outcome:
     return outcome
 
 
+def judge_exception(error: Exception, stage: str) -> Outcome:
+    """A pass (REJECTED) only for the sandbox's own refusals; see the module docstring."""
+    import jinja2
+    from elelem.errors import TemplateError, TemplateLimitError, UnsafeTemplateError
+    outcome = from_exception(error, stage, allowed_errors())
+    if outcome.failed or not isinstance(error, TemplateError) or isinstance(error, UnsafeTemplateError):
+        return outcome
+    cause = error.__cause__
+    if cause is None or isinstance(cause, (jinja2.TemplateError, RecursionError)):
+        return outcome
+    name = f"{outcome.error}({type(cause).__qualname__})"
+    if isinstance(cause, MemoryError) and isinstance(error, TemplateLimitError):
+        return Outcome(INVARIANT, stage, "memory", "an allocation got past the render budget and was stopped only "
+                                                   "by the runner's memory cap:\n" + _trace(error))
+    if isinstance(cause, EXPRESSION_ERRORS) and _raised_at_home(cause):
+        return Outcome(REJECTED, stage, name, outcome.detail)
+    if type(cause) is RuntimeError and _raised_in(cause, (f"{os.sep}jinja2{os.sep}",)):
+        return Outcome(REJECTED, stage, name, outcome.detail)  # Jinja refusing a call: cycler() with no items
+    return Outcome(UNEXPECTED, stage, name, _trace(error))
+
+
+def _raised_at_home(error: BaseException) -> bool:
+    """Was ``error`` raised by the template's code, or by a library a filter uses (not, say, os.py)?"""
+    return _raised_in(error, _EXPRESSION_HOMES, template_code=True)
+
+
+def _raised_in(error: BaseException, homes: tuple[str, ...], *, template_code: bool = False) -> bool:
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return template_code  # raised by a builtin called straight from the render loop
+    filename = frames[-1].filename
+    return (template_code and filename.startswith("<")) or any(home in filename for home in homes)
+
+
+def _trace(error: BaseException) -> str:
+    text = "".join(traceback.format_exception(error))
+    return text if len(text) <= 4000 else text[:2000] + "\n...\n" + text[-2000:]
+
+
 # ----------------------------------------------------------------------------- generation
 
 _NAMES = ("messages", "message", "m", "loop", "bos_token", "eos_token", "add_generation_prompt", "tools",
           "documents", "ns", "x", "i", "range", "namespace", "raise_exception", "strftime_now", "cycler",
-          "joiner", "dict", "self", "caller", "varargs", "kwargs", "undefined_name", "lipsum", "enable_thinking")
+          "joiner", "dict", "self", "caller", "varargs", "kwargs", "undefined_name", "lipsum", "enable_thinking",
+          "elelem_fuzz_canary", "__builtins__")
 _ATTRS = ("role", "content", "tool_calls", "name", "function", "arguments", "index", "first", "last", "length",
           "__class__", "__mro__", "__subclasses__", "__globals__", "__init__", "__dict__", "__base__",
           "__builtins__", "__import__", "__code__", "__func__", "__self__", "gi_frame", "f_globals", "mro",
@@ -118,6 +196,16 @@ _LITERALS = ("0", "1", "-1", "2", "10", "1000", "10**9", "2**63", "9**9**9", "1.
              "namespace(a=1)", "dict(a=1)", "'\\u2581'", "'\\x00'", "'<|im_start|>'", "messages[0]")
 _BINOPS = ("+", "-", "*", "/", "//", "%", "**", "~", "and", "or", "in", "not in", "==", "!=", "<", ">=", "is not")
 _PAYLOADS = (
+    # Escapes aimed at the planted canary (fuzzing.canary): each one that works fails the case.
+    "{{ cycler.__init__.__globals__.__builtins__.elelem_fuzz_canary() }}",
+    "{{ joiner.__init__.__globals__.os.elelem_fuzz_canary }}",
+    "{{ namespace.__init__.__globals__.__builtins__.elelem_fuzz_canary.__class__ }}",
+    "{% for c in ''.__class__.__mro__[1].__subclasses__() %}{% if c.__name__ == 'ElelemFuzzCanary' %}"
+    "{{ c() }}{% endif %}{% endfor %}",
+    "{{ (''|attr('__class__')|attr('__mro__')|last|attr('__subclasses__'))()|map(attribute='__name__')|list }}",
+    "{{ self.__init__.__globals__.__builtins__.open('/etc/hostname').read() }}",
+    "{{ raise_exception.__globals__.__builtins__.__import__('os').system('true') }}",
+    "{{ strftime_now.__globals__.datetime.__init__.__globals__ }}",
     "{{ self._TemplateReference__context.cycler.__init__.__globals__.os.popen('id').read() }}",
     "{{ ''.__class__.__mro__[1].__subclasses__() }}",
     "{{ cycler.__init__.__globals__ }}",
