@@ -91,6 +91,9 @@ def _gemma3(h: dict, key: Callable[[str, Any], Any]) -> None:
         pattern = int(key("attention.sliding_window_pattern", 6))
         h["swa_layers"] = [pattern == 0 or il % pattern < pattern - 1 for il in range(h["n_layer"])]
     h["rope_base_swa"] = float(key("rope.freq_base_swa", 10000.0))
+    # Linear RoPE scaling (Gemma 3 4B-27B: factor 8) is for the global layers
+    # only: llama.cpp's rope_freq_scale_train_swa is 1 for gemma3.
+    h["rope_scale_swa"] = 1.0
     width = h["n_embd"] / h["n_head"] if h["n_layer"] == 62 else h["head_dim_k"]
     h["attn_scale"] = 1.0 / math.sqrt(width)
 
@@ -211,7 +214,7 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
         raise ModelShapeError(f"rope.freq_base = {h['rope_base']} must be positive")
     if not 0 <= h.get("n_swa", 0) < 2**31:
         raise ModelShapeError(f"attention.sliding_window = {h['n_swa']} is out of range")
-    for name in ("rope_base_swa", "rope_scale", "attn_scale", "embd_scale"):
+    for name in ("rope_base_swa", "rope_scale", "rope_scale_swa", "attn_scale", "embd_scale"):
         if name in h and not (math.isfinite(h[name]) and h[name] > 0):
             raise ModelShapeError(f"{name} = {h[name]} must be a positive number")
     return h

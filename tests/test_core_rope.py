@@ -98,8 +98,6 @@ def test_bad_linear_factor_is_refused(tiny_model, factor):
         elelem.LLM(path)
 
 
-@pytest.mark.xfail(strict=True, reason="elelem scales the RoPE of gemma3's sliding layers too; "
-                                       "llama.cpp leaves them unscaled (rope_freq_scale_train_swa = 1)")
 def test_gemma3_linear_scaling_leaves_the_sliding_layers_unscaled(tiny_model):
     # Gemma 3 4B/12B/27B ship with rope.scaling.type=linear, factor 8.
     cfg = TinyConfig(arch="gemma3", head_dim=32, n_layer=7, n_swa=5, tied=True, rope_linear=8.0)
