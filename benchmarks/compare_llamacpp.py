@@ -45,11 +45,11 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def worker_elelem(path: str, threads: int) -> dict:
+def worker_elelem(path: str, threads: int, options: str = "{}") -> dict:
     import numpy as np
     from elelem import LLM  # imported before the clock starts, as llama_cpp is
     t0 = time.perf_counter()
-    llm = LLM(path, n_threads=threads, n_ctx=1024, n_batch=512)
+    llm = LLM(path, n_threads=threads, n_ctx=1024, n_batch=512, **json.loads(options))
     load = time.perf_counter() - t0
     prompt = _prompt(llm.n_vocab)
     t0 = time.perf_counter()
@@ -127,9 +127,10 @@ def bytes_per_token(path: str) -> int:
 # --------------------------------------------------------------------------
 # Driver.
 
-def run_worker(python: str, kind: str, *args) -> dict:
+def run_worker(python: str, kind: str, *args, env: dict | None = None) -> dict:
     cmd = [python, os.path.abspath(__file__), "--worker", kind, *map(str, args)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         env=None if env is None else dict(os.environ, **env))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -150,7 +151,7 @@ def main() -> None:
             print(json.dumps(worker_bandwidth(int(rest[0]))))
         else:
             fn = worker_elelem if kind == "elelem" else worker_llamacpp
-            print(json.dumps(fn(rest[0], int(rest[1]))))
+            print(json.dumps(fn(rest[0], int(rest[1]), *rest[2:])))
         return
 
     from elelem.hub import resolve_model
