@@ -59,7 +59,7 @@ install_wheel() {
     rm -rf "$WORK/venv"
     python3 -m venv "$WORK/venv"
     "$WORK/venv/bin/pip" install -q --disable-pip-version-check "$wheel[test]"
-    "$WORK/venv/bin/python" -m elelem info --system
+    (cd "$WORK" && "$WORK/venv/bin/python" -m elelem info --system)  # not from $ROOT: that would import the source tree
 }
 
 test_wheel() {
