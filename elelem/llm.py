@@ -103,7 +103,8 @@ class LLM(Session):
         self._tokenizer: Optional[Tokenizer] = None
         self._chat_template: Optional[ChatTemplate] = None
         self.load_time = time.perf_counter() - t0
-        log.info("loaded %s (%s) in %.3f s", self.path, self.spec.description, self.load_time)
+        log.info("loaded %s (%s) in %.3f s: n_ctx %d, %d threads", self.path, self.spec.description,
+                 self.load_time, native.n_ctx, native.n_threads)
 
     # -- facts ---------------------------------------------------------------
 

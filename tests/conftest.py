@@ -46,6 +46,14 @@ def gemma_path():
 
 
 @pytest.fixture(scope="session")
+def llamacpp():
+    """llama.cpp's outputs made on this machine (tests/llamacpp_reference.py): live and cached, or a stored
+    fixture whose kernel fingerprint matches; skips otherwise, and fails under CI=true."""
+    from llamacpp_reference import Reference
+    return Reference()
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """A factory: tiny_model(cfg) -> (path, stored weights); each config is written once."""
     made = {}

@@ -247,3 +247,72 @@ def test_pull_of_a_cached_model_is_instant(smollm_path):
     result = cli("pull", "smollm2-135m")
     assert result.returncode == 0 and result.stdout.strip() == str(smollm_path)
     assert "already cached" in result.stderr
+
+
+# -- the generation options take effect ----------------------------------------
+
+STORY = "Chapter one. It was a dark and stormy night"
+
+
+def raw_run(model, *options, prompt=STORY):
+    # -c 512 and -t 1, as the `smollm` fixture: the same logits, so the same draws.
+    result = cli("run", "-m", model, "-t", 1, "-c", 512, "--raw", *options, prompt)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_every_sampling_option_is_passed_on():
+    from elelem.cli.parser import build_parser, check_arguments
+    parser = build_parser()
+    args = parser.parse_args(["run", "--temperature", "0.5", "--top-k", "3", "--top-p", "0.7", "--min-p", "0.1",
+                              "--repeat-penalty", "1.2", "--seed", "9", "hi"])
+    check_arguments(parser, args)
+    assert args.sampling == dict(temperature=0.5, top_k=3, top_p=0.7, min_p=0.1, repeat_penalty=1.2, seed=9)
+    args = parser.parse_args(["run", "hi"])
+    check_arguments(parser, args)
+    assert args.sampling == {}  # unset options keep the library's defaults
+
+
+@pytest.mark.real_model
+def test_seed_gives_the_same_text_and_other_seeds_other_text(smollm_path, smollm):
+    options = ("--temperature", 1.0, "-n", 12)
+    first = raw_run(smollm_path, *options, "--seed", 1).stdout
+    assert raw_run(smollm_path, *options, "--seed", 1).stdout == first
+    # The CLI's seed is the library's: the same draws from the same logits.
+    assert first.rstrip("\n") == smollm.generate(STORY, max_tokens=12, temperature=1.0, seed=1).rstrip("\n")
+    others = {raw_run(smollm_path, *options, "--seed", seed).stdout for seed in (2, 3)}
+    assert others - {first}
+
+
+@pytest.mark.real_model
+def test_sampling_options_give_the_librarys_text(smollm_path, smollm):
+    sampling = dict(temperature=1.3, top_k=5, top_p=0.8, min_p=0.1, repeat_penalty=1.3, seed=4)
+    flags = [a for name, value in sampling.items() for a in (f"--{name.replace('_', '-')}", value)]
+    result = raw_run(smollm_path, *flags, "-n", 10)
+    assert result.stdout.rstrip("\n") == smollm.generate(STORY, max_tokens=10, **sampling).rstrip("\n")
+    # top-k 1 leaves only the argmax, however hot: the greedy text.
+    greedy = smollm.generate(STORY, max_tokens=10, temperature=0)
+    assert raw_run(smollm_path, "--temperature", 1.5, "--top-k", 1, "-n", 10).stdout.rstrip("\n") == \
+        greedy.rstrip("\n")
+
+
+@pytest.mark.real_model
+def test_max_tokens_bounds_the_answer(smollm_path, smollm):
+    result = raw_run(smollm_path, "--temperature", 0, "-n", 5, "--stats")
+    assert "answer: 5 tokens" in result.stderr and "finish: length" in result.stderr
+    assert result.stdout.rstrip("\n") == smollm.generate(STORY, max_tokens=5, temperature=0).rstrip("\n")
+    result = raw_run(smollm_path, "--temperature", 0, "-n", 0, "--stats")
+    assert "answer: 0 tokens" in result.stderr and result.stdout == "\n"
+
+
+@pytest.mark.real_model
+def test_threads_and_context_reach_the_session(smollm_path):
+    from elelem.llm import default_n_threads
+    threads = default_n_threads() + 1  # neither is what the session would get without the option
+    result = cli("run", "-m", smollm_path, "-v", "-t", threads, "-c", 96, "--raw", "--temperature", 0, "-n", 2, "Hi")
+    assert result.returncode == 0, result.stderr
+    # The session's own numbers, logged when the model loads.
+    assert f"n_ctx 96, {threads} threads" in result.stderr
+    result = cli("run", "-m", smollm_path, "-t", 1, "-c", 8, "--raw", "-n", 16, STORY)
+    assert_clean_failure(result, 1)
+    assert "n_ctx=8" in result.stderr

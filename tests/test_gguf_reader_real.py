@@ -9,22 +9,20 @@ import pytest
 from elelem.gguf_reader import read_gguf, validate_tokenizer_metadata
 from gguf_builders import assert_matches_gguf_reader
 
-MODELS_DIR = Path.home() / ".cache" / "elelem" / "models"
-# file name -> (architecture, tensor count)
+# known model name -> (architecture, tensor count)
 REAL_MODELS = {
-    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf": ("qwen2", 291),
-    "smollm2-135m-instruct-q4_1.gguf": ("llama", 272),
-    "gemma-3-270m-q4_k_m.gguf": ("gemma3", 236),
+    "qwen2.5-coder-0.5b": ("qwen2", 291),
+    "smollm2-135m": ("llama", 272),
+    "gemma3-270m": ("gemma3", 236),
 }
 
 pytestmark = pytest.mark.real_model
 
 
 def model_path(name: str) -> Path:
-    path = MODELS_DIR / name
-    if not path.is_file():
-        pytest.skip(f"{path} is not downloaded")
-    return path
+    """Where elelem's own cache resolution puts the model (pulled on first use, like every real-model test)."""
+    from elelem.hub import resolve_model
+    return resolve_model(name)
 
 
 @pytest.mark.slow  # gguf.GGUFReader needs several seconds per file

@@ -29,10 +29,15 @@ def only_call(response):
     return call["function"]["name"], json.loads(call["function"]["arguments"])
 
 
+# In auto mode the model chooses between a call and text with its first token.
+# Greedy, that choice is deterministic; this question makes it by a margin
+# (measured here: '{"' 18.49 against '```' 17.66, the text branch) that other
+# CPU kernels cannot flip, unlike QUESTION ('{"' 18.94 against '```' 18.88).
+AUTO_QUESTION = [{"role": "user", "content": "Is it raining in Paris today?"}]
+
+
 def test_auto_mode_call(llm):
-    response = llm.create_chat_completion(QUESTION, tools=WEATHER, temperature=0, max_tokens=40)
-    if not response["choices"][0]["message"].get("tool_calls"):
-        pytest.skip("the model answered in text (its choice in auto mode)")
+    response = llm.create_chat_completion(AUTO_QUESTION, tools=WEATHER, temperature=0, max_tokens=40)
     assert only_call(response) == ("get_weather", {"city": "Paris"})
 
 
