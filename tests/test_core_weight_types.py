@@ -27,8 +27,6 @@ repacked gemv.  All quantize the activations the same way.
 """
 from __future__ import annotations
 
-import ctypes
-import platform
 
 import numpy as np
 import pytest
@@ -54,7 +52,10 @@ REPACKED_ON_AVX2 = {"q4_0", "q4_k"}  # ggml_repack_get_optimal_repack_type, with
 
 
 def _cpu_has_avx2() -> bool:
-    return platform.machine() in ("x86_64", "AMD64") and bool(ctypes.CDLL(elelem._core.__file__).ggml_cpu_has_avx2())
+    """The loaded CPU module is an AVX2 one without AVX-512 or AMX (whose repacking choices differ)."""
+    info = elelem._core.cpu_backend_info()
+    compiled = {name for name, value in info["features"] if value == "1"}
+    return ("AVX2" in compiled and "AVX512" not in compiled and "AMX" not in info["extra_buffer_types"])
 
 
 def _cases():

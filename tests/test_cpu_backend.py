@@ -143,6 +143,7 @@ AMX_ON = system_info()["amx"]
 AMX_PROMPT = np.random.default_rng(7).integers(0, 96, 40)  # a batch of 40 rows: AMX's GEMM path
 
 
+@pytest.mark.hardware
 @pytest.mark.skipif(not AMX_ON, reason=f"AMX is off here: {system_info()['amx_reason']}")
 @pytest.mark.parametrize("wtype", ["q8_0"])
 def test_amx_matmul_matches_numpy_and_the_avx512_path(tiny_model, wtype):
