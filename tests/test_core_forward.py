@@ -158,9 +158,12 @@ ARCH_CASES = {
     "qwen3": TinyConfig(arch="qwen3", head_dim=32),
     # 7 layers: layers 0-4 and 6 slide over a 5-token window, layer 5 is global.
     "gemma3": TinyConfig(arch="gemma3", head_dim=32, n_layer=7, n_swa=5, tied=True),
+    # Gemma 3 270M's global base (1e6) with no rope.freq_base_swa key: the sliding layers must keep
+    # llama.cpp's default 10000, which the case above (global base 10000 too) cannot tell apart.
+    "gemma3-global-base-1e6": TinyConfig(arch="gemma3", head_dim=32, n_layer=7, n_swa=5, tied=True, rope_base=1e6),
 }
 # ggml's GELU reads a float16 table, so GeGLU models carry ~1e-4 relative error.
-ARCH_TOLERANCE = {"gemma3": 2e-3}
+ARCH_TOLERANCE = {"gemma3": 2e-3, "gemma3-global-base-1e6": 2e-3}
 
 
 @pytest.mark.parametrize("name", ARCH_CASES)

@@ -162,6 +162,18 @@ def test_penalties_only_touch_recent_tokens(data, logits, repeat_penalty, freque
         assert after[token] == pytest.approx(expected, rel=1e-5, abs=1e-5)
 
 
+@pytest.mark.parametrize("last_n", [1, 2, 5, 9])
+def test_penalty_window_is_the_newest_last_n_tokens(last_n):
+    # The property test above runs derandomized under CI=true (Hypothesis's CI
+    # profile), and its fixed examples miss a window one token too wide or taken
+    # from the oldest end (scripts/kill_test.py showed both surviving it).  With
+    # one occurrence of each id, exactly the newest last_n ids must change.
+    logits = np.ones(10, dtype=np.float32)
+    recent = list(range(10))
+    after = apply_penalties(logits, recent, presence_penalty=1.0, last_n=last_n)
+    assert np.flatnonzero(after != logits).tolist() == recent[-last_n:]
+
+
 # --- the individual filters --------------------------------------------------
 
 
