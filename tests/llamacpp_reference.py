@@ -59,18 +59,12 @@ def cpu_has_amx() -> bool:
 def elelem_kernel_options() -> dict:
     """LLM(...) options under which elelem runs the kernels the reference runs.
 
-    The reference is built without AMX (-mno-amx-*, issue 12), while elelem may
-    put weights in AMX buffers.  On an AMX CPU both therefore run without extra
-    buffer types: elelem with repack=False, llama.cpp with use_extra_bufts=False
-    (reference_args()).  LEAD: once elelem can turn AMX off alone (keeping
-    CPU_REPACK), return that option here and drop --no-extra-bufts, so the
-    repacked kernels are compared too; AMX itself is for a NumPy reference.
-    Untested: this machine has no AMX."""
-    return {"repack": False} if cpu_has_amx() else {}
-
-
-def reference_args() -> list[str]:
-    return ["--no-extra-bufts"] if cpu_has_amx() else []
+    The reference is built without AMX (-mno-amx-*, issue 12), while elelem
+    puts the weights AMX takes into AMX buffers.  On an AMX CPU elelem
+    therefore runs with amx=False: the same CPU_REPACK (AVX-512) kernels as
+    the reference.  AMX itself is checked against NumPy in
+    tests/test_cpu_backend.py.  Untested here: this machine has no AMX."""
+    return {"amx": False} if cpu_has_amx() else {}
 
 
 def skip_or_fail(reason: str):
@@ -94,8 +88,8 @@ def kernel_mismatch(kernels: dict) -> list[str]:
     diffs = [f"{k}: fixture {theirs.get(k)!r}, here {here[k]!r}" for k in KERNEL_KEYS if theirs.get(k) != here[k]]
     if kernels.get("threads") != THREADS:
         diffs.append(f"threads: fixture {kernels.get('threads')!r}, tests {THREADS}")
-    if kernels.get("extra_bufts", True) != (not cpu_has_amx()):
-        diffs.append(f"extra buffer types: fixture {kernels.get('extra_bufts')!r}, here {not cpu_has_amx()}")
+    if not kernels.get("extra_bufts", True):
+        diffs.append("the fixture was made without extra buffer types; the tests run with them")
     return diffs
 
 
@@ -180,8 +174,8 @@ class Reference:
         def make():
             live = run_script("make_arch_fixtures.py",
                               ["--out", "{out}/arch_logits.json", "--models-dir", str(models_dir),
-                               "--smollm", str(smollm), *reference_args()],
-                              reference_args(), files, ["arch_logits.json"])
+                               "--smollm", str(smollm)],
+                              [], files, ["arch_logits.json"])
             if live is None:
                 return self._stored(FIXTURES / "arch_logits.json", same_models)
             return live["arch_logits.json"]
@@ -195,7 +189,7 @@ class Reference:
             return [] if sha == file_sha256(Path(model_path)) else [f"model file: fixture {sha}"]
 
         def make():
-            options = ["--only", name, *reference_args()]
+            options = ["--only", name]
             live = run_script("make_greedy_fixtures.py",
                               ["--out-dir", "{out}", "--models-dir", str(Path(model_path).parent), *options],
                               options, [Path(model_path)], [f"{name}.json"])
