@@ -184,20 +184,31 @@ class Reference:
 
     def greedy(self, name: str, model_path: Path) -> dict:
         """make_greedy_fixtures.py's output for one model (a key of its MODELS)."""
+        return self._per_model("make_greedy_fixtures.py", "greedy", name, model_path)
+
+    def long_logits(self, name: str, model_path: Path) -> dict:
+        """make_long_logits.py's output for one model (a key of make_greedy_fixtures.MODELS)."""
+        # Its prompt is made from make_greedy_fixtures.py's texts: that file is an input too.
+        return self._per_model("make_long_logits.py", "long_logits", name, model_path,
+                               [FIXTURES / "make_greedy_fixtures.py"])
+
+    def _per_model(self, script: str, stored_dir: str, name: str, model_path: Path,
+                   extra_inputs: list[Path] = ()) -> dict:
+        """The output <name>.json of a script that takes --out-dir, --models-dir and --only NAME."""
         def same_model(stored):
             sha = stored["header"].get("model_file_sha256")
             return [] if sha == file_sha256(Path(model_path)) else [f"model file: fixture {sha}"]
 
         def make():
             options = ["--only", name]
-            live = run_script("make_greedy_fixtures.py",
+            live = run_script(script,
                               ["--out-dir", "{out}", "--models-dir", str(Path(model_path).parent), *options],
-                              options, [Path(model_path)], [f"{name}.json"])
+                              options, [Path(model_path), *extra_inputs], [f"{name}.json"])
             if live is None:
-                return self._stored(FIXTURES / "greedy" / f"{name}.json", same_model)
+                return self._stored(FIXTURES / stored_dir / f"{name}.json", same_model)
             return live[f"{name}.json"]
 
-        return self._once(name, make)
+        return self._once(f"{script}:{name}", make)
 
     @staticmethod
     def not_built() -> str:
