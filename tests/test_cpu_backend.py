@@ -88,10 +88,16 @@ def test_the_chosen_cpu_variant_is_the_best_that_runs_here():
             assert flag in flags, f"{info['variant']} uses {feature}, which this CPU lacks"
 
 
+def _python(*args, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """This interpreter in a fresh process, run from a folder with no elelem/ in it: from the
+    checkout, -c and -m would import the source tree instead of the installed package."""
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=Path(__file__).parent)
+
+
 def _import_core_with(env_extra: dict) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **env_extra)
-    return subprocess.run([sys.executable, "-c", "import elelem._core as c; print(c.cpu_backend_info()['variant'])"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    return _python("-c", "import elelem._core as c; print(c.cpu_backend_info()['variant'])", env_extra=env_extra)
 
 
 def test_forcing_a_variant_that_is_not_shipped_is_a_clear_import_error():
@@ -108,15 +114,13 @@ def test_forcing_the_chosen_variant_loads_it():
 
 
 def test_info_system_reports_what_was_chosen():
-    r = subprocess.run([sys.executable, "-m", "elelem", "info", "--system", "--json"],
-                       capture_output=True, text=True, timeout=120)
+    r = _python("-m", "elelem", "info", "--system", "--json")
     assert r.returncode == 0, r.stderr
     facts = json.loads(r.stdout)
     assert facts["cpu_variant"] == _core.cpu_backend_info()["variant"]
     assert facts["repack_buffer_types"] == _core.cpu_backend_info()["extra_buffer_types"]
     assert isinstance(facts["amx"], bool) and facts["amx_reason"]
-    text = subprocess.run([sys.executable, "-m", "elelem", "info", "--system"],
-                          capture_output=True, text=True, timeout=120).stdout
+    text = _python("-m", "elelem", "info", "--system").stdout
     for label in ("cpu variant", "compiled with", "repack buffers", "amx"):
         assert label in text
 
