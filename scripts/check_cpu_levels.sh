@@ -18,8 +18,11 @@
 # TCG emulates up to AVX2, so the levels checked are Haswell and Nehalem.
 set -euo pipefail
 
-PORTABLE="${1:?usage: $0 PORTABLE_PYTHON [NATIVE_PYTHON]}"
+PORTABLE="$(realpath -s "${1:?usage: $0 PORTABLE_PYTHON [NATIVE_PYTHON]}")"
 NATIVE="${2:-python3}"
+# Run from a folder with no elelem/ in it: from a checkout, `python -c` would
+# import the source tree instead of the installed package.
+cd "$(mktemp -d)"
 MODEL="${ELELEM_CHECK_MODEL:-smollm2-135m}"
 
 if ! command -v qemu-x86_64 >/dev/null; then
