@@ -19,7 +19,8 @@
 set -euo pipefail
 
 PORTABLE="$(realpath -s "${1:?usage: $0 PORTABLE_PYTHON [NATIVE_PYTHON]}")"
-NATIVE="${2:-python3}"
+# The interpreter itself, not a wrapper script (pyenv's shims are bash): qemu-user runs ELF files only.
+NATIVE="$("${2:-python3}" -c 'import sys; print(sys.executable)')"
 # Run from a folder with no elelem/ in it: from a checkout, `python -c` would
 # import the source tree instead of the installed package.
 cd "$(mktemp -d)"
