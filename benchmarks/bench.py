@@ -6,8 +6,8 @@
 import argparse
 import json
 
-from elelem.benchmark import run_benchmark
-from elelem.hub import DEFAULT_MODEL, resolve_model
+from elelem.api.benchmark import run_benchmark
+from elelem.model.hub import DEFAULT_MODEL, resolve_model
 
 
 def main() -> None:

@@ -112,7 +112,7 @@ def worker_bandwidth(threads: int) -> dict:
 def bytes_per_token(path: str) -> int:
     """Weights read per decoded token: every tensor fully, the token embedding
     as one row (unless it is also the tied output matrix)."""
-    from elelem.gguf_reader import read_gguf
+    from elelem.gguf.reader import read_gguf
     g = read_gguf(path)
     total = 0
     tied = "output.weight" not in g.tensors
@@ -154,7 +154,7 @@ def main() -> None:
             print(json.dumps(fn(rest[0], int(rest[1]), *rest[2:])))
         return
 
-    from elelem.hub import resolve_model
+    from elelem.model.hub import resolve_model
     rows = []
     for threads in args.threads:
         bw = run_worker(sys.executable, "bandwidth", threads)["read_gb_s"]

@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
 
-    from elelem.hub import resolve_model
+    from elelem.model.hub import resolve_model
     configs = configurations(args)
     results = []
     for threads in args.threads:

@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run against the source tree
 
-from elelem.sampling import Sampler, SamplingParams  # noqa: E402
+from elelem.sampling.sampler import Sampler, SamplingParams  # noqa: E402
 
 N_VOCAB = 151_936  # Qwen2.5
 

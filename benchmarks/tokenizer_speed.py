@@ -19,8 +19,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from elelem.hub import resolve_model  # noqa: E402
-from elelem.tokenizer import Tokenizer  # noqa: E402
+from elelem.model.hub import resolve_model  # noqa: E402
+from elelem.text.tokenizer import Tokenizer  # noqa: E402
 from tests.tokenizer_meta import read_metadata  # noqa: E402
 
 MODELS = ("qwen2.5-coder-0.5b", "smollm2-135m", "gemma3-270m")

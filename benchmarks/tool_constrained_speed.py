@@ -23,9 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run against the source tree
 
 from elelem import LLM  # noqa: E402
-from elelem.sampling import Sampler  # noqa: E402
-from elelem.tools import TokenTexts  # noqa: E402
-from elelem.tools.constrained import TokenConstraint  # noqa: E402
+from elelem.sampling.sampler import Sampler  # noqa: E402
+from elelem.api.tools import TokenTexts  # noqa: E402
+from elelem.sampling.constrained import TokenConstraint  # noqa: E402
 
 SCENARIOS = {
     "weather (the model's own choice)": (

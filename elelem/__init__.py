@@ -14,13 +14,13 @@ def __getattr__(name: str):
     # The compiled core is imported on first use, so the pure-Python parts
     # (tokenizer, templates, sampling, the GGUF reader) work and test without it.
     if name == "LLM":
-        from .llm import LLM
+        from .api.llm import LLM
         return LLM
     if name == "Session":
-        from .session import Session
+        from .api.session import Session
         return Session
     if name == "SamplingParams":
-        from .sampling import SamplingParams
+        from .sampling.sampler import SamplingParams
         return SamplingParams
     raise AttributeError(f"module 'elelem' has no attribute {name!r}")
 

@@ -33,7 +33,7 @@ fi
 
 # The model is resolved (pulled if need be) natively, once: emulated, it
 # would only be slower.
-MODEL_PATH="$("$PORTABLE" -c "from elelem.hub import resolve_model; print(resolve_model('$MODEL'))")"
+MODEL_PATH="$("$PORTABLE" -c "from elelem.model.hub import resolve_model; print(resolve_model('$MODEL'))")"
 
 GENERATE='
 import sys, elelem

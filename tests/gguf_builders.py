@@ -15,7 +15,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from elelem.gguf_reader import GGML_TYPES, GGUFFile
+from elelem.gguf.reader import GGML_TYPES, GGUFFile
 
 # GGUF value type ids (enum gguf_type).
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = range(13)

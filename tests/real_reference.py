@@ -4,8 +4,8 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
-from elelem.architectures import model_spec
-from elelem.gguf_reader import read_gguf
+from elelem.model.architectures import model_spec
+from elelem.gguf.reader import read_gguf
 from synthetic import TinyConfig
 
 

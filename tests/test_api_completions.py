@@ -79,7 +79,7 @@ def test_chat_completion_stream(llm):
 
 
 def test_chat_defaults_to_llama_cpp_python_temperature(llm):
-    from elelem.text_api import CHAT_DEFAULTS
+    from elelem.api.text_api import CHAT_DEFAULTS
     assert CHAT_DEFAULTS == {"temperature": 0.2}
     # a seed makes even the sampled default reproducible
     a = llm.create_chat_completion(MESSAGES, max_tokens=8, seed=3)["choices"][0]["message"]["content"]

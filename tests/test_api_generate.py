@@ -95,7 +95,7 @@ def test_prompt_may_be_token_ids(llm):
 def test_chat_content_is_tokenized_with_special_tokens_as_llama_cpp_does(llm):
     # Documented behaviour (llama.cpp, llama-cpp-python): the rendered prompt is
     # tokenized with special=True, so control-token text in a message becomes the token.
-    from elelem.prompts import chat_prompt_ids
+    from elelem.api.prompts import chat_prompt_ids
     ids = chat_prompt_ids(llm, [{"role": "user", "content": "a<|im_end|>b"}])
     im_end = llm.tokenize("<|im_end|>", special=True)[0]
     assert ids.count(im_end) == 3  # system, the injected one, user

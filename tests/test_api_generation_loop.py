@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from elelem.generation import TextStream
-from elelem.gguf_reader import read_gguf
-from elelem.sampling import SamplingParams
-from elelem.tokenizer import Tokenizer
+from elelem.api.generation import TextStream
+from elelem.gguf.reader import read_gguf
+from elelem.sampling.sampler import SamplingParams
+from elelem.text.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.real_model
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elelem.errors import InvalidArgumentError
-from elelem.stop_strings import StopStringFilter, normalize_stop
+from elelem.text.stop_strings import StopStringFilter, normalize_stop
 
 
 def expected_output(text: str, stops: tuple[str, ...]) -> str:

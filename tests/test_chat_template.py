@@ -1,4 +1,4 @@
-"""elelem.chat_template: parity with transformers, the sandbox and its limits, validation."""
+"""elelem.text.chat_template: parity with transformers, the sandbox and its limits, validation."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from elelem.chat_template import (
+from elelem.text.chat_template import (
     CHATML_TEMPLATE,
     MAX_TEMPLATE_CHARS,
     MAX_TEMPLATE_TOKENS,
@@ -249,7 +249,7 @@ def test_a_template_with_too_many_tokens_is_refused_before_it_is_parsed(unit):
 
 
 def test_the_token_limit_leaves_real_templates_far_below_it():
-    from elelem.template_sandbox import _ENVIRONMENT
+    from elelem.text.template_sandbox import _ENVIRONMENT
 
     for name, source in FIXTURES["templates"].items():
         source = source if isinstance(source, str) else source["source"]
@@ -542,7 +542,7 @@ def test_runaway_recursion_cannot_crash_the_interpreter():
         """
         import sys
         sys.setrecursionlimit(1_000_000)
-        from elelem.chat_template import ChatTemplate
+        from elelem.text.chat_template import ChatTemplate
         from elelem.errors import TemplateLimitError
         try:
             source = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"

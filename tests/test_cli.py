@@ -76,7 +76,7 @@ def fake_model(tmp_path, monkeypatch):
     """A known model made of two tiny wheels, 'downloaded' from tmp_path."""
     import hashlib
 
-    from elelem import hub
+    from elelem.model import hub
 
     parts = [b"part one " * 1000, b"part two " * 1000]
     model = hub.KnownModel(name="tiny-test", filename="tiny-test.gguf",
@@ -118,7 +118,7 @@ def test_pull_shows_progress_and_stores_the_verified_file(fake_model, capsys):
 
 
 def test_an_interrupted_pull_leaves_nothing_behind(fake_model, capsys, monkeypatch):
-    from elelem import hub
+    from elelem.model import hub
     from elelem.cli import main
     model, cache = fake_model
 
@@ -307,7 +307,7 @@ def test_max_tokens_bounds_the_answer(smollm_path, smollm):
 
 @pytest.mark.real_model
 def test_threads_and_context_reach_the_session(smollm_path):
-    from elelem.llm import default_n_threads
+    from elelem.api.llm import default_n_threads
     threads = default_n_threads() + 1  # neither is what the session would get without the option
     result = cli("run", "-m", smollm_path, "-v", "-t", threads, "-c", 96, "--raw", "--temperature", 0, "-n", 2, "Hi")
     assert result.returncode == 0, result.stderr

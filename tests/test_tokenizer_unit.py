@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from elelem.errors import InvalidArgumentError, InvalidTokenError
-from elelem.tokenizer import MAX_INPUT_BYTES, StreamDecoder, Tokenizer
-from elelem.tokenizer.bpe import BYTE_TO_CHAR, byte_encode
-from elelem.tokenizer.merge import merge_heap, merge_scan
-from elelem.tokenizer.pretokenize import (GPT2_PATTERN, QWEN2_PATTERN, SMOLLM_PATTERN,
+from elelem.text.tokenizer import MAX_INPUT_BYTES, StreamDecoder, Tokenizer
+from elelem.text.tokenizer.bpe import BYTE_TO_CHAR, byte_encode
+from elelem.text.tokenizer.merge import merge_heap, merge_scan
+from elelem.text.tokenizer.pretokenize import (GPT2_PATTERN, QWEN2_PATTERN, SMOLLM_PATTERN,
                                           pretokenizer_for)
-from elelem.tokenizer.special import SpecialTokenSplitter
+from elelem.text.tokenizer.special import SpecialTokenSplitter
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from elelem.errors import InvalidArgumentError
-from elelem.sampling import Sampler, SamplingParams
-from elelem.tools import Forced, JsonAutomaton, Limits, TokenConstraint, TokenTexts
+from elelem.sampling.sampler import Sampler, SamplingParams
+from elelem.api.tools import Forced, JsonAutomaton, Limits, TokenConstraint, TokenTexts
 
 SMALL = Limits(max_string_chars=6, max_array_items=3, max_number_digits=4)
 

@@ -6,11 +6,11 @@ import logging
 
 import pytest
 
-from elelem.chat_template import CHATML_TEMPLATE
-from elelem.tools import HermesParser, ToolCallParser, parser_for, register_parser
-from elelem.tools.parsers import PARSERS
-from elelem.tools.request import messages_for_template, plan_tools
-from elelem.tools.streaming import StreamingToolCallParser, parse_stream
+from elelem.text.chat_template import CHATML_TEMPLATE
+from elelem.api.tools import HermesParser, ToolCallParser, parser_for, register_parser
+from elelem.api.tools.parsers import PARSERS
+from elelem.api.tools.request import messages_for_template, plan_tools
+from elelem.api.tools.streaming import StreamingToolCallParser, parse_stream
 from elelem.errors import InvalidArgumentError
 
 NAMES = ("get_weather", "get_time")

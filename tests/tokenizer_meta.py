@@ -1,6 +1,6 @@
 """GGUF metadata as a plain dict, for the tokenizer tests and scripts.
 
-Prefers elelem's own reader (``elelem.gguf_reader.read_gguf(path).metadata``)
+Prefers elelem's own reader (``elelem.gguf.reader.read_gguf(path).metadata``)
 and falls back to the ``gguf`` PyPI package, converted to the same shape:
 string arrays -> list[str], numeric arrays -> numpy arrays, scalars -> Python
 values.
@@ -17,7 +17,7 @@ import numpy as np
 @functools.lru_cache(maxsize=4)
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
     try:
-        from elelem.gguf_reader import read_gguf
+        from elelem.gguf.reader import read_gguf
     except ImportError:
         return _read_with_gguf_package(str(path))
     return dict(read_gguf(path).metadata)

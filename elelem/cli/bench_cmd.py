@@ -1,4 +1,4 @@
-"""``elelem bench``: load time, prefill and decode speed (elelem.benchmark)."""
+"""``elelem bench``: load time, prefill and decode speed (elelem.api.benchmark)."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ from .loading import model_path
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..benchmark import run_benchmark
+    from ..api.benchmark import run_benchmark
 
     r = run_benchmark(model_path(args.model), n_threads=args.threads, n_prompt=args.prompt_tokens,
                       n_decode=args.gen_tokens, repeats=1, n_ctx=args.ctx, use_mmap=args.use_mmap,

@@ -7,8 +7,8 @@ import sys
 from collections import Counter
 
 from ..errors import ElelemError
-from ..gguf_reader import read_gguf
-from ..hub import KNOWN_MODELS, cached_path, is_cached
+from ..gguf.reader import read_gguf
+from ..model.hub import KNOWN_MODELS, cached_path, is_cached
 
 # llama.cpp's llama_ftype values (general.file_type) for the common quantizations.
 FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
@@ -18,7 +18,7 @@ FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9:
 
 def describe(path) -> dict:
     """The facts ``info`` shows, as a JSON-ready dict."""
-    from ..architectures import model_spec  # imported here: it is not needed for --help
+    from ..model.architectures import model_spec  # imported here: it is not needed for --help
 
     gguf = read_gguf(path)
     meta = gguf.metadata

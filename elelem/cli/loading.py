@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..hub import DEFAULT_MODEL, KNOWN_MODELS, is_cached
+from ..model.hub import DEFAULT_MODEL, KNOWN_MODELS, is_cached
 from .progress import pull_with_progress
 
 
@@ -18,6 +18,6 @@ def model_path(name_or_path: str | None) -> str:
 
 
 def open_llm(args: argparse.Namespace, *, n_ctx: int | None = None):
-    from ..llm import LLM  # the native core loads here, not at startup
+    from ..api.llm import LLM  # the native core loads here, not at startup
     return LLM(model_path(args.model), n_ctx=args.ctx if n_ctx is None else n_ctx, n_threads=args.threads,
                use_mmap=args.use_mmap, repack=args.repack, amx=args.amx)

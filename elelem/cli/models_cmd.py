@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..hub import DEFAULT_MODEL, KNOWN_MODELS, cache_dir, cached_path, is_cached
+from ..model.hub import DEFAULT_MODEL, KNOWN_MODELS, cache_dir, cached_path, is_cached
 from .progress import pull_with_progress
 
 

@@ -7,7 +7,7 @@ from typing import Callable
 
 from .. import __version__
 from ..errors import InvalidArgumentError
-from ..hub import DEFAULT_MODEL
+from ..model.hub import DEFAULT_MODEL
 
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
 
@@ -100,7 +100,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     if hasattr(args, "temperature"):
         try:
             args.sampling = sampling_options(args)
-            from ..sampling import SamplingParams
+            from ..sampling.sampler import SamplingParams
             SamplingParams(**args.sampling)  # the library's own range checks
         except InvalidArgumentError as error:
             parser.error(str(error))

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional, TextIO
 
-from ..hub import pull_model
+from ..model.hub import pull_model
 
 BAR_WIDTH = 30
 REDRAW_SECONDS = 0.1

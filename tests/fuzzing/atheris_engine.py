@@ -63,9 +63,9 @@ def main(argv: list[str]) -> None:
     target, work = argv[1], Path(argv[2])
     work.mkdir(parents=True, exist_ok=True)
     with atheris.instrument_imports(include=["elelem", "jinja2"]):
-        import elelem.chat_template  # noqa: F401
-        import elelem.gguf_reader  # noqa: F401
-        import elelem.tokenizer  # noqa: F401
+        import elelem.text.chat_template  # noqa: F401
+        import elelem.gguf.reader  # noqa: F401
+        import elelem.text.tokenizer  # noqa: F401
         from . import gguf_target, template_target, tokenizer_target
     module = {"gguf": gguf_target, "tokenizer": tokenizer_target, "template": template_target}[target]
     if hasattr(module, "warm_up"):

@@ -174,7 +174,7 @@ def _first_template_error() -> None:
     import textwrap  # noqa: F401 -- wordwrap's
     import urllib.parse  # noqa: F401 -- urlencode's
 
-    from elelem.chat_template import ChatTemplate
+    from elelem.text.chat_template import ChatTemplate
     from elelem.errors import TemplateError
     try:
         ChatTemplate("{{ 1 / 0 }}").render([{"role": "user", "content": "x"}])

@@ -80,10 +80,10 @@ class Layout:
 
 
 def map_layout(path: str | Path, data: bytes | None = None) -> Layout:
-    """The layout of a GGUF file that ``elelem.gguf_reader.read_gguf`` accepts."""
+    """The layout of a GGUF file that ``elelem.gguf.reader.read_gguf`` accepts."""
     path = Path(path)
     if data is None:
-        from elelem.gguf_reader import read_gguf
+        from elelem.gguf.reader import read_gguf
         data_offset = read_gguf(path).data_offset
         with open(path, "rb") as f:
             data = f.read(data_offset)

@@ -120,7 +120,7 @@ class Base:
 
 
 def load_base(path: Path, *, synthetic: bool) -> Base:
-    from elelem.gguf_reader import read_gguf
+    from elelem.gguf.reader import read_gguf
     gguf = read_gguf(path)
     with open(path, "rb") as f:
         head = f.read(gguf.data_offset)

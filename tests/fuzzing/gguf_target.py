@@ -42,9 +42,9 @@ def allowed_errors() -> tuple[type, ...]:
 
 def execute(path: Path) -> Outcome:
     import elelem
-    from elelem.chat_template import ChatTemplate
-    from elelem.gguf_reader import read_gguf, validate_tokenizer_metadata
-    from elelem.tokenizer import Tokenizer
+    from elelem.text.chat_template import ChatTemplate
+    from elelem.gguf.reader import read_gguf, validate_tokenizer_metadata
+    from elelem.text.tokenizer import Tokenizer
 
     allowed = allowed_errors()
     stages: dict[str, str] = {}
@@ -152,7 +152,7 @@ def write_fixture_input(data: dict, out: Path, *, copy_data: bool = False) -> Pa
     A piece of a packaged model is read from elelem's cache (FileNotFoundError
     when that model is not there).
     """
-    from elelem.hub import cache_dir
+    from elelem.model.hub import cache_dir
     from .gguf_mutator import FileRange, Zeros, materialize
     pieces = []
     for piece in data["pieces"]:

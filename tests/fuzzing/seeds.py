@@ -172,5 +172,5 @@ REAL_MODEL_NAMES = ("smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m")
 
 def cached_real_models(names: tuple[str, ...] = REAL_MODEL_NAMES) -> list[Path]:
     """The packaged models already in elelem's cache (never downloads)."""
-    from elelem.hub import cached_path, is_cached
+    from elelem.model.hub import cached_path, is_cached
     return [cached_path(name) for name in names if is_cached(name)]

@@ -79,12 +79,12 @@ def allowed_errors() -> tuple[type, ...]:
 
 
 def warm_up() -> None:
-    import elelem.chat_template  # noqa: F401 -- jinja2 and the environment, before the first case's clock
+    import elelem.text.chat_template  # noqa: F401 -- jinja2 and the environment, before the first case's clock
     canary.plant()
 
 
 def execute(path: Path) -> Outcome:
-    from elelem.chat_template import ChatTemplate, RenderLimits
+    from elelem.text.chat_template import ChatTemplate, RenderLimits
 
     case = json.loads(path.read_text(encoding="utf-8"))
     limits = RenderLimits(timeout_s=case.get("timeout_s", DEFAULT_CASE_TIMEOUT_S))

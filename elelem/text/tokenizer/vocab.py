@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..errors import GGUFError
+from ...errors import GGUFError
 
 log = logging.getLogger("elelem")
 

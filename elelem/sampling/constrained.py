@@ -2,7 +2,7 @@
 
 :class:`TokenConstraint` drives one constrained reply.  It is a list of
 phases -- tokens forced as they are (``<tool_call>\\n``), then JSON that a
-:class:`~elelem.tools.json_automaton.JsonAutomaton` accepts, then more forced
+:class:`~elelem.sampling.json_automaton.JsonAutomaton` accepts, then more forced
 tokens -- and it picks every token of the reply through :meth:`sample`.
 
 Speed is the point, because this runs once per generated token:
@@ -61,7 +61,7 @@ class TokenTexts:
 
 
 def _token_texts(tokenizer) -> list[Optional[str]]:
-    from ..tokenizer.pieces import build_pieces
+    from ..text.tokenizer.pieces import build_pieces
     # The plain pieces (control tokens give b""), taken per id without the
     # leading-space handling decode() applies to the first token of a text.
     pieces = build_pieces(tokenizer._vocab)[0]

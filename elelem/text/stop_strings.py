@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional, Union
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 StopArg = Union[str, Iterable[str], None]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Iterable, Mapping, Optional, Union
 
-from ..errors import GGUFError, InvalidArgumentError, InvalidTokenError
+from ...errors import GGUFError, InvalidArgumentError, InvalidTokenError
 from .bpe import ByteLevelBPE
 from .pieces import build_pieces
 from .pretokenize import pretokenizer_for

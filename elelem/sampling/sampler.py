@@ -35,7 +35,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from .errors import InvalidArgumentError, InvalidTokenError
+from ..errors import InvalidArgumentError, InvalidTokenError
 
 __all__ = [
     "SamplingParams",

@@ -16,7 +16,7 @@ import codecs
 import re
 from typing import Union
 
-from ..errors import InvalidArgumentError
+from ...errors import InvalidArgumentError
 
 #: Largest input ``encode`` accepts, in bytes of UTF-8 (64 MiB).
 MAX_INPUT_BYTES = 64 * 1024 * 1024

@@ -1,7 +1,7 @@
 """The text API every session has: tokenize, generate, stream, chat, and llama-cpp-python's dicts.
 
 Sampling keywords (all optional; defaults are llama-cpp-python's, see
-:class:`~elelem.sampling.SamplingParams`): ``temperature`` (0.8; 0.2 for the
+:class:`~elelem.sampling.sampler.SamplingParams`): ``temperature`` (0.8; 0.2 for the
 chat methods, as llama-cpp-python's ``create_chat_completion``; 0 is greedy),
 ``top_k`` (40), ``top_p`` (0.95), ``min_p`` (0.05), ``typical_p`` (1.0),
 ``repeat_penalty`` (1.0), ``repeat_last_n`` (64), ``frequency_penalty`` (0.0),
@@ -27,8 +27,8 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 from . import completions
 from .generation import TextStream
 from .prompts import Prompt, chat_prompt_ids, completion_prompt_ids, token_budget
-from .sampling import SamplingParams
-from .stop_strings import StopArg, normalize_stop
+from ..sampling.sampler import SamplingParams
+from ..text.stop_strings import StopArg, normalize_stop
 from .tools import responses as tool_responses
 from .tools.request import ToolChoice, ToolPlan, messages_for_template, plan_tools
 
@@ -40,7 +40,7 @@ CHAT_DEFAULTS = {"temperature": 0.2}
 
 
 class TextAPI:
-    """Mixed into :class:`~elelem.session.Session`: the methods users call."""
+    """Mixed into :class:`~elelem.api.session.Session`: the methods users call."""
 
     # -- tokens ----------------------------------------------------------------
 
@@ -129,7 +129,7 @@ class TextAPI:
         (streamed: ``delta.tool_calls``) with ``finish_reason`` ``"tool_calls"``.
         ``tool_choice``: ``"auto"`` (default with tools), ``"none"``,
         ``"required"`` or ``{"type": "function", "function": {"name": ...}}``;
-        the last two constrain the reply to one valid call (see :mod:`elelem.tools`).
+        the last two constrain the reply to one valid call (see :mod:`elelem.api.tools`).
         """
         with self._lock:
             plan = plan_tools(tools, tool_choice, self._llm.chat_template.source)

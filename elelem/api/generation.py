@@ -13,8 +13,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Iterator, Optional
 
-from .sampling import Sampler, SamplingParams
-from .stop_strings import StopStringFilter
+from ..sampling.sampler import Sampler, SamplingParams
+from ..text.stop_strings import StopStringFilter
 
 if TYPE_CHECKING:  # pragma: no cover
     from .session import Session
@@ -42,7 +42,7 @@ class TextStream:
         self.decode_seconds = 0.0
         # Built now, so bad parameters fail before any compute.
         self._sampler = Sampler(params, n_vocab=session.n_vocab)
-        # A TokenConstraint (elelem.tools.constrained) picks the tokens of a
+        # A TokenConstraint (elelem.sampling.constrained) picks the tokens of a
         # forced tool call; the reply ends when it is complete.
         self._constraint = constraint
         self._steps = self._run(session, list(prompt_ids), max_tokens, stop)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 import numpy as np
 
-from .errors import ClosedError, InvalidArgumentError, InvalidTokenError
+from ..errors import ClosedError, InvalidArgumentError, InvalidTokenError
 from .text_api import TextAPI
 
 if TYPE_CHECKING:  # pragma: no cover
