@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from . import _core
+# The name itself, not `from . import _core`: that form reads as an import of the package
+# `elelem`, whose lazy LLM would then sit below this module in the import graph.
+from ._core import cpu_backend_info
 
 # Instruction sets that decide which ggml kernels run, as /proc/cpuinfo names them.
 KERNEL_FLAGS = ("sse4_2", "avx", "f16c", "fma", "bmi2", "avx2", "avx_vnni", "avx512f", "avx512bw",
@@ -72,7 +74,7 @@ def amx_status(backend: dict, flags: set[str]) -> tuple[bool, str]:
 
 
 def system_info() -> dict:
-    backend = _core.cpu_backend_info()
+    backend = cpu_backend_info()
     flags = cpu_flags()
     amx_on, amx_why = amx_status(backend, flags)
     return {

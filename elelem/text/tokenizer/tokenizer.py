@@ -135,7 +135,7 @@ class Tokenizer:
 
     def stream_decoder(self, *, special: bool = False) -> StreamDecoder:
         """A :class:`StreamDecoder` that yields text as ids arrive."""
-        return StreamDecoder(self, special=special)
+        return StreamDecoder(self._decode_continue, self._leading_space_state, special=special)
 
     def is_eog(self, token_id: int) -> bool:
         return token_id in self.eog_ids
