@@ -59,6 +59,15 @@ class ContextLimitError(ElelemError, ValueError):
     """Evaluating would run past the end of the context window (``n_ctx``)."""
 
 
+class KVCacheFullError(ContextLimitError):
+    """The KV cache shared by all sequences has too few free cells for a step
+    (see ``LLM(kv_size=...)``)."""
+
+
+class CapacityError(ElelemError, RuntimeError):
+    """Every sequence slot of the engine is taken (see ``LLM(n_seq_max=...)``)."""
+
+
 class InvalidTokenError(ElelemError, ValueError):
     """A token id outside ``[0, n_vocab)``."""
 

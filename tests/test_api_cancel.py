@@ -31,7 +31,7 @@ def reference(llm):
 
 
 def assert_consistent(llm):
-    assert llm.n_past == len(llm._cached)
+    assert llm.n_past == len(llm.cached_tokens)
 
 
 def test_closing_a_stream_stops_compute(llm, reference):
@@ -80,7 +80,7 @@ def test_abort_in_the_middle_of_a_chunked_prefill_keeps_the_finished_chunks(smol
 
         def keep_aborting():
             while not done.is_set():
-                llm._session.request_abort()
+                llm.engine.context.request_abort()
 
         aborter = threading.Thread(target=keep_aborting)
         aborter.start()
@@ -94,7 +94,7 @@ def test_abort_in_the_middle_of_a_chunked_prefill_keeps_the_finished_chunks(smol
             aborter.join()
         assert_consistent(llm)
         assert llm.n_past % 8 == 0 and llm.n_past < len(ids)
-        assert llm._cached == ids[:llm.n_past]
+        assert llm.cached_tokens == ids[:llm.n_past]
         got = llm.prefill(ids)  # continues from the chunks that finished
         np.testing.assert_allclose(got, want, atol=1e-3 * np.abs(want).max())
 

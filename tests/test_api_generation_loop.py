@@ -6,12 +6,10 @@ tests are exact and need no compute; the tokenizer is SmolLM2's real one.
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
-from elelem.api.generation import TextStream
+from elelem.api.generation import GenerationTarget, TextStream
 from elelem.gguf.reader import read_gguf
 from elelem.sampling.sampler import SamplingParams
 from elelem.text.tokenizer import Tokenizer
@@ -26,30 +24,40 @@ def tokenizer(smollm_path):
     return Tokenizer.from_metadata(read_gguf(smollm_path).metadata)
 
 
-class ScriptedSession:
-    """Just enough of a Session for TextStream: logits that force ``script`` one token per step."""
+class ScriptedEngine:
+    """Just enough of the engine for a TextStream: each step's logits force
+    the next token of ``script``; ``steps`` counts the evaluations."""
 
     def __init__(self, tokenizer, script):
-        self._llm = SimpleNamespace(tokenizer=tokenizer)
         self.n_vocab = tokenizer.n_vocab
         self.script = list(script)
         self.steps = 0
-        self._lock = threading.RLock()  # a stream holds its session's lock while it runs
 
-    def _start_generation(self):
-        pass
+    def next_token(self, request):
+        while not request.done and not request.generated:
+            logits = np.zeros(self.n_vocab, dtype=np.float32)
+            logits[self.script[self.steps]] = 100.0
+            self.steps += 1
+            token, go_on = request.pick(logits)
+            if token is not None:
+                request.generated.append(token)
+            if token is None or not go_on:
+                request.finish()
+        return request.generated.popleft() if request.generated else None
 
-    def _logits_after(self, ids, seen):
-        logits = np.zeros(self.n_vocab, dtype=np.float32)
-        logits[self.script[self.steps]] = 100.0
-        self.steps += 1
-        return logits, (0, len(ids)), 1 if seen else len(ids)
+    def cancel(self, request, error=None):
+        request.finish(error)
+
+
+def stream_over(engine, tokenizer, params, max_tokens, stop=()):
+    target = GenerationTarget(engine, 0, 4096, tokenizer.n_vocab, threading.RLock())
+    return TextStream(target, tokenizer, [1, 2, 3], params, max_tokens, tuple(stop))
 
 
 def run(tokenizer, script, *, max_tokens=100, stop=()):
-    session = ScriptedSession(tokenizer, script)
-    stream = TextStream(session, [1, 2, 3], GREEDY, max_tokens, tuple(stop))
-    return list(stream), stream, session
+    engine = ScriptedEngine(tokenizer, script)
+    stream = stream_over(engine, tokenizer, GREEDY, max_tokens, stop)
+    return list(stream), stream, engine
 
 
 def test_a_character_split_over_byte_tokens_comes_out_whole(tokenizer):
@@ -101,7 +109,7 @@ def test_max_tokens_zero_computes_nothing(tokenizer):
 
 
 def test_the_sampler_is_checked_before_any_step(tokenizer):
-    session = ScriptedSession(tokenizer, [5])
+    engine = ScriptedEngine(tokenizer, [5])
     with pytest.raises(ValueError):
-        TextStream(session, [1], SamplingParams(logit_bias={10**9: 1.0}), 5, ())
-    assert session.steps == 0
+        stream_over(engine, tokenizer, SamplingParams(logit_bias={10**9: 1.0}), 5)
+    assert engine.steps == 0

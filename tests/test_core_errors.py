@@ -165,7 +165,7 @@ def test_eval_accepts_strided_integer_arrays(llm):
 def test_rewind_checks_its_length(llm, length):
     llm.eval([1, 2, 3])
     with pytest.raises(errors.InvalidArgumentError):
-        llm._session_or_raise().rewind(length)
+        llm.rewind(length)
     assert llm.n_past == 3
 
 
@@ -203,7 +203,7 @@ def test_session_options_accept_numpy_integers_and_check_thread_changes(tiny_mod
     path, _ = tiny_model(TinyConfig())
     with elelem.LLM(path, n_ctx=np.int64(32), n_threads=np.int32(1)) as llm:
         assert llm.n_ctx == 32
-        native = llm._session_or_raise()
+        native = llm.engine.context
         with pytest.raises(errors.InvalidArgumentError):
             native.set_n_threads(100_000)
         native.set_n_threads(2)
@@ -230,19 +230,20 @@ def test_native_objects_have_one_construction_path():
     with pytest.raises(TypeError):
         elelem._core.Model()
     with pytest.raises(TypeError):
-        elelem._core.Session()
+        elelem._core.Context()
+    with pytest.raises(TypeError):
+        elelem._core.KVCache()
 
 
 def test_session_keeps_its_model_alive(tiny_model):
     path, _ = tiny_model(TinyConfig())
     llm = elelem.LLM(path)
-    session = elelem._core.new_session(llm._model, 16)
-    want = session.eval([1, 2, 3]).copy()
-    llm._session.close()
+    context = elelem._core.new_context(llm._model, 16)
+    want = context.decode([1, 2, 3], 0).copy()
     del llm  # the user's last reference to the model goes away
     gc.collect()
-    session.rewind(0)
-    np.testing.assert_array_equal(session.eval([1, 2, 3]), want)
+    context.cache.seq_rm(0, 0)
+    np.testing.assert_array_equal(context.decode([1, 2, 3], 0), want)
 
 
 def test_closed_model_refuses_new_sessions(tiny_model):
@@ -251,7 +252,7 @@ def test_closed_model_refuses_new_sessions(tiny_model):
     model = llm._model
     llm.close()
     with pytest.raises(errors.ClosedError):
-        elelem._core.new_session(model, 16)
+        elelem._core.new_context(model, 16)
 
 
 def test_all_errors_share_one_base():

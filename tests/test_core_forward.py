@@ -134,20 +134,22 @@ def test_causal_mask_properties(n_past, n_tokens, pad, n_swa):
         assert (visible[1:] >= visible[:-1]).all()
 
 
-def test_sessions_share_one_model_and_keep_separate_caches(tiny_model):
+def test_sequences_share_one_cache_and_keep_separate_positions(tiny_model):
+    """Two sequences in one cache, stepped in interleaved batches, each get the
+    logits of the prompt alone (cells of one sequence are masked for the other)."""
     cfg = TinyConfig()
     path, weights = tiny_model(cfg)
     want = reference_logits(weights, cfg, PROMPT)
     with elelem.LLM(path, kv_type="f32") as llm:
-        a = elelem._core.new_session(llm._model, 64, 512, 1, "f32")
-        b = elelem._core.new_session(llm._model, 64, 512, 1, "f32")
-        a.eval(PROMPT[:5])
-        out_b = b.eval(PROMPT[:12])
-        out_a = a.eval(PROMPT[5:12])
-        np.testing.assert_allclose(out_a, out_b, rtol=0, atol=1e-5 * np.abs(want).max())
-        np.testing.assert_allclose(out_a, want[11], rtol=0, atol=2e-5 * np.abs(want).max())
-        a.close()
-        b.close()
+        context = elelem._core.new_context(llm._model, 64, 512, 1, "f32", False, 2)
+        context.decode(PROMPT[:5], 0)
+        # sequence 1's first 12 tokens and sequence 0's next 7, in one step
+        out = context.decode(list(PROMPT[:12]) + list(PROMPT[5:12]), [1] * 12 + [0] * 7)
+        assert out.shape == (2, cfg.n_vocab)
+        np.testing.assert_allclose(out[0], out[1], rtol=0, atol=1e-5 * np.abs(want).max())
+        np.testing.assert_allclose(out[1], want[11], rtol=0, atol=2e-5 * np.abs(want).max())
+        assert context.cache.seq_tokens(0) == context.cache.seq_tokens(1) == list(PROMPT[:12])
+        context.close()
 
 
 # One case per architecture: adding an architecture adds a line here.

@@ -92,7 +92,7 @@ def test_7b_widths_evaluate_a_64_token_prompt(tmp_path_factory):
         logits = llm.eval(np.arange(64) % 256, all_logits=True)
         assert logits.shape == (64, 256)
         assert np.isfinite(logits).all()
-        assert llm._session.compute_buffer_size > 0
+        assert llm.engine.context.compute_buffer_size > 0
 
 
 def test_compute_releases_the_gil(tmp_path_factory):

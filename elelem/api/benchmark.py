@@ -62,6 +62,6 @@ def run_benchmark(model_path: str | os.PathLike, *, n_threads: int | None = None
             for _ in range(n_decode):
                 token = int(np.argmax(llm.eval([token])))
             decodes.append(n_decode / (time.perf_counter() - t0))
-            threads, description = llm._session.n_threads, llm.description
+            threads, description = llm.n_threads, llm.description
     return BenchResult(str(model_path), description, threads, n_prompt, n_decode, float(np.median(loads)),
                        float(np.median(prefills)), float(np.median(ttfts)), float(np.median(decodes)))

@@ -1,25 +1,52 @@
 """The generation loop: prompt ids in, text deltas out.
 
-One :class:`TextStream` is one generation.  Each step samples a token from
-the last logits, turns it into text (whole UTF-8 characters only), holds back
-anything that may be the start of a stop string, and evaluates the token to
-get the next logits.  Nothing is computed until the first ``next()``, and
-nothing after the stream is closed or dropped: leaving a stream early stops
-the work after the step in progress.
+One :class:`TextStream` is one generation, run by the engine as a request on
+its session's sequence, batched with whatever else runs.  The engine samples
+each token (in the thread that runs the step); the stream turns the tokens
+into text (whole UTF-8 characters only) and holds back anything that may be
+the start of a stop string.  Nothing is computed until the first ``next()``,
+and nothing after the stream is closed or dropped: leaving a stream early
+stops its work at the end of the step in progress.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import TYPE_CHECKING, Iterator, Optional
+import weakref
+from typing import Callable, Iterator, Optional
 
+from ..engine.engine import Engine
+from ..engine.request import Request
 from ..sampling.sampler import Sampler, SamplingParams
 from ..text.stop_strings import StopStringFilter
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .session import Session
+from ..text.tokenizer import Tokenizer
 
 log = logging.getLogger("elelem")
+
+
+class StreamStats:
+    """The accounting of one generation (read through the TextStream)."""
+
+    def __init__(self, prompt_tokens: int):
+        self.prompt_tokens = prompt_tokens
+        self.reused_tokens = 0
+        self.completion_tokens = 0
+        self.finish_reason: Optional[str] = None
+        self.prefill_seconds = 0.0
+        self.decode_seconds = 0.0
+        self.request: Optional[Request] = None   # while running: what cancel() stops
+
+
+class GenerationTarget:
+    """Where a stream runs: the engine, the sequence, its limit, its lock."""
+
+    def __init__(self, engine: Engine, seq: int, n_ctx: int, n_vocab: int, lock: threading.RLock):
+        self.engine = engine
+        self.seq = seq
+        self.n_ctx = n_ctx
+        self.n_vocab = n_vocab
+        self.lock = lock
 
 
 class TextStream:
@@ -32,30 +59,68 @@ class TextStream:
     ``completion_tokens`` the tokens generated, stop string included.
     """
 
-    def __init__(self, session: "Session", prompt_ids: list[int], params: SamplingParams,
-                 max_tokens: int, stop: tuple[str, ...], constraint=None):
-        self.prompt_tokens = len(prompt_ids)
-        self.reused_tokens = 0
-        self.completion_tokens = 0
-        self.finish_reason: Optional[str] = None
-        self.prefill_seconds = 0.0
-        self.decode_seconds = 0.0
+    def __init__(self, target: GenerationTarget, tokenizer: Tokenizer, prompt_ids: list[int],
+                 params: SamplingParams, max_tokens: int, stop: tuple[str, ...], constraint=None,
+                 on_end: Optional[Callable[[], None]] = None,
+                 on_evaluated: Optional[Callable[[int], None]] = None):
+        self._stats = StreamStats(len(prompt_ids))
         # Built now, so bad parameters fail before any compute.
-        self._sampler = Sampler(params, n_vocab=session.n_vocab)
-        # A TokenConstraint (elelem.sampling.constrained) picks the tokens of a
-        # forced tool call; the reply ends when it is complete.
-        self._constraint = constraint
-        self._steps = self._run(session, list(prompt_ids), max_tokens, stop)
+        sampler = Sampler(params, n_vocab=target.n_vocab)
+        self._steps = _run(self._stats, target, tokenizer, sampler, constraint, list(prompt_ids), max_tokens, stop,
+                           on_evaluated)
+        # ``on_end`` (an LLM's lease on a session) runs once: when the stream
+        # ends, is closed, or is dropped without ever being read.
+        self._on_end = weakref.finalize(self, on_end) if on_end is not None else None
+        self._target = target
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self._stats.prompt_tokens
+
+    @property
+    def reused_tokens(self) -> int:
+        return self._stats.reused_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        return self._stats.completion_tokens
+
+    @property
+    def finish_reason(self) -> Optional[str]:
+        return self._stats.finish_reason
+
+    @property
+    def prefill_seconds(self) -> float:
+        return self._stats.prefill_seconds
+
+    @property
+    def decode_seconds(self) -> float:
+        return self._stats.decode_seconds
 
     def __iter__(self) -> "TextStream":
         return self
 
     def __next__(self) -> str:
-        return next(self._steps)
+        try:
+            return next(self._steps)
+        except BaseException:
+            self._end()
+            raise
 
     def close(self) -> None:
         """Stop generating; the cache keeps what was evaluated so far."""
         self._steps.close()
+        self._end()
+
+    def cancel(self, error: Optional[BaseException] = None) -> None:
+        """Stop from another thread, at the end of the step in progress."""
+        request = self._stats.request
+        if request is not None:
+            self._target.engine.cancel(request, error)
+
+    def _end(self) -> None:
+        if self._on_end is not None:
+            self._on_end()
 
     def __enter__(self) -> "TextStream":
         return self
@@ -67,49 +132,68 @@ class TextStream:
         """The rest of the text, all at once."""
         return "".join(self)
 
-    def _run(self, session: "Session", seq: list[int], max_tokens: int,
-             stop: tuple[str, ...]) -> Iterator[str]:
-        tokenizer = session._llm.tokenizer
-        eog_ids = tokenizer.eog_ids
-        decoder = tokenizer.stream_decoder()
-        stops = StopStringFilter(stop)
-        sampler = self._sampler
-        constraint = self._constraint
-        session._start_generation()
-        if max_tokens == 0:
-            self.finish_reason = "length"
-            return
-        # The stream holds its session for its whole life, from the first
-        # token to the last (or until it is closed or dropped): calls from
-        # other threads wait, so each gets the answer it would get alone,
-        # rather than re-evaluating after an interleaved call.
-        with session._lock:
-            t0 = time.perf_counter()
-            logits, seen, evaluated = session._logits_after(seq, None)
-            self.reused_tokens = len(seq) - evaluated
-            self.prefill_seconds = time.perf_counter() - t0
-            t0 = time.perf_counter()
+
+def _run(stats: StreamStats, target: GenerationTarget, tokenizer: Tokenizer, sampler: Sampler, constraint,
+         seq: list[int], max_tokens: int, stop: tuple[str, ...],
+         on_evaluated: Optional[Callable[[int], None]]) -> Iterator[str]:
+    # A module function, not a method: the generator must not refer to its
+    # TextStream, or an unread stream would be a reference cycle.
+    if max_tokens == 0:
+        stats.finish_reason = "length"
+        return
+    eog_ids = tokenizer.eog_ids
+    decoder = tokenizer.stream_decoder()
+    stops = StopStringFilter(stop)
+    picked = [0]
+    reason = ["length"]
+
+    def pick(logits):  # runs in whichever thread runs the step
+        token = sampler.sample(logits, seq) if constraint is None else constraint.sample(sampler, logits, seq)
+        if token in eog_ids:
+            reason[0] = "stop"
+            return None, False
+        seq.append(token)
+        picked[0] += 1
+        if constraint is not None and constraint.complete:
+            reason[0] = "stop"
+            return token, False
+        return token, picked[0] < max_tokens
+
+    engine = target.engine
+    # The stream holds its session for its whole life, from the first token to
+    # the last (or until it is closed or dropped): calls from other threads on
+    # the same session wait.  Other sessions' requests run batched with it.
+    with target.lock:
+        request = Request(target.seq, prompt=list(seq), pick=pick, n_ctx=target.n_ctx, streamed=True)
+        stats.request = request
+        t0 = time.perf_counter()
+        try:
+            first = True
             while True:
-                token = sampler.sample(logits, seq) if constraint is None else constraint.sample(sampler, logits, seq)
-                if token in eog_ids:
-                    self.finish_reason = "stop"
+                token = engine.next_token(request)
+                if first:
+                    stats.reused_tokens = request.reused
+                    stats.prefill_seconds = time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                    first = False
+                if token is None:
+                    stats.finish_reason = reason[0]
                     break
-                seq.append(token)
-                self.completion_tokens += 1
+                stats.completion_tokens += 1
                 text = stops.push(decoder.feed(token))
                 if text:
                     yield text
-                if stops.stopped or (constraint is not None and constraint.complete):
-                    self.finish_reason = "stop"
+                if stops.stopped:
+                    stats.finish_reason = "stop"
                     break
-                if self.completion_tokens >= max_tokens:
-                    # The last token is never evaluated: its logits would go unused.
-                    self.finish_reason = "length"
-                    break
-                logits, seen, _ = session._logits_after(seq, seen)
-            self.decode_seconds = time.perf_counter() - t0
+            stats.decode_seconds = time.perf_counter() - t0
             tail = stops.push(decoder.flush()) + stops.flush()
             if tail:
                 yield tail
-        log.debug("generated %d tokens (%s) after a %d-token prompt (%d reused)",
-                  self.completion_tokens, self.finish_reason, self.prompt_tokens, self.reused_tokens)
+        finally:
+            engine.cancel(request)  # a no-op once it is done
+            stats.request = None
+            if on_evaluated is not None:
+                on_evaluated(request.evaluated)
+    log.debug("generated %d tokens (%s) after a %d-token prompt (%d reused)",
+              stats.completion_tokens, stats.finish_reason, stats.prompt_tokens, stats.reused_tokens)

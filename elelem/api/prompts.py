@@ -15,36 +15,34 @@ Tokenization follows llama-cpp-python and llama.cpp:
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from ..errors import ContextLimitError, InvalidArgumentError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .session import Session
+from .assets import ModelAssets
 
 Prompt = Union[str, Sequence[int]]
 
 
-def completion_prompt_ids(session: "Session", prompt: Prompt) -> list[int]:
+def completion_prompt_ids(assets: ModelAssets, prompt: Prompt,
+                          check_ids: Callable[[Sequence[int], str], list[int]]) -> list[int]:
     if isinstance(prompt, (bytes, bytearray)):
         prompt = bytes(prompt).decode("utf-8", "replace")
     if isinstance(prompt, str):
-        ids = session.tokenize(prompt, special=True)
+        ids = assets.tokenize(prompt, special=True)
         if not ids:
-            bos = session._llm.tokenizer.bos_id
+            bos = assets.tokenizer.bos_id
             if bos is None:
                 raise InvalidArgumentError("the prompt is empty")
             ids = [bos]  # as llama-cpp-python: an empty prompt starts from BOS
         return ids
-    return session._check_ids(prompt, "prompt")
+    return check_ids(prompt, "prompt")
 
 
-def chat_prompt_ids(session: "Session", messages: Sequence[Mapping[str, Any]], *,
+def chat_prompt_ids(assets: ModelAssets, messages: Sequence[Mapping[str, Any]], *,
                     tools: Optional[Sequence[Mapping[str, Any]]] = None, **template_vars: Any) -> list[int]:
-    llm = session._llm
-    text = llm.chat_template.render(messages, add_generation_prompt=True, tools=tools, **template_vars)
-    ids = session.tokenize(text, special=True)
-    bos = llm.tokenizer.bos_id
+    text = assets.chat_template.render(messages, add_generation_prompt=True, tools=tools, **template_vars)
+    ids = assets.tokenize(text, special=True)
+    bos = assets.tokenizer.bos_id
     if bos is not None and ids[:2] == [bos, bos]:
         ids = ids[1:]
     if not ids:

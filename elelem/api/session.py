@@ -1,200 +1,197 @@
-"""``Session``: one sequence over a loaded model -- its own KV cache and lock.
+"""``Session``: one sequence of the model's engine, with the full text API.
 
-An :class:`~elelem.LLM` is itself a session (over the model it opened), and
-``LLM.new_session()`` makes more over the same weights.  Each session's calls
-are serialized by its lock; different sessions run in parallel, because the
-native compute releases the GIL.
+Made by :meth:`elelem.LLM.new_session`.  A session holds a sequence id in the
+engine's KV cache (shared by every session of the model) and the tokens that
+sequence holds live in the cache alone: a session keeps no KV state of its
+own.  Calls on one session are serialized by its lock; calls on different
+sessions run batched together, step by step, in the engine.
 
-The cache bookkeeping lives here: ``_cached`` lists the tokens whose K/V the
-native session holds, in order.  Every call first re-aligns it with the
-native ``n_past`` (:meth:`_sync_cache`), so an interruption at any point -- a
-``KeyboardInterrupt`` mid-prefill, an abort from another thread -- leaves a
-cache that is shorter, never wrong.
+An interruption at any point -- a ``KeyboardInterrupt`` mid-prefill, a
+``cancel()`` from another thread -- leaves a cache that is shorter, never
+wrong: a step that fails leaves the cache as it was before it.
 """
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+import weakref
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from ..errors import ClosedError, InvalidArgumentError, InvalidTokenError
+from ..engine.engine import Engine
+from ..engine.request import Request
+from ..errors import ClosedError, ContextLimitError, InvalidArgumentError, InvalidTokenError
+from .assets import ModelAssets
+from .generation import GenerationTarget, TextStream
 from .text_api import TextAPI
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .llm import LLM
 
 
 class Session(TextAPI):
-    """A sequence (KV cache) over an open model, with the full text API.
+    """A sequence over an open model, with the full text API."""
 
-    Made by :meth:`elelem.LLM.new_session`; an ``LLM`` is a session too.
-    """
-
-    def __init__(self, llm: "LLM", native) -> None:
-        self._llm = llm
-        self._session = native
+    def __init__(self, engine: Engine, assets: ModelAssets, *, n_ctx: int):
+        if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or not 1 <= n_ctx <= engine.n_ctx:
+            raise InvalidArgumentError(f"a session's n_ctx must be an integer in [1, {engine.n_ctx}] "
+                                       f"(the model's n_ctx), got {n_ctx!r}")
+        self.assets = assets
+        self._engine = engine
+        self._seq = engine.open_sequence()
+        self._n_ctx = n_ctx
         self._lock = threading.RLock()
-        self._cached: list[int] = []  # the tokens whose K/V are in the cache, in order
-        # Bumped whenever the cache changes, so a stream can tell whether the
-        # cache still holds exactly its own tokens between two of its steps.
-        self._cache_version = 0
-        self._cancel_requested = False
+        self._evaluated = 0
+        self._running: Optional[Request] = None     # the request in progress, for cancel()
+        self._stream: Optional["weakref.ref[TextStream]"] = None
+        # Frees the sequence's cells when the session is closed or dropped.
+        self._release = weakref.finalize(self, engine.close_sequence, self._seq)
 
     # -- facts ---------------------------------------------------------------
 
     @property
     def n_ctx(self) -> int:
-        return self._session_or_raise().n_ctx
+        self._check_open()
+        return self._n_ctx
 
     @property
     def n_vocab(self) -> int:
-        return self._llm.spec.hparams["n_vocab"]
+        return self.assets.n_vocab
 
     @property
     def n_past(self) -> int:
-        return self._session_or_raise().n_past
+        """Positions the cache holds for this session."""
+        self._check_open()
+        return self._engine.length(self._seq)
 
     @property
     def n_evaluated(self) -> int:
         """Tokens evaluated by this session since it was opened."""
-        return self._session_or_raise().n_evaluated
+        self._check_open()
+        return self._evaluated
 
     @property
     def eos_ids(self) -> frozenset[int]:
-        return self._llm._metadata_eos_ids
+        return self.assets.eos_ids
 
     @property
     def cached_tokens(self) -> list[int]:
         """A copy of the tokens whose keys and values are in the cache."""
         with self._lock:
-            self._sync_cache()
-            return list(self._cached)
+            self._check_open()
+            return self._engine.tokens(self._seq)
 
     # -- evaluation ------------------------------------------------------------
 
     def eval(self, tokens: Sequence[int], *, all_logits: bool = False) -> np.ndarray:
-        """Evaluate ``tokens`` after what is cached; returns float32 logits."""
+        """Evaluate ``tokens`` after what is cached; returns float32 logits:
+        ``(n_vocab,)`` for the last token, or ``(len(tokens), n_vocab)``."""
         with self._lock:
-            session = self._session_or_raise()
-            self._sync_cache()
-            ids = np.asarray(tokens).reshape(-1)
-            before = session.n_past
-            try:
-                return session.eval(tokens, all_logits=all_logits)
-            finally:
-                # After an abort part-way through a long input, the chunks
-                # that finished are cached: record exactly those.
-                self._cached.extend(int(t) for t in ids[:session.n_past - before])
-                self._cache_version += 1
+            self._check_open()
+            ids = _checked_eval_ids(tokens, self.n_vocab)
+            held = self._engine.length(self._seq)
+            if held + len(ids) > self._n_ctx:
+                raise ContextLimitError(f"{held} cached + {len(ids)} new tokens = {held + len(ids)} "
+                                        f"exceeds n_ctx={self._n_ctx}")
+            return self._run(Request(self._seq, tokens=ids, all_logits=all_logits, n_ctx=self._n_ctx)).logits()
 
     def reset(self) -> None:
         """Forget the cached context."""
         self.rewind(0)
 
     def rewind(self, n_past: int) -> None:
+        """Forget every cached position from ``n_past`` on."""
         with self._lock:
-            session = self._session_or_raise()
-            self._sync_cache()
-            session.rewind(n_past)
-            del self._cached[n_past:]
-            self._cache_version += 1
+            self._check_open()
+            self._engine.trim(self._seq, n_past)
 
     def prefill(self, prompt_ids: Sequence[int]) -> np.ndarray:
         """Bring the cache to exactly ``prompt_ids`` and return the last logits.
 
-        Only the tokens after the longest common prefix with the cache are
-        evaluated: at least two (of a longer prompt), because ggml computes a
-        lone token with other kernels than a batch (gemv rather than gemm),
-        and a prompt whose last token alone were re-evaluated could then get
-        other logits, and at a near-tie another greedy answer, than it gets
-        evaluated afresh.
+        Only the tokens after the longest prefix already cached -- by this
+        session, or by another one, whose cells are then shared -- are
+        evaluated: at least two of a longer prompt (see the engine).
         """
         ids = self._check_ids(prompt_ids, "prompt")
         with self._lock:
-            session = self._session_or_raise()
-            self._sync_cache()
-            keep = max(0, min(_common_prefix(self._cached, ids), len(ids) - 2))
-            session.rewind(keep)
-            del self._cached[keep:]
-            return self.eval(ids[keep:])
+            self._check_open()
+            if len(ids) > self._n_ctx:
+                raise ContextLimitError(f"the prompt has {len(ids)} tokens; n_ctx is {self._n_ctx}")
+            return self._run(Request(self._seq, prompt=ids, n_ctx=self._n_ctx)).logits()
 
     def generate_tokens(self, prompt_ids: Sequence[int], max_tokens: int, *,
                         stop_ids: Optional[Iterable[int]] = None) -> list[int]:
         """Greedy generation: prefill once, then one step per token.
 
-        Stops after ``max_tokens`` tokens or at an end-of-generation id
-        (the model's EOS, or any of ``stop_ids``), which is not returned.
+        Stops after ``max_tokens`` tokens, at the end of the context, or at an
+        end-of-generation id (the model's EOS, or any of ``stop_ids``), which
+        is not returned.
         """
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
             raise InvalidArgumentError(f"max_tokens must be a non-negative integer, got {max_tokens!r}")
         stops = self.eos_ids | self._check_stop_ids(stop_ids)
         ids = self._check_ids(prompt_ids, "prompt")
+        if max_tokens == 0:
+            return []
         out: list[int] = []
+
+        def pick(logits):
+            token = int(np.argmax(logits))
+            if token in stops:
+                return None, False
+            out.append(token)
+            return token, len(out) < max_tokens
+
         with self._lock:
-            if max_tokens == 0:
-                return out
-            logits = self.prefill(ids)
-            while True:
-                token = int(np.argmax(logits))
-                if token in stops:
-                    break
-                out.append(token)
-                if len(out) >= max_tokens or self.n_past >= self.n_ctx:
-                    break
-                logits = self.eval([token])
+            self._check_open()
+            if len(ids) > self._n_ctx:
+                raise ContextLimitError(f"the prompt has {len(ids)} tokens; n_ctx is {self._n_ctx}")
+            self._run(Request(self._seq, prompt=ids, pick=pick, n_ctx=self._n_ctx))
         return out
 
-    # -- used by streams ---------------------------------------------------------
+    def _run(self, request: Request) -> Request:
+        self._running = request
+        try:
+            return self._engine.run(request)
+        finally:
+            self._running = None
+            self._evaluated += request.evaluated
 
-    def _logits_after(self, ids: list[int], seen: Optional[tuple[int, int]]) -> tuple[np.ndarray, tuple[int, int], int]:
-        """Logits after the sequence ``ids``: one step of a generation.
+    # -- streams ---------------------------------------------------------------
 
-        ``seen`` is what the previous call returned.  When the cache is
-        unchanged since then it holds ``ids[:-1]``, and only the last token is
-        evaluated; otherwise another call ran in between, and ``ids`` is
-        prefilled again (reusing the common prefix).  Returns the logits, the
-        new ``seen`` and how many tokens were evaluated.
-        """
-        with self._lock:
-            if self._cancel_requested:
-                self._cancel_requested = False
-                raise KeyboardInterrupt("generation cancelled")
-            before = self.n_evaluated
-            if seen == (self._cache_version, len(self._cached)) and len(self._cached) == len(ids) - 1:
-                logits = self.eval(ids[-1:])
-            else:
-                logits = self.prefill(ids)
-            return logits, (self._cache_version, len(self._cached)), self.n_evaluated - before
+    def _open_stream(self, ids, params, budget, stop, constraint, on_end=None) -> TextStream:
+        self._check_open()
+        target = GenerationTarget(self._engine, self._seq, self._n_ctx, self.n_vocab, self._lock)
+        stream = TextStream(target, self.assets.tokenizer, ids, params, budget, stop, constraint,
+                            on_end=on_end, on_evaluated=self._count)
+        self._stream = weakref.ref(stream)
+        return stream
+
+    def _count(self, n: int) -> None:
+        self._evaluated += n
 
     def cancel(self) -> None:
         """Stop the generation running on this session, from another thread.
 
         The running call raises ``KeyboardInterrupt`` (as Ctrl-C would) once
         the current step ends -- at once, if that step is native compute -- and
-        the session stays usable.
+        the session stays usable.  Other sessions' work goes on.
         """
-        self._cancel_requested = True
-        session = self._session
-        if session is not None:
-            session.request_abort()
-
-    def _start_generation(self) -> None:
-        # A cancel() that arrived while nothing was running must not kill the next call.
-        self._cancel_requested = False
+        interrupt = KeyboardInterrupt("generation cancelled")
+        request = self._running
+        if request is not None:
+            self._engine.cancel(request, interrupt)
+        stream = self._stream() if self._stream is not None else None
+        if stream is not None:
+            stream.cancel(interrupt)
 
     # -- lifetime --------------------------------------------------------------
 
     def close(self) -> None:
-        """Free this session's cache (waits for a call in progress)."""
+        """Free this session's sequence and its cells, at once (waits for a call in progress)."""
         with self._lock:
-            if self._session is not None:
-                self._session.close()
-            self._session = None
+            self._release()
 
     @property
     def closed(self) -> bool:
-        return self._session is None
+        return not self._release.alive or self._engine.closed
 
     def __enter__(self):
         return self
@@ -204,19 +201,9 @@ class Session(TextAPI):
 
     # -- checks ----------------------------------------------------------------
 
-    def _session_or_raise(self):
-        if self._session is None:
+    def _check_open(self) -> None:
+        if self.closed:
             raise ClosedError(f"this {type(self).__name__} is closed")
-        return self._session
-
-    def _sync_cache(self) -> None:
-        """Make ``_cached`` and the native cache agree, trimming whichever is longer."""
-        session = self._session_or_raise()
-        keep = min(len(self._cached), session.n_past)
-        if keep != session.n_past:
-            session.rewind(keep)
-        if keep != len(self._cached):
-            del self._cached[keep:]
 
     def _check_ids(self, ids: Sequence[int], what: str) -> list[int]:
         arr = np.asarray(ids)
@@ -239,9 +226,16 @@ class Session(TextAPI):
         return ids
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def _checked_eval_ids(tokens, n_vocab: int) -> list[int]:
+    # No dtype forced on the conversion: that would truncate 1.5 to 1.
+    ids = np.asarray(tokens)
+    if ids.size == 0:
+        raise InvalidArgumentError("cannot evaluate an empty list of tokens")
+    if ids.ndim != 1:
+        raise InvalidTokenError(f"token ids must be a flat sequence, got shape {ids.shape}")
+    if ids.dtype.kind not in "iu":
+        raise InvalidTokenError(f"token ids must be integers in [0, {n_vocab}), got dtype {ids.dtype}")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= n_vocab:
+        raise InvalidTokenError(f"token id {lo if lo < 0 else hi} is outside [0, {n_vocab})")
+    return [int(t) for t in ids]

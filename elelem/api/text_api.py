@@ -25,6 +25,7 @@ import dataclasses
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 from . import completions
+from .assets import ModelAssets
 from .generation import TextStream
 from .prompts import Prompt, chat_prompt_ids, completion_prompt_ids, token_budget
 from ..sampling.sampler import SamplingParams
@@ -48,14 +49,11 @@ class TextAPI:
                  special: bool = False) -> list[int]:
         """Token ids of ``text``; ``add_bos`` None follows the model, ``special``
         makes control-token text (``<|im_start|>``) into those tokens."""
-        llm = self._llm
-        tokenizer = llm.tokenizer
-        with llm._tokenizer_lock:  # the tokenizer's word cache is not thread-safe
-            return tokenizer.encode(text, add_bos=add_bos, special=special)
+        return self.assets.tokenize(text, add_bos=add_bos, special=special)
 
     def detokenize(self, ids: Sequence[int], special: bool = False) -> bytes:
         """The bytes of ``ids`` (as llama-cpp-python: ``.decode()`` them for text)."""
-        return self._llm.tokenizer.decode(ids, special=special)
+        return self.assets.tokenizer.decode(ids, special=special)
 
     # -- plain text ------------------------------------------------------------
 
@@ -63,7 +61,7 @@ class TextAPI:
                **sampling: Any) -> TextStream:
         """An iterator of text deltas continuing ``prompt`` (text or token ids)."""
         with self._lock:
-            ids = completion_prompt_ids(self, prompt)
+            ids = completion_prompt_ids(self.assets, prompt, self._check_ids)
             return self._text_stream(ids, max_tokens, stop, sampling, {})
 
     def generate(self, prompt: Prompt, *, max_tokens: Optional[int] = None, stop: StopArg = None,
@@ -86,7 +84,7 @@ class TextAPI:
         ``tool_choice`` works as there.
         """
         with self._lock:
-            plan = plan_tools(tools, tool_choice, self._llm.chat_template.source)
+            plan = plan_tools(tools, tool_choice, self.assets.chat_template.source)
             return self._chat_text_stream(messages, plan, max_tokens, stop, sampling)
 
     def chat(self, messages: Messages, *, max_tokens: Optional[int] = None, stop: StopArg = None,
@@ -109,9 +107,9 @@ class TextAPI:
         but the context window.
         """
         with self._lock:
-            ids = completion_prompt_ids(self, prompt)
+            ids = completion_prompt_ids(self.assets, prompt, self._check_ids)
             text = self._text_stream(ids, _unlimited_if_not_positive(max_tokens), stop, sampling, {})
-            name = model if model is not None else self._llm.model_name
+            name = model if model is not None else self.assets.model_name
             if stream:
                 return completions.completion_chunks(text, name)
             return completions.completion(text, name)
@@ -132,9 +130,9 @@ class TextAPI:
         the last two constrain the reply to one valid call (see :mod:`elelem.api.tools`).
         """
         with self._lock:
-            plan = plan_tools(tools, tool_choice, self._llm.chat_template.source)
+            plan = plan_tools(tools, tool_choice, self.assets.chat_template.source)
             text = self._chat_text_stream(messages, plan, _unlimited_if_not_positive(max_tokens), stop, sampling)
-            name = model if model is not None else self._llm.model_name
+            name = model if model is not None else self.assets.model_name
             if plan.parses_calls:
                 build = tool_responses.chat_completion_chunks if stream else tool_responses.chat_completion
                 return build(text, name, plan.parser, plan.tool_names)
@@ -146,8 +144,8 @@ class TextAPI:
 
     def _chat_text_stream(self, messages: Messages, plan: ToolPlan, max_tokens: Optional[int],
                           stop: StopArg, sampling: dict) -> TextStream:
-        ids = chat_prompt_ids(self, messages_for_template(messages), tools=plan.template_tools)
-        constraint = plan.constraint(self._llm.tokenizer)
+        ids = chat_prompt_ids(self.assets, messages_for_template(messages), tools=plan.template_tools)
+        constraint = plan.constraint(self.assets.tokenizer)
         return self._text_stream(ids, max_tokens, stop, sampling, CHAT_DEFAULTS, constraint)
 
     def _text_stream(self, ids: list[int], max_tokens: Optional[int], stop: StopArg,
@@ -158,7 +156,7 @@ class TextAPI:
                             f"the sampling parameters are {', '.join(sorted(SAMPLING_NAMES))}")
         params = SamplingParams(**{**defaults, **sampling})
         budget = token_budget(len(ids), max_tokens, self.n_ctx)
-        return TextStream(self, ids, params, budget, normalize_stop(stop), constraint)
+        return self._open_stream(ids, params, budget, normalize_stop(stop), constraint)
 
 
 def _unlimited_if_not_positive(max_tokens: Optional[int]) -> Optional[int]:

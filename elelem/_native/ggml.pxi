@@ -1,5 +1,5 @@
 # The raw ggml / ggml-alloc / ggml-backend / ggml-cpu / gguf C API that
-# elelem._core uses, and nothing else: no elelem types live here.
+# elelem._core uses (included first by core.pyx), and nothing else: no elelem types live here.
 # Structs declare only the fields the core reads or writes.
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libcpp cimport bool as cbool  # the extension is C++; ggml's callbacks return C bool
@@ -120,12 +120,6 @@ cdef extern from "ggml.h" nogil:
     int ggml_graph_n_nodes(ggml_cgraph * cgraph)
 
 
-cdef extern from "ggml-alloc.h" nogil:
-    ctypedef struct ggml_gallocr:
-        pass
-    ctypedef ggml_gallocr * ggml_gallocr_t
-
-
 cdef extern from "ggml-backend.h" nogil:
     ctypedef struct ggml_backend_buffer_type:
         pass
@@ -175,12 +169,27 @@ cdef extern from "ggml-backend.h" nogil:
     ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type()
 
 
+cdef extern from "ggml-backend.h" nogil:
+    # The backend scheduler: splits each graph over a list of backends (the
+    # last one the CPU), allocates the compute buffers and runs the splits.
+    ctypedef struct ggml_backend_sched:
+        pass
+    ctypedef ggml_backend_sched * ggml_backend_sched_t
+    ggml_backend_sched_t ggml_backend_sched_new(ggml_backend_t * backends, ggml_backend_buffer_type_t * bufts,
+                                                int n_backends, size_t graph_size, cbool parallel, cbool op_offload)
+    void ggml_backend_sched_free(ggml_backend_sched_t sched)
+    cbool ggml_backend_sched_reserve(ggml_backend_sched_t sched, ggml_cgraph * measure_graph)
+    void ggml_backend_sched_reset(ggml_backend_sched_t sched)
+    cbool ggml_backend_sched_alloc_graph(ggml_backend_sched_t sched, ggml_cgraph * graph)
+    ggml_status ggml_backend_sched_graph_compute(ggml_backend_sched_t sched, ggml_cgraph * graph)
+    int ggml_backend_sched_get_n_splits(ggml_backend_sched_t sched)
+    int ggml_backend_sched_get_n_backends(ggml_backend_sched_t sched)
+    ggml_backend_t ggml_backend_sched_get_backend(ggml_backend_sched_t sched, int i)
+    size_t ggml_backend_sched_get_buffer_size(ggml_backend_sched_t sched, ggml_backend_t backend)
+    const char * ggml_backend_name(ggml_backend_t backend)
+
+
 cdef extern from "ggml-alloc.h" nogil:
-    ggml_gallocr_t ggml_gallocr_new(ggml_backend_buffer_type_t buft)
-    void ggml_gallocr_free(ggml_gallocr_t galloc)
-    bint ggml_gallocr_reserve(ggml_gallocr_t galloc, ggml_cgraph * graph)
-    bint ggml_gallocr_alloc_graph(ggml_gallocr_t galloc, ggml_cgraph * graph)
-    size_t ggml_gallocr_get_buffer_size(ggml_gallocr_t galloc, int buffer_id)
     ggml_backend_buffer_t ggml_backend_alloc_ctx_tensors(ggml_context * ctx, ggml_backend_t backend)
     ggml_backend_buffer_t ggml_backend_alloc_ctx_tensors_from_buft(ggml_context * ctx,
                                                                    ggml_backend_buffer_type_t buft)

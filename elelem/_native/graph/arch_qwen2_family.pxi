@@ -25,10 +25,13 @@ cdef ggml_tensor * build_qwen2_family(Model m, KVCache cache, Step * st) except 
         k = rope(st, k, hp.rope_base, hp.rope_scale, m.rope_freqs)
         h = linear(st, lw.wo, lw.bo, attention(st, cache, il, q, k, v, st.inp_mask, hp.attn_scale))
         if il == hp.n_layer - 1:
-            h = last_token_only(st, h)
-            x = last_token_only(st, x)
+            h = select_outputs(st, h)
+            x = select_outputs(st, x)
         x = ggml_add(ctx, h, x)
         h = ffn_gated(st, lw, norm_rms(st, x, lw.ffn_norm), False)
         x = ggml_add(ctx, h, x)
     x = norm_rms(st, x, m.output_norm)
-    return ggml_mul_mat(ctx, m.output, x)   # (n_vocab, n_tokens or 1)
+    return ggml_mul_mat(ctx, m.output, x)   # (n_vocab, n_outputs)
+
+
+_register_builder("qwen2_family", build_qwen2_family)

@@ -31,10 +31,13 @@ cdef ggml_tensor * build_gemma3(Model m, KVCache cache, Step * st) except NULL:
         h = linear(st, lw.wo, NULL,
                    attention(st, cache, il, q, k, v, st.inp_mask_swa if swa else st.inp_mask, 1.0))
         if il == hp.n_layer - 1:
-            h = last_token_only(st, h)
-            x = last_token_only(st, x)
+            h = select_outputs(st, h)
+            x = select_outputs(st, x)
         x = ggml_add(ctx, norm_rms(st, h, lw.attn_post_norm), x)
         h = ffn_gated(st, lw, norm_rms(st, x, lw.ffn_norm), True)
         x = ggml_add(ctx, norm_rms(st, h, lw.ffn_post_norm), x)
     x = norm_rms(st, x, m.output_norm)
-    return ggml_mul_mat(ctx, m.output, x)   # (n_vocab, n_tokens or 1)
+    return ggml_mul_mat(ctx, m.output, x)   # (n_vocab, n_outputs)
+
+
+_register_builder("gemma3", build_gemma3)

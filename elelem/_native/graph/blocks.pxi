@@ -1,24 +1,24 @@
-# Shared graph blocks, included into _core.pyx.  Each architecture's builder
-# (_arch_*.pxi) is straight-line code over these.  Shapes are in ggml order:
-# the first number is the contiguous dimension.
+# Shared graph blocks, included into core.pyx.  Each architecture's builder
+# (graph/arch_*.pxi) is straight-line code over these.  Shapes are in ggml
+# order: the first number is the contiguous dimension.
 
 cdef struct Step:
     ggml_context * ctx
     ggml_cgraph * gf
     const HParams * hp
-    int n_tokens            # tokens in this step
-    int n_past              # cached positions before it (inputs only: the graph does not depend on it)
-    int n_ctx               # cache length
-    int n_kv                # positions attended to: n_past + n_tokens, padded (masked)
-    bint all_logits         # logits for every token, not just the last
+    int n_tokens            # tokens in this step (of one or more sequences)
+    int n_outputs           # rows whose logits are wanted
+    int n_kv                # cells attended to (KVCache.n_kv: padded, masked)
+    int kv_size             # cells in the cache
     bint flash_attn         # ggml_flash_attn_ext, else mul_mat + softmax (llama.cpp's default)
     ggml_tensor * inp_tokens    # I32 (n_tokens)
-    ggml_tensor * inp_pos       # I32 (n_tokens): n_past .. n_past + n_tokens - 1
-    ggml_tensor * inp_mask      # (n_kv, n_tokens): 0 or -inf, causal; F16 for flash attention, else F32 (as llama.cpp)
-    ggml_tensor * inp_mask_swa  # the same, causal and windowed; NULL without SWA
-    ggml_tensor * inp_k_idx     # I64 (n_tokens): cache rows this step's K (and V) go to
+    ggml_tensor * inp_pos       # I32 (n_tokens): each token's position in its sequence
+    ggml_tensor * inp_mask      # (n_kv, n_tokens): 0 or -inf, from the cells; F16 for flash attention, else F32 (as llama.cpp)
+    ggml_tensor * inp_mask_swa  # the same, also windowed; NULL without SWA
+    ggml_tensor * inp_k_idx     # I64 (n_tokens): the cells this step's K (and V) go to
     ggml_tensor * inp_v_idx     # I64 (v_row * n_tokens): cache elements of transposed V; NULL with flash_attn
-    ggml_tensor * logits        # F32 (n_vocab, n_tokens or 1)
+    ggml_tensor * inp_out_ids   # I32 (n_outputs): rows kept for the output; NULL when every row is
+    ggml_tensor * logits        # F32 (n_vocab, n_outputs)
 
 
 cdef void _make_inputs(Step * st) except *:
@@ -41,6 +41,11 @@ cdef void _make_inputs(Step * st) except *:
         ggml_set_input(st.inp_mask_swa)
     else:
         st.inp_mask_swa = NULL
+    if st.n_outputs < st.n_tokens:
+        st.inp_out_ids = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I32, st.n_outputs)
+        ggml_set_input(st.inp_out_ids)
+    else:
+        st.inp_out_ids = NULL
 
 
 cdef inline void _set_input(ggml_tensor * t, const void * data, size_t size) noexcept:
@@ -50,41 +55,42 @@ cdef inline void _set_input(ggml_tensor * t, const void * data, size_t size) noe
         ggml_backend_tensor_set(t, data, 0, size)
 
 
-cdef void _set_inputs(Step * st, const int32_t * ids) except *:
+cdef void _set_inputs(Step * st, KVCache cache, const int32_t * tokens, const int32_t * seqs,
+                      const int32_t * positions, const int32_t * cells, const int32_t * out_rows) except *:
     cdef size_t n_mask = <size_t> st.n_kv * st.n_tokens
     cdef int64_t v_row = <int64_t> st.hp.head_dim_v * st.hp.n_head_kv
     cdef size_t n_idx = st.n_tokens * (v_row if st.inp_v_idx != NULL else 1)
-    cdef int32_t * pos = <int32_t *> malloc(st.n_tokens * sizeof(int32_t))
     cdef size_t mask_el = 2 if st.flash_attn else 4
-    cdef uint16_t * mask = <uint16_t *> malloc(n_mask * mask_el)
+    cdef void * mask = malloc(n_mask * mask_el)
     cdef int64_t * idx = <int64_t *> malloc(n_idx * sizeof(int64_t))
     cdef int64_t i, c
-    if pos == NULL or mask == NULL or idx == NULL:
-        free(pos)
+    if mask == NULL or idx == NULL:
         free(mask)
         free(idx)
         raise MemoryError()
     try:
         for i in range(st.n_tokens):
-            pos[i] = st.n_past + i
-            idx[i] = st.n_past + i
-        _set_input(st.inp_tokens, ids, st.n_tokens * sizeof(int32_t))
-        _set_input(st.inp_pos, pos, st.n_tokens * sizeof(int32_t))
+            idx[i] = cells[i]
+        _set_input(st.inp_tokens, tokens, st.n_tokens * sizeof(int32_t))
+        _set_input(st.inp_pos, positions, st.n_tokens * sizeof(int32_t))
         _set_input(st.inp_k_idx, idx, st.n_tokens * sizeof(int64_t))
+        if st.inp_out_ids != NULL:
+            _set_input(st.inp_out_ids, out_rows, st.n_outputs * sizeof(int32_t))
         if st.inp_v_idx != NULL:
-            # V is stored transposed: element (channel c, position p) at c * n_ctx + p;
+            # V is stored transposed: element (channel c, cell j) at c * kv_size + j;
             # this step's V, flattened, holds (c, token t) at c + t * v_row.
             for i in range(st.n_tokens):
                 for c in range(v_row):
-                    idx[c + i * v_row] = c * st.n_ctx + st.n_past + i
+                    idx[c + i * v_row] = c * st.kv_size + cells[i]
             _set_input(st.inp_v_idx, idx, n_idx * sizeof(int64_t))
-        _fill_mask(mask, st.n_past, st.n_tokens, st.n_kv, 0, st.flash_attn)
+        with nogil:
+            cache.fill_mask(mask, st.n_tokens, st.n_kv, seqs, positions, 0, st.flash_attn)
         _set_input(st.inp_mask, mask, n_mask * mask_el)
         if st.inp_mask_swa != NULL:
-            _fill_mask(mask, st.n_past, st.n_tokens, st.n_kv, st.hp.n_swa, st.flash_attn)
+            with nogil:
+                cache.fill_mask(mask, st.n_tokens, st.n_kv, seqs, positions, st.hp.n_swa, st.flash_attn)
             _set_input(st.inp_mask_swa, mask, n_mask * mask_el)
     finally:
-        free(pos)
         free(mask)
         free(idx)
 
@@ -111,12 +117,12 @@ cdef inline ggml_tensor * rope(Step * st, ggml_tensor * x, float freq_base, floa
 
 cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, ggml_tensor * k,
                              ggml_tensor * v, ggml_tensor * mask, float kq_scale) noexcept:
-    """Store this step's K and V at n_past, then attend over positions [0, n_kv).
+    """Store this step's K and V in its cells, then attend over cells [0, n_kv).
 
     q: (head_dim_k, n_head, n_tokens), k: (head_dim_k, n_head_kv, n_tokens),
     v: (head_dim_v * n_head_kv, n_tokens).  Returns (head_dim_v * n_head, n_tokens).
 
-    K rows are stored per position: (head_dim_k * n_head_kv, n_ctx).  V is
+    K rows are stored per cell: (head_dim_k * n_head_kv, kv_size).  V is
     stored the same way for flash attention, and transposed otherwise, so
     that softmax(KQ) @ V is a plain mul_mat over contiguous rows, as in
     llama.cpp, whose summation order this path reproduces.
@@ -138,7 +144,7 @@ cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, 
         ggml_build_forward_expand(st.gf, ggml_set_rows(ctx, vc, v, st.inp_k_idx))
     else:  # one element per "row" of the flattened, transposed V
         ggml_build_forward_expand(st.gf, ggml_set_rows(
-            ctx, ggml_reshape_2d(ctx, vc, 1, v_row * cache.n_ctx), ggml_reshape_2d(ctx, v, 1, v_row * st.n_tokens),
+            ctx, ggml_reshape_2d(ctx, vc, 1, v_row * cache.kv_size), ggml_reshape_2d(ctx, v, 1, v_row * st.n_tokens),
             st.inp_v_idx))
 
     cdef ggml_tensor * keys = ggml_view_3d(ctx, kc, hp.head_dim_k, st.n_kv, hp.n_head_kv,
@@ -152,7 +158,7 @@ cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, 
         out = ggml_flash_attn_ext(ctx, q, keys, values, mask, kq_scale, 0.0, 0.0)
         return ggml_reshape_2d(ctx, out, hp.head_dim_v * hp.n_head, st.n_tokens)
     values = ggml_view_3d(ctx, vc, st.n_kv, hp.head_dim_v, hp.n_head_kv,
-                          cache.n_ctx * v_el, cache.n_ctx * v_el * hp.head_dim_v, 0)  # (n_kv, head_dim_v, n_head_kv)
+                          cache.kv_size * v_el, cache.kv_size * v_el * hp.head_dim_v, 0)  # (n_kv, head_dim_v, n_head_kv)
     out = ggml_mul_mat(ctx, keys, q)                                       # (n_kv, n_tokens, n_head)
     out = ggml_soft_max_ext(ctx, out, mask, kq_scale, 0.0)
     out = ggml_mul_mat(ctx, values, out)                                   # (head_dim_v, n_tokens, n_head)
@@ -168,12 +174,11 @@ cdef inline ggml_tensor * ffn_gated(Step * st, LayerWeights * lw, ggml_tensor * 
     return ggml_mul_mat(st.ctx, lw.ffn_down, x)
 
 
-cdef inline ggml_tensor * last_token_only(Step * st, ggml_tensor * x) noexcept:
-    """(n, n_tokens) -> (n, 1) unless every position's logits are wanted:
-    the last layer's FFN and the output projection then run for one token."""
-    if st.all_logits or st.n_tokens == 1:
-        return x
-    return ggml_view_2d(st.ctx, x, x.ne[0], 1, x.nb[1], (st.n_tokens - 1) * x.nb[1])
+cdef inline ggml_tensor * select_outputs(Step * st, ggml_tensor * x) noexcept:
+    """(n, n_tokens) -> (n, n_outputs): before the last layer's FFN, keep only
+    the rows whose logits are wanted (as llama.cpp's inp_out_ids), so the FFN
+    and the output projection run for those alone."""
+    return ggml_get_rows(st.ctx, x, st.inp_out_ids) if st.inp_out_ids != NULL else x
 
 
 cdef inline ggml_tensor * embed_tokens(Step * st, Model m) noexcept:

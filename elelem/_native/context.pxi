@@ -1,0 +1,326 @@
+# Context: the backends, their scheduler and the KV cache over one model, and
+# the graph of each step.  Included into core.pyx.
+#
+# A step (``decode``) evaluates a batch of tokens from one or more sequences
+# in one graph, as llama.cpp's llama_decode: each token goes to the next
+# position of its sequence, in a cell the cache hands out, and attends to the
+# cells its sequence sees.  Compute goes through ggml_backend_sched over the
+# list of backends (today the CPU alone, with its repacked weights), with the
+# GIL released.
+
+DEF MAX_BACKENDS = 8
+DEF MAX_SEQ_IDS = 64     # KVCache's MAX_SEQ
+
+
+cdef class Context:
+    cdef readonly Model model           # kept alive for as long as the context lives
+    cdef readonly KVCache cache
+    cdef ggml_backend_t backends[MAX_BACKENDS]   # in priority order; the CPU is last
+    cdef ggml_backend_buffer_type_t bufts[MAX_BACKENDS]
+    cdef int n_backends
+    cdef ggml_backend_t cpu
+    cdef ggml_backend_sched_t sched
+    cdef void * graph_meta              # arena for the graph's metadata
+    cdef size_t graph_meta_size
+    cdef size_t graph_size              # max nodes in one step's graph
+    # The last graph built and allocated, reused while the step's shape
+    # (n_tokens, n_kv, n_outputs) stays the same: n_kv moves in steps of 256,
+    # so decoding rebuilds the graph once every 256 tokens.
+    cdef Step graph_step
+    cdef bint graph_ready
+    cdef readonly int n_batch
+    cdef readonly int n_threads
+    cdef readonly bint flash_attn
+    cdef readonly long n_evaluated      # tokens evaluated over the context's life
+    cdef volatile int abort_flag
+    cdef bint busy                      # a step is running (in another thread)
+    cdef bint closed
+
+    def __cinit__(self):
+        self.n_backends = 0
+        self.cpu = NULL
+        self.sched = NULL
+        self.graph_meta = NULL
+        self.graph_step.ctx = NULL
+        self.graph_ready = False
+        self.closed = True
+        self.busy = False
+        self.abort_flag = 0
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("Context objects are made by elelem._core.new_context()")
+
+    def __dealloc__(self):
+        self._release()
+
+    cdef void _release(self) noexcept:
+        cdef int i
+        self._drop_graph()
+        if self.sched != NULL:
+            ggml_backend_sched_free(self.sched)
+            self.sched = NULL
+        for i in range(self.n_backends):
+            ggml_backend_free(self.backends[i])
+        self.n_backends = 0
+        self.cpu = NULL
+        if self.graph_meta != NULL:
+            free(self.graph_meta)
+            self.graph_meta = NULL
+        self.cache = None
+        self.closed = True
+
+    def close(self):
+        """Free the cache, the backends and the compute buffers (not during a step)."""
+        if self.busy:
+            raise errors.InvalidArgumentError("cannot close a context while a step runs on it")
+        self._release()
+
+    @property
+    def is_closed(self):
+        return self.closed
+
+    @property
+    def n_vocab(self):
+        return self.model.hp.n_vocab
+
+    @property
+    def kv_size(self):
+        return self.cache.kv_size if self.cache is not None else 0
+
+    @property
+    def n_seq_max(self):
+        return self.cache.n_seq_max if self.cache is not None else 0
+
+    @property
+    def backend_names(self):
+        """The scheduler's backends, in priority order."""
+        return [ggml_backend_name(self.backends[i]).decode() for i in range(self.n_backends)]
+
+    @property
+    def compute_buffer_size(self):
+        if self.sched == NULL:
+            return 0
+        return sum(ggml_backend_sched_get_buffer_size(self.sched, self.backends[i]) for i in range(self.n_backends))
+
+    cdef inline void _check_open(self) except *:
+        if self.closed:
+            raise errors.ClosedError("this context is closed")
+        self.model._check_open()
+
+    def set_n_threads(self, object n_threads):
+        cdef int threads = _checked_count("n_threads", n_threads, MAX_N_THREADS)
+        self._check_open()
+        self.n_threads = threads
+        _cpu_set_n_threads(self.cpu, threads)
+
+    def request_abort(self):
+        """Ask a running step to stop (from another thread); it raises KeyboardInterrupt
+        and leaves the cache as it was before the step."""
+        self.abort_flag = 1
+
+    # -- graphs ----------------------------------------------------------------
+
+    cdef void _drop_graph(self) noexcept:
+        if self.graph_step.ctx != NULL:
+            ggml_free(self.graph_step.ctx)
+            self.graph_step.ctx = NULL
+        self.graph_ready = False
+
+    cdef ggml_cgraph * _build(self, Step * st) except NULL:
+        cdef ggml_init_params p
+        p.mem_size = self.graph_meta_size
+        p.mem_buffer = self.graph_meta
+        p.no_alloc = True
+        st.ctx = ggml_init(p)
+        if st.ctx == NULL:
+            raise MemoryError()
+        st.gf = ggml_new_graph_custom(st.ctx, self.graph_size, False)
+        st.hp = &self.model.hp
+        st.kv_size = self.cache.kv_size
+        st.flash_attn = self.flash_attn
+        _make_inputs(st)
+        st.logits = _builders[self.model.builder_id](self.model, self.cache, st)
+        ggml_set_output(st.logits)
+        ggml_build_forward_expand(st.gf, st.logits)
+        return st.gf
+
+    cdef void _reserve(self) except *:
+        """Size the compute buffers from the largest step this context can run."""
+        self._drop_graph()  # the reserve graph reuses the arena
+        cdef Step st
+        memset(&st, 0, sizeof(Step))
+        st.n_tokens = min(self.n_batch, self.cache.kv_size)
+        st.n_kv = self.cache.kv_size
+        st.n_outputs = min(st.n_tokens, self.cache.n_seq_max)
+        cdef ggml_cgraph * gf = self._build(&st)
+        try:
+            if not ggml_backend_sched_reserve(self.sched, gf):
+                raise MemoryError("ggml could not reserve the compute buffers")
+        finally:
+            ggml_free(st.ctx)
+
+    cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs) except NULL:
+        cdef Step * st = &self.graph_step
+        if self.graph_ready and st.n_tokens == n_tokens and st.n_kv == n_kv and st.n_outputs == n_outputs:
+            return st
+        self._drop_graph()
+        memset(st, 0, sizeof(Step))
+        st.n_tokens = n_tokens
+        st.n_kv = n_kv
+        st.n_outputs = n_outputs
+        self._build(st)
+        ggml_backend_sched_reset(self.sched)
+        if not ggml_backend_sched_alloc_graph(self.sched, st.gf):
+            self._drop_graph()
+            raise MemoryError("ggml could not allocate the compute graph")
+        self.graph_ready = True
+        return st
+
+    # -- a step ----------------------------------------------------------------
+
+    def decode(self, tokens, seq_ids, outputs=None):
+        """Evaluate one batch: ``tokens[i]`` goes to the next position of
+        sequence ``seq_ids[i]`` (tokens of one sequence in order).
+
+        ``outputs`` picks the rows whose logits come back: None, the last
+        token of each sequence in the batch; True, every row; or a flag per
+        token.  Returns float32 logits ``(n_outputs, n_vocab)`` in row order.
+        The batch holds 1 .. n_batch tokens.  Anything that fails (a full
+        cache, an abort, Ctrl-C) leaves the cache as it was.
+        """
+        self._check_open()
+        if self.busy:
+            raise errors.InvalidArgumentError("a step is already running on this context")
+        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] ids = _checked_ids(tokens, self.model.hp.n_vocab)
+        cdef int n = ids.shape[0]
+        if n > self.n_batch:
+            raise errors.InvalidArgumentError(f"a step takes at most n_batch={self.n_batch} tokens, got {n}")
+        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] seqs = _checked_seq_ids(seq_ids, n, self.cache.n_seq_max)
+        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] rows = _output_rows(outputs, seqs)
+        cdef int n_outputs = rows.shape[0]
+        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] cells = np.empty(n, dtype=np.int32)
+        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] positions = np.empty(n, dtype=np.int32)
+        self.cache.place(n, &ids[0], &seqs[0], &cells[0], &positions[0])
+        cdef Step * st
+        self.busy = True
+        try:
+            st = self._graph_for(n, self.cache.n_kv(), n_outputs)
+            _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0])
+            self._compute()
+        except BaseException:
+            self.cache.unplace(n, &seqs[0], &cells[0])
+            raise
+        finally:
+            self.busy = False
+        out = np.empty((n_outputs, self.model.hp.n_vocab), dtype=np.float32)
+        ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out), 0, ggml_nbytes(st.logits))
+        self.n_evaluated += n
+        return out
+
+    cdef void _compute(self) except *:
+        cdef ggml_status status
+        cdef int watching = _threading.current_thread() is _threading.main_thread()  # signals reach the main thread
+        self.abort_flag = 0
+        with nogil:
+            if watching:
+                watching = elelem_sigint_watch()
+            status = ggml_backend_sched_graph_compute(self.sched, self.graph_step.gf)
+            if watching:
+                elelem_sigint_unwatch()
+        if status == GGML_STATUS_ABORTED:
+            PyErr_CheckSignals()  # raises the pending KeyboardInterrupt, if Ctrl-C was the cause
+        _check_status(status, "computing a step")
+
+
+cdef cnp.ndarray _checked_ids(tokens, int n_vocab):
+    # No dtype forced on the conversion: that would truncate 1.5 to 1.
+    ids = np.asarray(tokens)
+    if ids.size == 0:
+        raise errors.InvalidArgumentError("cannot evaluate an empty list of tokens")
+    if ids.ndim != 1:
+        raise errors.InvalidTokenError(f"token ids must be a flat sequence, got shape {ids.shape}")
+    if ids.dtype.kind not in "iu":
+        raise errors.InvalidTokenError(f"token ids must be integers in [0, {n_vocab}), got dtype {ids.dtype}")
+    lo, hi = ids.min(), ids.max()
+    if lo < 0 or hi >= n_vocab:
+        bad = lo if lo < 0 else hi
+        raise errors.InvalidTokenError(f"token id {int(bad)} is outside [0, {n_vocab})")
+    return np.ascontiguousarray(ids, dtype=np.int32)
+
+
+cdef cnp.ndarray _checked_seq_ids(seq_ids, int n, int n_seq_max):
+    seqs = np.asarray(seq_ids)
+    if seqs.ndim == 0 and seqs.dtype.kind in "iu":
+        seqs = np.full(n, int(seqs))
+    if seqs.ndim != 1 or seqs.shape[0] != n or seqs.dtype.kind not in "iu":
+        raise errors.InvalidArgumentError(f"need one integer sequence id per token ({n}), got {seq_ids!r}")
+    if seqs.min() < 0 or seqs.max() >= n_seq_max:
+        raise errors.InvalidArgumentError(f"sequence ids must be in [0, {n_seq_max})")
+    return np.ascontiguousarray(seqs, dtype=np.int32)
+
+
+cdef cnp.ndarray _output_rows(outputs, cnp.ndarray seqs):
+    cdef int n = seqs.shape[0]
+    if outputs is None:  # the last token of each sequence, in row order
+        last = {}
+        for i, s in enumerate(seqs.tolist()):
+            last[s] = i
+        return np.array(sorted(last.values()), dtype=np.int32)
+    if outputs is True:
+        return np.arange(n, dtype=np.int32)
+    flags = np.asarray(outputs)
+    if flags.dtype != np.bool_ or flags.shape != (n,) or not flags.any():
+        raise errors.InvalidArgumentError(f"outputs must be None, True or {n} booleans with at least one set")
+    return np.flatnonzero(flags).astype(np.int32)
+
+
+def new_context(Model model, object kv_size, object n_batch=512, object n_threads=1, str kv_type="f16",
+                bint flash_attn=False, object n_seq_max=1):
+    """Backends, scheduler and a KV cache of ``kv_size`` cells shared by up to
+    ``n_seq_max`` sequences, over ``model``."""
+    model._check_open()
+    cdef int cells = _checked_count("kv_size", kv_size, MAX_CELLS)
+    cdef int batch = _checked_count("n_batch", n_batch, MAX_CELLS)
+    cdef int threads = _checked_count("n_threads", n_threads, MAX_N_THREADS)
+    cdef int seqs = _checked_count("n_seq_max", n_seq_max, MAX_SEQ_IDS)
+    cdef ggml_type kv
+    if kv_type == "f16":
+        kv = GGML_TYPE_F16
+    elif kv_type == "f32":
+        kv = GGML_TYPE_F32
+    else:
+        raise errors.InvalidArgumentError(f"kv_type must be 'f16' or 'f32', got {kv_type!r}")
+
+    cdef Context c = Context.__new__(Context)
+    c.model = model
+    c.n_batch = min(batch, cells)
+    c.n_threads = threads
+    c.flash_attn = flash_attn
+    c.cpu = _new_cpu_backend(threads, &c.abort_flag)
+    c.backends[0] = c.cpu
+    c.bufts[0] = ggml_backend_get_default_buffer_type(c.cpu)
+    c.n_backends = 1
+    # Every layer runs on the CPU today; its K and V live in that backend's buffers.
+    cdef ggml_backend_buffer_type_t * layer_buft = <ggml_backend_buffer_type_t *> malloc(
+        model.hp.n_layer * sizeof(ggml_backend_buffer_type_t))
+    if layer_buft == NULL:
+        raise MemoryError()
+    cdef int il
+    try:
+        for il in range(model.hp.n_layer):
+            layer_buft[il] = c.bufts[c.n_backends - 1]
+        c.cache = _new_kv_cache(model, cells, seqs, kv, layer_buft)
+    finally:
+        free(layer_buft)
+    # Graph metadata: a generous node budget per layer; the arena is reused by every step.
+    c.graph_size = max(<size_t> GGML_DEFAULT_GRAPH_SIZE, <size_t> model.hp.n_layer * 64 + 256)
+    c.graph_meta_size = ggml_tensor_overhead() * c.graph_size + ggml_graph_overhead_custom(c.graph_size, False)
+    c.graph_meta = malloc(c.graph_meta_size)
+    if c.graph_meta == NULL:
+        raise MemoryError()
+    c.sched = ggml_backend_sched_new(c.backends, c.bufts, c.n_backends, 2 * c.graph_size, False, True)
+    if c.sched == NULL:
+        raise MemoryError("ggml could not create the backend scheduler")
+    c.closed = False
+    c._reserve()
+    return c

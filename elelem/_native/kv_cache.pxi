@@ -1,0 +1,298 @@
+# KVCache: the one place KV state lives.  Included into core.pyx.
+#
+# ``kv_size`` cells, each holding one position's K and V for every layer.  A
+# cell records its position, the token it holds and the set of sequences that
+# see it (a bitmask: a forked prefix is stored once and seen by several
+# sequences, as in llama.cpp's llama_kv_cells).  The cache hands out cells for
+# a batch, writes the batch's K and V into them (index inputs for set_rows),
+# builds the attention masks from the cells, and trims and forks sequences.
+# It computes nothing itself.
+#
+# Positions of one sequence are always 0 .. length-1 with no gaps: a batch
+# appends to its sequences, trimming drops a tail, and a fork copies a prefix.
+
+from libc.stdint cimport uint64_t
+
+DEF MAX_SEQ = 64           # sequences are bits of a uint64 mask
+DEF KV_PAD = 256
+
+
+cdef class KVCache:
+    cdef ggml_context * ctx
+    cdef ggml_backend_buffer_t buf
+    cdef ggml_tensor ** k       # n_layer entries: (head_dim_k * n_head_kv, kv_size)
+    cdef ggml_tensor ** v       # n_layer entries: (head_dim_v * n_head_kv, kv_size); transposed without flash attention
+    cdef int32_t * cell_pos     # kv_size: the position a cell holds, -1 when free
+    cdef int32_t * cell_token   # kv_size: the token id at that position
+    cdef uint64_t * cell_seqs   # kv_size: bit s set when sequence s sees the cell
+    cdef int32_t * seq_length   # MAX_SEQ: positions held by each sequence
+    cdef readonly int kv_size
+    cdef readonly int n_layer
+    cdef readonly int n_seq_max
+    cdef readonly int n_used    # cells seen by at least one sequence
+    cdef int used_end           # one past the highest used cell
+    cdef readonly str type_name
+
+    def __cinit__(self):
+        self.ctx = NULL
+        self.buf = NULL
+        self.k = NULL
+        self.v = NULL
+        self.cell_pos = NULL
+        self.cell_token = NULL
+        self.cell_seqs = NULL
+        self.seq_length = NULL
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("KVCache objects are made by a Context")
+
+    def __dealloc__(self):
+        if self.buf != NULL:
+            ggml_backend_buffer_free(self.buf)
+        if self.ctx != NULL:
+            ggml_free(self.ctx)
+        free(self.k)
+        free(self.v)
+        free(self.cell_pos)
+        free(self.cell_token)
+        free(self.cell_seqs)
+        free(self.seq_length)
+
+    @property
+    def nbytes(self):
+        return ggml_backend_buffer_get_size(self.buf) if self.buf != NULL else 0
+
+    # -- sequences -------------------------------------------------------------
+
+    cdef int _check_seq(self, object seq) except -1:
+        s = _as_integer("a sequence id", seq)
+        if not 0 <= s < self.n_seq_max:
+            raise errors.InvalidArgumentError(f"sequence id must be in [0, {self.n_seq_max}), got {s}")
+        return s
+
+    def seq_length_of(self, seq):
+        """How many positions sequence ``seq`` holds (its next position)."""
+        return self.seq_length[self._check_seq(seq)]
+
+    def seq_tokens(self, seq):
+        """The tokens sequence ``seq`` holds, in position order."""
+        cdef int s = self._check_seq(seq)
+        cdef uint64_t bit = (<uint64_t> 1) << s
+        out = np.empty(self.seq_length[s], dtype=np.int32)
+        cdef int32_t[::1] view = out
+        cdef int i
+        for i in range(self.used_end):
+            if self.cell_seqs[i] & bit:
+                view[self.cell_pos[i]] = self.cell_token[i]
+        return out.tolist()
+
+    def seq_rm(self, seq, p0=0):
+        """Drop sequence ``seq``'s positions from ``p0`` on (trim, rewind or clear)."""
+        cdef int s = self._check_seq(seq)
+        start = _as_integer("the position to trim from", p0)
+        if not 0 <= start <= self.seq_length[s]:
+            raise errors.InvalidArgumentError(
+                f"can only trim sequence {s} from a position in [0, {self.seq_length[s]}], got {start}")
+        self._seq_rm(s, start)
+
+    cdef void _seq_rm(self, int s, int start) noexcept:
+        cdef uint64_t bit = (<uint64_t> 1) << s
+        cdef int i
+        for i in range(self.used_end):
+            if (self.cell_seqs[i] & bit) and self.cell_pos[i] >= start:
+                self._unsee(i, bit)
+        self.seq_length[s] = start
+        self._shrink_used_end()
+
+    def seq_cp(self, src, dst, n=None):
+        """Let empty sequence ``dst`` see ``src``'s first ``n`` positions (all by
+        default): the cells are shared, not copied."""
+        cdef int a = self._check_seq(src), b = self._check_seq(dst)
+        count = self.seq_length[a] if n is None else _as_integer("the prefix length", n)
+        if a == b or self.seq_length[b] != 0:
+            raise errors.InvalidArgumentError(f"can only fork into another, empty sequence (sequence {b} "
+                                              f"holds {self.seq_length[b]} positions)")
+        if not 0 <= count <= self.seq_length[a]:
+            raise errors.InvalidArgumentError(
+                f"sequence {a} holds {self.seq_length[a]} positions; cannot fork {count} of them")
+        cdef uint64_t bit_a = (<uint64_t> 1) << a, bit_b = (<uint64_t> 1) << b
+        cdef int i
+        for i in range(self.used_end):
+            if (self.cell_seqs[i] & bit_a) and self.cell_pos[i] < count:
+                self.cell_seqs[i] |= bit_b
+        self.seq_length[b] = count
+
+    def cell_table(self):
+        """Copies of the cell arrays ``(pos, token, seqs)``: for tests and inspection."""
+        pos = np.empty(self.kv_size, dtype=np.int32)
+        token = np.empty(self.kv_size, dtype=np.int32)
+        seqs = np.empty(self.kv_size, dtype=np.uint64)
+        cdef int32_t[::1] p = pos
+        cdef int32_t[::1] t = token
+        cdef uint64_t[::1] m = seqs
+        cdef int i
+        for i in range(self.kv_size):
+            p[i] = self.cell_pos[i]
+            t[i] = self.cell_token[i]
+            m[i] = self.cell_seqs[i]
+        return pos, token, seqs
+
+    @property
+    def n_free(self):
+        return self.kv_size - self.n_used
+
+    # -- cells for a batch -----------------------------------------------------
+
+    cdef void _unsee(self, int i, uint64_t bit) noexcept:
+        self.cell_seqs[i] &= ~bit
+        if self.cell_seqs[i] == 0:
+            self.cell_pos[i] = -1
+            self.n_used -= 1
+
+    cdef void _shrink_used_end(self) noexcept:
+        while self.used_end > 0 and self.cell_seqs[self.used_end - 1] == 0:
+            self.used_end -= 1
+
+    cdef int place(self, int n, const int32_t * tokens, const int32_t * seqs, int32_t * cells,
+                   int32_t * positions) except -1:
+        """Take ``n`` free cells (lowest first, so one sequence alone fills
+        0, 1, 2, ... as llama.cpp does) for a batch; each token goes to the
+        next position of its sequence.  Raises when too few cells are free."""
+        if n > self.kv_size - self.n_used:
+            raise errors.KVCacheFullError(
+                f"the KV cache has {self.kv_size - self.n_used} free cells of {self.kv_size}; "
+                f"this step needs {n}")
+        cdef int i, c = 0, s
+        for i in range(n):
+            while self.cell_seqs[c] != 0:
+                c += 1
+            s = seqs[i]
+            cells[i] = c
+            positions[i] = self.seq_length[s]
+            self.seq_length[s] += 1
+            self.cell_pos[c] = positions[i]
+            self.cell_token[c] = tokens[i]
+            self.cell_seqs[c] = (<uint64_t> 1) << s
+            self.n_used += 1
+            if c + 1 > self.used_end:
+                self.used_end = c + 1
+        return 0
+
+    cdef void unplace(self, int n, const int32_t * seqs, const int32_t * cells) noexcept:
+        """Undo ``place`` (a step that failed or was aborted)."""
+        cdef int i
+        for i in range(n - 1, -1, -1):
+            self.seq_length[seqs[i]] -= 1
+            self._unsee(cells[i], self.cell_seqs[cells[i]])
+        self._shrink_used_end()
+
+    cdef int n_kv(self) noexcept:
+        """Cells attended to: up to the highest used one, padded to a multiple
+        of 256 (masked), as llama.cpp: the same n_kv gives the same summation
+        order, and it keeps the graph's shapes fixed across many steps."""
+        return min(self.kv_size, ((self.used_end + KV_PAD - 1) // KV_PAD) * KV_PAD)
+
+    cdef void fill_mask(self, void * out, int n_tokens, int n_kv, const int32_t * seqs, const int32_t * positions,
+                        int n_swa, bint f16) noexcept nogil:
+        _fill_mask(out, n_tokens, n_kv, self.cell_pos, self.cell_seqs, seqs, positions, n_swa, f16)
+
+
+cdef uint16_t F16_ZERO = 0x0000
+cdef uint16_t F16_NEG_INF = 0xFC00
+
+
+cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type,
+                           ggml_backend_buffer_type_t * layer_buft):
+    """Per-layer K and V, each layer's in the buffer type of the backend that
+    runs the layer (``layer_buft[il]``)."""
+    cdef KVCache c = KVCache.__new__(KVCache)
+    c.kv_size = kv_size
+    c.n_layer = m.hp.n_layer
+    c.n_seq_max = n_seq_max
+    c.type_name = ggml_type_name(type).decode()
+    c.cell_pos = <int32_t *> malloc(kv_size * sizeof(int32_t))
+    c.cell_token = <int32_t *> calloc(kv_size, sizeof(int32_t))
+    c.cell_seqs = <uint64_t *> calloc(kv_size, sizeof(uint64_t))
+    c.seq_length = <int32_t *> calloc(MAX_SEQ, sizeof(int32_t))
+    cdef ggml_init_params p
+    p.mem_size = ggml_tensor_overhead() * (2 * m.hp.n_layer + 1)
+    p.mem_buffer = NULL
+    p.no_alloc = True
+    c.ctx = ggml_init(p)
+    c.k = <ggml_tensor **> calloc(m.hp.n_layer, sizeof(ggml_tensor *))
+    c.v = <ggml_tensor **> calloc(m.hp.n_layer, sizeof(ggml_tensor *))
+    if c.ctx == NULL or c.k == NULL or c.v == NULL or c.cell_pos == NULL or c.cell_token == NULL \
+            or c.cell_seqs == NULL or c.seq_length == NULL:
+        raise MemoryError()
+    cdef int i
+    for i in range(kv_size):
+        c.cell_pos[i] = -1
+    cdef int il
+    for il in range(m.hp.n_layer):
+        c.k[il] = ggml_new_tensor_2d(c.ctx, type, m.hp.head_dim_k * m.hp.n_head_kv, kv_size)
+        c.v[il] = ggml_new_tensor_2d(c.ctx, type, m.hp.head_dim_v * m.hp.n_head_kv, kv_size)
+    # Today every layer runs on the one CPU backend, so one buffer holds them
+    # all; layers placed on other backends would each take a buffer of theirs.
+    for il in range(1, m.hp.n_layer):
+        if layer_buft[il] != layer_buft[0]:
+            raise errors.InvalidArgumentError("layers on more than one backend are not supported yet")
+    c.buf = ggml_backend_alloc_ctx_tensors_from_buft(c.ctx, layer_buft[0])
+    if c.buf == NULL:
+        raise MemoryError(f"cannot allocate a KV cache of {kv_size} cells")
+    # Zero it: flash attention reads whole views, and masked garbage could be NaN.
+    ggml_backend_buffer_clear(c.buf, 0)
+    ggml_backend_buffer_set_usage(c.buf, GGML_BACKEND_BUFFER_USAGE_ANY)
+    return c
+
+
+cdef void _fill_mask(void * out, int n_tokens, int n_kv, const int32_t * cell_pos, const uint64_t * cell_seqs,
+                     const int32_t * seqs, const int32_t * positions, int n_swa, bint f16) noexcept nogil:
+    """Row i (a token of sequence s at position p) may see cell j iff s sees j
+    and j's position is <= p, and, with a sliding window, p - pos < n_swa.
+    Written as float16 (flash attention wants it) or float32 (softmax)."""
+    cdef int i, j, p
+    cdef uint64_t bit
+    cdef bint visible
+    cdef uint16_t * h = <uint16_t *> out
+    cdef float * f = <float *> out
+    cdef size_t at
+    for i in range(n_tokens):
+        p = positions[i]
+        bit = (<uint64_t> 1) << seqs[i]
+        for j in range(n_kv):
+            visible = (cell_seqs[j] & bit) != 0 and cell_pos[j] <= p and (n_swa == 0 or p - cell_pos[j] < n_swa)
+            at = <size_t> i * n_kv + j
+            if f16:
+                h[at] = F16_ZERO if visible else F16_NEG_INF
+            else:
+                f[at] = 0.0 if visible else -INFINITY
+
+
+def attention_mask(cell_pos, cell_seqs, seqs, positions, int n_swa=0):
+    """The mask the cache builds for a batch, as float32 ``(n_tokens, n_cells)``
+    (0 or -inf): ``cell_pos``/``cell_seqs`` describe the cells (position, -1
+    when free; bitmask of sequences), ``seqs``/``positions`` the batch's tokens."""
+    cdef int32_t[::1] cp = np.ascontiguousarray(cell_pos, dtype=np.int32)
+    cdef uint64_t[::1] cs = np.ascontiguousarray(cell_seqs, dtype=np.uint64)
+    cdef int32_t[::1] ts = np.ascontiguousarray(seqs, dtype=np.int32)
+    cdef int32_t[::1] tp = np.ascontiguousarray(positions, dtype=np.int32)
+    if cp.shape[0] != cs.shape[0] or ts.shape[0] != tp.shape[0] or cp.shape[0] == 0 or ts.shape[0] == 0:
+        raise ValueError("need as many cell positions as cell masks, as many token seqs as positions, none empty")
+    if n_swa < 0 or min(ts) < 0 or max(ts) >= MAX_SEQ:
+        raise ValueError(f"need n_swa >= 0 and sequence ids in [0, {MAX_SEQ})")
+    out = np.empty((ts.shape[0], cp.shape[0]), dtype=np.float32)
+    cdef float[:, ::1] view = out
+    _fill_mask(&view[0, 0], ts.shape[0], cp.shape[0], &cp[0], &cs[0], &ts[0], &tp[0], n_swa, False)
+    return out
+
+
+def causal_mask(int n_past, int n_tokens, int n_kv, int n_swa=0):
+    """The mask of one sequence alone, in cells 0 .. n_past + n_tokens - 1 in
+    order, evaluating ``n_tokens`` after ``n_past``: float32 ``(n_tokens, n_kv)``."""
+    if n_past < 0 or n_tokens <= 0 or n_kv < n_past + n_tokens or n_swa < 0:
+        raise ValueError("need n_past >= 0, n_tokens > 0, n_kv >= n_past + n_tokens, n_swa >= 0")
+    used = n_past + n_tokens
+    cell_pos = np.where(np.arange(n_kv) < used, np.arange(n_kv), -1).astype(np.int32)
+    cell_seqs = (np.arange(n_kv) < used).astype(np.uint64)
+    return attention_mask(cell_pos, cell_seqs, np.zeros(n_tokens, np.int32),
+                          np.arange(n_past, used, dtype=np.int32), n_swa)

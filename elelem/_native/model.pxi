@@ -1,0 +1,429 @@
+# Model: hyperparameters, the per-layer weight table, and the weights --
+# memory-mapped (or read) and used in place, with ggml's repacked copies.
+# Included into core.pyx.
+
+# --------------------------------------------------------------------------
+# Hyperparameters and weights, as the graph builders see them.
+
+cdef struct HParams:
+    int n_vocab
+    int n_embd
+    int n_layer
+    int n_head
+    int n_head_kv
+    int head_dim_k        # per-head width of Q and K
+    int head_dim_v        # per-head width of V
+    int n_ff
+    int n_ctx_train
+    int n_rot             # rotated dims of each head
+    int rope_type         # GGML_ROPE_TYPE_NORMAL or _NEOX
+    float rms_eps
+    float rope_base       # global layers
+    float rope_base_swa   # sliding-window layers
+    float rope_scale      # freq_scale = 1 / linear scaling factor
+    float rope_scale_swa  # the same for sliding-window layers (gemma3: never scaled, as llama.cpp)
+    float attn_scale      # multiplies Q.K
+    float embd_scale      # multiplies the token embeddings (1 for most)
+    int n_swa             # sliding window width, 0 if none
+
+cdef struct LayerWeights:
+    ggml_tensor * attn_norm       # (n_embd)
+    ggml_tensor * wq              # (n_embd, n_head * head_dim_k)
+    ggml_tensor * wk              # (n_embd, n_head_kv * head_dim_k)
+    ggml_tensor * wv              # (n_embd, n_head_kv * head_dim_v)
+    ggml_tensor * wo              # (n_head * head_dim_v, n_embd)
+    ggml_tensor * bq              # optional biases, NULL when absent
+    ggml_tensor * bk
+    ggml_tensor * bv
+    ggml_tensor * bo
+    ggml_tensor * q_norm          # optional per-head norms (head_dim_k)
+    ggml_tensor * k_norm
+    ggml_tensor * attn_post_norm  # optional norm after attention (n_embd)
+    ggml_tensor * ffn_norm        # (n_embd)
+    ggml_tensor * ffn_gate        # (n_embd, n_ff)
+    ggml_tensor * ffn_up          # (n_embd, n_ff)
+    ggml_tensor * ffn_down        # (n_ff, n_embd)
+    ggml_tensor * ffn_post_norm   # optional norm after the FFN (n_embd)
+
+# Python-side role names, in the order of LayerWeights' fields.
+LAYER_ROLES = ("attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo", "q_norm", "k_norm",
+               "attn_post_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "ffn_post_norm")
+
+cdef inline ggml_tensor ** _role_slot(LayerWeights * lw, int i) noexcept:
+    return (<ggml_tensor **> lw) + i
+
+
+cdef inline void _check_status(ggml_status status, str what) except *:
+    # The one place a ggml status becomes a Python exception.
+    if status == GGML_STATUS_SUCCESS:
+        return
+    if status == GGML_STATUS_ABORTED:
+        raise KeyboardInterrupt(f"{what}: aborted")
+    if status == GGML_STATUS_ALLOC_FAILED:
+        raise MemoryError(f"{what}: ggml could not allocate memory")
+    raise errors.ComputeError(f"{what}: ggml returned status {<int> status}")
+
+
+DEF MAX_EXTRA_BUFTS = 4
+
+# --------------------------------------------------------------------------
+# Model: the GGUF context and the weights, memory-mapped and used in place.
+
+cdef class Model:
+    cdef gguf_context * gguf            # tensor table and metadata, owned
+    cdef ggml_context * weights_ctx     # tensor headers (no data), owned
+    cdef void * map_addr                # the whole file, mapped read-only (or read into anonymous memory)
+    cdef size_t map_size
+    cdef ggml_backend_buffer_t weights_buf   # a CPU buffer over the mapping, no copy
+    # Matmul weights that ggml's CPU "extra" buffer types (CPU_REPACK) can lay
+    # out for faster kernels are copied into them at load, as llama.cpp does;
+    # this also makes elelem's arithmetic, and so its tokens, equal llama.cpp's.
+    cdef ggml_context * repack_ctx[MAX_EXTRA_BUFTS]
+    cdef ggml_backend_buffer_t repack_buf[MAX_EXTRA_BUFTS]
+    cdef readonly int n_repacked
+    cdef readonly dict repacked        # buffer type name -> number of weights repacked into it
+    cdef HParams hp
+    cdef int builder_id                 # index of its graph builder in the registry (graph/registry.pxi)
+    cdef LayerWeights * layers          # n_layer entries, calloc'd
+    cdef unsigned char * swa_layers     # n_layer flags: 1 where the layer attends over the window
+    cdef ggml_tensor * tok_embd         # (n_embd, n_vocab)
+    cdef ggml_tensor * output_norm      # (n_embd)
+    cdef ggml_tensor * output           # (n_embd, n_vocab); tok_embd when tied
+    cdef ggml_tensor * rope_freqs       # optional (n_rot / 2) frequency factors
+    cdef readonly object path
+    cdef readonly dict hparams
+    cdef readonly str description
+    cdef bint closed
+
+    def __cinit__(self):
+        self.gguf = NULL
+        self.weights_ctx = NULL
+        self.map_addr = NULL
+        self.map_size = 0
+        self.weights_buf = NULL
+        self.layers = NULL
+        self.swa_layers = NULL
+        for i in range(MAX_EXTRA_BUFTS):
+            self.repack_ctx[i] = NULL
+            self.repack_buf[i] = NULL
+        self.n_repacked = 0
+        self.repacked = {}
+        self.tok_embd = self.output_norm = self.output = self.rope_freqs = NULL
+        self.closed = True
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("Model objects are made by elelem._core.open_model()")
+
+    def __dealloc__(self):
+        self._release()
+
+    cdef void _release(self) noexcept:
+        cdef int i
+        for i in range(MAX_EXTRA_BUFTS):
+            if self.repack_buf[i] != NULL:
+                ggml_backend_buffer_free(self.repack_buf[i])
+                self.repack_buf[i] = NULL
+            if self.repack_ctx[i] != NULL:
+                ggml_free(self.repack_ctx[i])
+                self.repack_ctx[i] = NULL
+        if self.weights_buf != NULL:
+            ggml_backend_buffer_free(self.weights_buf)
+            self.weights_buf = NULL
+        if self.map_addr != NULL:
+            munmap(self.map_addr, self.map_size)
+            self.map_addr = NULL
+        if self.weights_ctx != NULL:
+            ggml_free(self.weights_ctx)
+            self.weights_ctx = NULL
+        if self.gguf != NULL:
+            gguf_free(self.gguf)
+            self.gguf = NULL
+        if self.layers != NULL:
+            free(self.layers)
+            self.layers = NULL
+        if self.swa_layers != NULL:
+            free(self.swa_layers)
+            self.swa_layers = NULL
+        self.closed = True
+
+    def close(self):
+        """Unmap the weights.  Sessions keep their model alive, so close those first."""
+        self._release()
+
+    @property
+    def is_closed(self):
+        return self.closed
+
+    cdef inline void _check_open(self) except *:
+        if self.closed:
+            raise errors.ClosedError("this model is closed")
+
+    @property
+    def n_vocab(self):
+        return self.hp.n_vocab
+
+    @property
+    def n_ctx_train(self):
+        return self.hp.n_ctx_train
+
+    @property
+    def n_layer(self):
+        return self.hp.n_layer
+
+    cdef ggml_tensor * _tensor(self, name, bint required) except? NULL:
+        cdef bytes b = name.encode()
+        cdef ggml_tensor * t = NULL
+        cdef int i
+        for i in range(MAX_EXTRA_BUFTS):
+            if t == NULL and self.repack_ctx[i] != NULL:
+                t = ggml_get_tensor(self.repack_ctx[i], b)
+        if t == NULL:
+            t = ggml_get_tensor(self.weights_ctx, b)
+        if t == NULL and required:
+            raise errors.ModelShapeError(f"required tensor {name!r} is missing from {self.path}")
+        return t
+
+
+def open_model(path, str builder, dict hparams, dict global_tensors, list layer_tensors, str description="",
+               list matmul_weights=None, bint repack=True, bint use_mmap=True, amx_types=None):
+    """Open ``path`` (already validated by elelem.gguf_reader), to be run by
+    the graph builder named ``builder`` (see ``graph_builders()``).
+
+    ``hparams`` holds the HParams fields by name; ``global_tensors`` maps
+    tok_embd/output_norm/output/rope_freqs to a tensor name or None;
+    ``layer_tensors`` has one dict per layer mapping a role in LAYER_ROLES to
+    a tensor name or None (absent optional tensor).  ``matmul_weights`` names
+    the tensors used as the left operand of a mul_mat: with ``repack``, those
+    the CPU backend can repack are copied into its repack buffer.  Without
+    ``use_mmap`` the file is read into memory instead of mapped.
+    ``amx_types`` names the ggml types (``"q4_K"``, ...) allowed into the AMX
+    buffer type, where the CPU has one; None allows every type it takes.
+    """
+    cdef int builder_id = _builder_id(builder)
+    cdef Model m = Model.__new__(Model)
+    m.path = os.fspath(path)
+    m.hparams = dict(hparams)
+    m.description = description
+    _fill_hparams(&m.hp, hparams)
+    m.builder_id = builder_id
+    if len(layer_tensors) != m.hp.n_layer:
+        raise errors.ModelShapeError(f"{len(layer_tensors)} layer tensor tables for {m.hp.n_layer} layers")
+
+    cdef bytes bpath = os.fsencode(m.path)
+    cdef const char * cpath = bpath
+    cdef gguf_init_params gparams
+    gparams.no_alloc = True
+    gparams.ctx = &m.weights_ctx
+    with nogil:
+        m.gguf = gguf_init_from_file(cpath, gparams)
+    if m.gguf == NULL:
+        raise errors.GGUFError(f"ggml could not read the GGUF file {m.path}")
+
+    _map_weights(m, bpath, use_mmap)
+    if repack and matmul_weights:
+        _repack_weights(m, matmul_weights, None if global_tensors.get("output") else global_tensors["tok_embd"],
+                        None if amx_types is None else frozenset(amx_types))
+
+    m.tok_embd = m._tensor(global_tensors["tok_embd"], True)
+    m.output_norm = m._tensor(global_tensors["output_norm"], True)
+    m.output = m._tensor(global_tensors.get("output") or TIED_OUTPUT_NAME.decode(), False)
+    if m.output == NULL:
+        m.output = m.tok_embd  # tied output, not repacked
+    rf = global_tensors.get("rope_freqs")
+    m.rope_freqs = m._tensor(rf, False) if rf else NULL
+
+    m.layers = <LayerWeights *> calloc(m.hp.n_layer, sizeof(LayerWeights))
+    m.swa_layers = <unsigned char *> calloc(m.hp.n_layer, 1)
+    if m.layers == NULL or m.swa_layers == NULL:
+        raise MemoryError()
+    swa = hparams.get("swa_layers") or [False] * m.hp.n_layer
+    if len(swa) != m.hp.n_layer:
+        raise errors.ModelShapeError(f"{len(swa)} sliding-window flags for {m.hp.n_layer} layers")
+    cdef int il, ir
+    for il in range(m.hp.n_layer):
+        m.swa_layers[il] = 1 if swa[il] else 0
+        table = layer_tensors[il]
+        for ir, role in enumerate(LAYER_ROLES):
+            name = table.get(role)
+            if name is not None:
+                _role_slot(&m.layers[il], ir)[0] = m._tensor(name, True)
+    m.closed = False
+    return m
+
+
+cdef void _fill_hparams(HParams * hp, dict h) except *:
+    hp.n_vocab = h["n_vocab"]
+    hp.n_embd = h["n_embd"]
+    hp.n_layer = h["n_layer"]
+    hp.n_head = h["n_head"]
+    hp.n_head_kv = h["n_head_kv"]
+    hp.head_dim_k = h["head_dim_k"]
+    hp.head_dim_v = h["head_dim_v"]
+    hp.n_ff = h["n_ff"]
+    hp.n_ctx_train = h["n_ctx_train"]
+    hp.n_rot = h["n_rot"]
+    hp.rope_type = GGML_ROPE_TYPE_NEOX if h["rope_type"] == "neox" else GGML_ROPE_TYPE_NORMAL
+    hp.rms_eps = h["rms_eps"]
+    hp.rope_base = h["rope_base"]
+    hp.rope_base_swa = h.get("rope_base_swa", h["rope_base"])
+    hp.rope_scale = h.get("rope_scale", 1.0)
+    hp.rope_scale_swa = h.get("rope_scale_swa", hp.rope_scale)
+    hp.attn_scale = h["attn_scale"]
+    hp.embd_scale = h.get("embd_scale", 1.0)
+    hp.n_swa = h.get("n_swa", 0)
+
+
+cdef void _map_weights(Model m, bytes bpath, bint use_mmap) except *:
+    """Map the file (or, without ``use_mmap``, read it into anonymous memory)
+    and place every tensor of weights_ctx at its offset in it."""
+    cdef int fd = c_open(bpath, O_RDONLY)
+    if fd < 0:
+        raise errors.ModelNotFoundError(f"cannot open {m.path}")
+    cdef struct_stat st
+    if fstat(fd, &st) != 0:
+        c_close(fd)
+        raise OSError(f"cannot stat {m.path}")
+    m.map_size = <size_t> st.st_size
+    cdef ssize_t got = 0
+    if use_mmap:
+        m.map_addr = mmap(NULL, m.map_size, PROT_READ, MAP_SHARED, fd, 0)
+    else:
+        m.map_addr = mmap(NULL, m.map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        if m.map_addr != MAP_FAILED:
+            with nogil:
+                got = _read_fully(fd, <char *> m.map_addr, m.map_size)
+    c_close(fd)  # a file mapping keeps the file alive
+    if m.map_addr == MAP_FAILED:
+        m.map_addr = NULL
+        if use_mmap:
+            raise OSError(f"cannot memory-map {m.path}")
+        raise MemoryError(f"cannot allocate {m.map_size:,} bytes to read {m.path} into")
+    if not use_mmap:
+        if got < 0:
+            raise OSError(f"cannot read {m.path}")
+        if got != <ssize_t> m.map_size:
+            raise errors.GGUFTruncatedError(
+                f"{m.path}: read {got:,} of {m.map_size:,} bytes; the file changed while it was being read",
+                field="tensor data", offset=got)
+        mprotect(m.map_addr, m.map_size, PROT_READ)  # weights are never written
+
+    m.weights_buf = ggml_backend_cpu_buffer_from_ptr(m.map_addr, m.map_size)
+    if m.weights_buf == NULL:
+        raise MemoryError("ggml could not wrap the mapped weights in a buffer")
+    ggml_backend_buffer_set_usage(m.weights_buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+
+    cdef size_t data_offset = gguf_get_data_offset(m.gguf)
+    cdef ggml_tensor * t = ggml_get_first_tensor(m.weights_ctx)
+    cdef int64_t tid
+    cdef size_t start, nbytes
+    while t != NULL:
+        tid = gguf_find_tensor(m.gguf, t.name)
+        start = data_offset + gguf_get_tensor_offset(m.gguf, tid)
+        nbytes = ggml_nbytes(t)
+        if tid < 0 or start > m.map_size or nbytes > m.map_size - start:
+            raise errors.GGUFError(
+                f"tensor {t.name.decode(errors='replace')!r}: data at offset {start} + {nbytes} bytes "
+                f"runs past the end of the file ({m.map_size} bytes)")
+        _check_status(ggml_backend_tensor_alloc(m.weights_buf, t, <char *> m.map_addr + start),
+                      "placing a tensor in the mapped weights")
+        t = ggml_get_next_tensor(m.weights_ctx, t)
+
+
+cdef ssize_t _read_fully(int fd, char * dest, size_t size) noexcept nogil:
+    """Read ``size`` bytes from offset 0; the count read (less at EOF), or -1."""
+    cdef size_t done = 0
+    cdef ssize_t n
+    while done < size:
+        n = pread(fd, dest + done, min(size - done, <size_t> (1 << 30)), <off_t> done)
+        if n < 0:
+            return -1
+        if n == 0:
+            break
+        done += <size_t> n
+    return <ssize_t> done
+
+
+cdef bint _repack_supported(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, ggml_tensor * w) except -1:
+    """Would the CPU backend run mul_mat(w, x) with w in ``buft``?  (The test
+    llama.cpp makes: a dummy op over a 512-column batch, w in a 0-byte buffer.)"""
+    cdef ggml_init_params p
+    p.mem_size = ggml_tensor_overhead() * 4
+    p.mem_buffer = NULL
+    p.no_alloc = True
+    cdef ggml_context * tmp = ggml_init(p)
+    if tmp == NULL:
+        raise MemoryError()
+    cdef ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(buft, 0)
+    cdef ggml_backend_buffer * saved = w.buffer
+    cdef bint ok = False
+    cdef ggml_tensor * op
+    if dummy != NULL:
+        op = ggml_mul_mat(tmp, w, ggml_new_tensor_4d(tmp, GGML_TYPE_F32, w.ne[0], 512, w.ne[2], w.ne[3]))
+        w.buffer = dummy
+        ok = ggml_backend_dev_supports_op(dev, op)
+        w.buffer = saved
+        ggml_backend_buffer_free(dummy)
+    ggml_free(tmp)
+    return ok
+
+
+cdef bytes TIED_OUTPUT_NAME = b"output.weight"
+
+cdef bytes AMX_BUFT_NAME = b"AMX"
+
+cdef void _repack_weights(Model m, list names, tied_from, amx_types) except *:
+    cdef ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
+    if dev == NULL:
+        return
+    cdef ggml_backend_dev_get_extra_bufts_t get_extra = <ggml_backend_dev_get_extra_bufts_t> \
+        ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts")
+    if get_extra == NULL:
+        return
+    cdef ggml_backend_buffer_type_t * bufts = get_extra(dev)
+    cdef int ib = 0
+    cdef ggml_tensor * w
+    cdef ggml_tensor * r
+    cdef ggml_init_params p
+    pending = list(dict.fromkeys(names))
+    while bufts != NULL and bufts[ib] != NULL and ib < MAX_EXTRA_BUFTS and pending:
+        buft_name = ggml_backend_buft_name(bufts[ib])
+        # ggml offers its extra buffer types best first (AMX before CPU_REPACK);
+        # a type kept out of AMX falls through to the next one that takes it.
+        allowed = amx_types if buft_name == AMX_BUFT_NAME else None
+        chosen = []
+        for name in pending:
+            w = ggml_get_tensor(m.weights_ctx, name.encode())
+            if w != NULL and (allowed is None or ggml_type_name(w.type).decode() in allowed) \
+                    and _repack_supported(dev, bufts[ib], w):
+                chosen.append(name)
+        if chosen:
+            p.mem_size = ggml_tensor_overhead() * (len(chosen) + 1)
+            p.mem_buffer = NULL
+            p.no_alloc = True
+            m.repack_ctx[ib] = ggml_init(p)
+            if m.repack_ctx[ib] == NULL:
+                raise MemoryError()
+            for name in chosen:
+                w = ggml_get_tensor(m.weights_ctx, name.encode())
+                r = ggml_dup_tensor(m.repack_ctx[ib], w)
+                # A tied output keeps the embedding table unpacked for get_rows
+                # and gets a repacked copy of its own, as in llama.cpp.
+                new_name = TIED_OUTPUT_NAME if name == tied_from else name.encode()
+                ggml_set_name(r, new_name)
+            m.repack_buf[ib] = ggml_backend_alloc_ctx_tensors_from_buft(m.repack_ctx[ib], bufts[ib])
+            if m.repack_buf[ib] == NULL:
+                raise MemoryError("ggml could not allocate the repacked weights")
+            ggml_backend_buffer_set_usage(m.repack_buf[ib], GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+            for name in chosen:
+                w = ggml_get_tensor(m.weights_ctx, name.encode())
+                new_name = TIED_OUTPUT_NAME if name == tied_from else name.encode()
+                r = ggml_get_tensor(m.repack_ctx[ib], new_name)
+                with nogil:
+                    ggml_backend_tensor_set(r, w.data, 0, ggml_nbytes(w))  # the buffer repacks on write
+            m.n_repacked += len(chosen)
+            m.repacked[buft_name.decode()] = len(chosen)
+            _log.debug("repacked %d weights into %s", len(chosen), buft_name.decode())
+            chosen_set = set(chosen)
+            pending = [n for n in pending if n not in chosen_set]
+        ib += 1
+

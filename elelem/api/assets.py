@@ -1,0 +1,75 @@
+"""What every session of one model shares besides the engine: the file's
+metadata, its tokenizer and its chat template, built on first use.
+
+Kept apart from :class:`~elelem.api.llm.LLM` so that sessions refer to these
+and to the engine, never to the LLM: nothing refers back, so closing (or
+dropping) an LLM frees it at once, without waiting for the garbage collector.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+from ..gguf.reader import GGUFFile, validate_tokenizer_metadata
+from ..model.architectures import ModelSpec
+from ..text.chat_template import ChatTemplate
+from ..text.tokenizer import Tokenizer
+
+log = logging.getLogger("elelem")
+
+
+class ModelAssets:
+    """The metadata, tokenizer and chat template of one open model file."""
+
+    def __init__(self, path: Path, gguf: GGUFFile, spec: ModelSpec):
+        self.path = path
+        self.gguf = gguf
+        self.spec = spec
+        self.n_vocab: int = spec.hparams["n_vocab"]
+        self._build_lock = threading.Lock()
+        self.tokenizer_lock = threading.Lock()  # the tokenizer's word cache is not thread-safe
+        self._tokenizer: Optional[Tokenizer] = None
+        self._chat_template: Optional[ChatTemplate] = None
+        self.eos_ids = self._metadata_eos_ids()
+
+    @property
+    def model_name(self) -> str:
+        """The ``model`` field of the completion dicts: the file path, as llama-cpp-python."""
+        return str(self.path)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            with self._build_lock:
+                if self._tokenizer is None:
+                    t0 = time.perf_counter()
+                    validate_tokenizer_metadata(self.gguf)  # ids in range, types, merges vs vocabulary
+                    self._tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
+                    log.debug("built the tokenizer in %.3f s", time.perf_counter() - t0)
+        return self._tokenizer
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        if self._chat_template is None:
+            tokenizer = self.tokenizer
+            with self._build_lock:
+                if self._chat_template is None:
+                    self._chat_template = ChatTemplate.from_metadata(self.gguf.metadata,
+                                                                     token_text=tokenizer.token_text)
+        return self._chat_template
+
+    def tokenize(self, text, add_bos: Optional[bool] = None, special: bool = False) -> list[int]:
+        tokenizer = self.tokenizer
+        with self.tokenizer_lock:
+            return tokenizer.encode(text, add_bos=add_bos, special=special)
+
+    def _metadata_eos_ids(self) -> frozenset[int]:
+        ids = set()
+        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+            value = self.gguf.get(key)
+            if isinstance(value, int) and 0 <= value < self.n_vocab:
+                ids.add(value)
+        return frozenset(ids)

@@ -1,0 +1,402 @@
+"""The engine: every active sequence of one model, stepped together.
+
+One :class:`Engine` owns a native ``Context`` (backends, scheduler, and the
+KV cache that all sequences share).  Each step takes the next token of every
+generating request, plus prompt chunks of requests being prefilled, into one
+batch of up to ``n_batch`` tokens (continuous batching, as llama.cpp's
+server): a request that arrives mid-generation joins at the next step.
+
+There is no engine thread.  Whoever waits for a result drives: it runs a step
+for everyone when no step is running, and otherwise waits for the step in
+progress (leader/follower).  One stream alone therefore steps in its own
+thread with no hand-off, and N streams in N threads share every step.  The
+native compute releases the GIL, so the waiting threads cost nothing.
+
+Only the thread that holds the step (``_stepping``) touches the cache, so the
+cache never changes under a running step.
+
+Limits: ``n_seq_max`` sequences (each session holds one), ``kv_size`` cells
+shared by all of them, ``n_ctx`` positions per sequence.  When a step needs
+more cells than are free, the cells of idle sequences (open sessions with no
+request running) are dropped, least recently used first; a request that
+still does not fit waits while other requests run, and fails with
+:class:`~elelem.errors.KVCacheFullError` when nothing else could free cells.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..errors import CapacityError, ClosedError, ContextLimitError, KVCacheFullError
+from .request import Request
+
+log = logging.getLogger("elelem")
+
+#: Generated tokens a consumer may leave unread before its request pauses:
+#: a stream that is not being read stops computing after a few steps.
+MAX_AHEAD = 8
+
+
+@dataclass
+class _Chunk:
+    request: Request
+    n: int                              # tokens taken from request.pending
+    rows: list[int] = field(default_factory=list)  # their rows in the step's logits
+
+
+@dataclass
+class _Plan:
+    chunks: list[_Chunk]
+    tokens: list[int]
+    seqs: list[int]
+    outputs: list[bool]
+
+
+class Engine:
+    """Sequences and continuous batching over one native context."""
+
+    def __init__(self, context, *, n_ctx: int):
+        self._ctx = context
+        self.n_ctx = n_ctx                  # the most positions one sequence may hold
+        self._cv = threading.Condition(threading.Lock())
+        self._stepping = False
+        self._active: list[Request] = []
+        self._free_seqs = list(range(context.n_seq_max))
+        self._seq_request: dict[int, Request] = {}   # the request running on each sequence
+        self._last_used: dict[int, float] = {}       # open sequences -> when last stepped
+        self._abort_for_cancel = False
+        self._closed = False
+        self.steps = 0                      # statistics: steps run, tokens evaluated in them,
+        self.batched_tokens = 0             # and steps that carried more than one sequence
+        self.shared_steps = 0
+
+    # -- facts -----------------------------------------------------------------
+
+    @property
+    def n_seq_max(self) -> int:
+        return self._ctx.n_seq_max
+
+    @property
+    def kv_size(self) -> int:
+        return self._ctx.kv_size
+
+    @property
+    def n_batch(self) -> int:
+        return self._ctx.n_batch
+
+    @property
+    def context(self):
+        return self._ctx
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- sequences -------------------------------------------------------------
+
+    def open_sequence(self) -> int:
+        """A free sequence id, or CapacityError when all ``n_seq_max`` are open."""
+        with self._cv:
+            self._check_open()
+            if not self._free_seqs:
+                raise CapacityError(f"all {self.n_seq_max} sequences of this model are in use; close a "
+                                    f"session, or open the model with a larger n_seq_max")
+            seq = self._free_seqs.pop(0)
+            self._last_used[seq] = time.monotonic()
+            return seq
+
+    def close_sequence(self, seq: int) -> None:
+        """Free a sequence and its cells, at once (waits for a running step)."""
+        with self._cv:
+            self._wait_idle()
+            request = self._seq_request.pop(seq, None)
+            if request is not None:
+                self._drop(request, ClosedError("the session was closed"))
+            if self._closed or seq in self._free_seqs:
+                return
+            self._ctx.cache.seq_rm(seq, 0)
+            self._last_used.pop(seq, None)
+            self._free_seqs.append(seq)
+            self._free_seqs.sort()
+            self._cv.notify_all()
+
+    def tokens(self, seq: int) -> list[int]:
+        """The tokens sequence ``seq`` holds in the cache, in order."""
+        with self._cv:
+            self._wait_idle()
+            self._check_open()
+            return self._ctx.cache.seq_tokens(seq)
+
+    def length(self, seq: int) -> int:
+        with self._cv:
+            self._wait_idle()
+            self._check_open()
+            return self._ctx.cache.seq_length_of(seq)
+
+    def trim(self, seq: int, n: int) -> None:
+        """Keep the first ``n`` positions of ``seq`` (rewind)."""
+        with self._cv:
+            self._wait_idle()
+            self._check_open()
+            self._ctx.cache.seq_rm(seq, n)
+
+    # -- requests --------------------------------------------------------------
+
+    def run(self, request: Request) -> Request:
+        """Step until ``request`` is done; raises its error, if any."""
+        self._drive(request, lambda: request.done)
+        if request.error is not None:
+            raise request.error
+        return request
+
+    def next_token(self, request: Request) -> Optional[int]:
+        """The next generated token of ``request``, or None once it is done."""
+        self._drive(request, lambda: bool(request.generated) or request.done)
+        with self._cv:
+            if request.generated:
+                return request.generated.popleft()
+        if request.error is not None:
+            raise request.error
+        return None
+
+    def cancel(self, request: Request, error: Optional[BaseException] = None) -> None:
+        """Stop ``request``: at once if no step runs it, else when the step
+        ends.  ``error`` is what its consumer then sees (None: it just ends);
+        with an error, a running step is aborted (and re-run for the others)."""
+        with self._cv:
+            if request.done:
+                return
+            request.cancelled = True
+            if request.in_step:
+                request.cancel_error = error
+                if error is not None:  # the caller is told at once: stop the step itself
+                    self._abort_for_cancel = True
+                    self._ctx.request_abort()
+            else:
+                self._drop(request, error)
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        """Fail every request, then free the native context (waits for a running step)."""
+        with self._cv:
+            if self._closed:
+                return
+            self._wait_idle()
+            for request in list(self._active):
+                self._drop(request, ClosedError("the model was closed"))
+            self._closed = True
+            self._ctx.close()
+            self._cv.notify_all()
+
+    # -- driving ---------------------------------------------------------------
+
+    def _drive(self, own: Request, ready: Callable[[], bool]) -> None:
+        with self._cv:
+            if not own.done and own not in self._active:
+                self._check_open()
+                self._active.append(own)
+                self._seq_request[own.seq] = own
+            while not ready():
+                if self._stepping:
+                    self._cv.wait()
+                    continue
+                self._check_open()
+                plan = self._plan()
+                if plan is None:
+                    if ready():
+                        break
+                    raise RuntimeError("the engine has nothing to run for a request that is not done (a bug)")
+                self._stepping = True
+                try:
+                    self._cv.release()
+                    try:
+                        logits = self._ctx.decode(plan.tokens, plan.seqs, plan.outputs)
+                        error = None
+                    except BaseException as exc:  # noqa: B902 -- Ctrl-C included, settled below
+                        logits, error = None, exc
+                    finally:
+                        self._cv.acquire()
+                    self._settle(plan, logits, error, own)
+                finally:
+                    self._stepping = False
+                    self._cv.notify_all()
+
+    def _plan(self) -> Optional[_Plan]:
+        """The next batch: one token of every generating request first, then
+        prompt chunks, up to n_batch tokens and the free cells."""
+        for request in list(self._active):
+            if not request.admitted:
+                self._admit(request)
+        budget = self._ctx.n_batch
+        runnable = [r for r in self._active if r.wants_more and len(r.generated) < MAX_AHEAD]
+        if not runnable:
+            return None
+        runnable.sort(key=lambda r: len(r.pending) > 1)  # decoding requests first, stable otherwise
+        need = min(budget, sum(len(r.pending) for r in runnable))
+        free = self._make_room(need, {r.seq for r in runnable})
+        budget = min(budget, free)
+        if budget == 0:
+            error = KVCacheFullError(
+                f"the KV cache ({self.kv_size} cells) is full: the running sequences hold every cell; "
+                f"open the model with a larger kv_size, or run fewer requests at once")
+            for request in runnable:
+                self._drop(request, error)
+            return None
+        chunks, tokens, seqs, outputs = [], [], [], []
+        for request in runnable:
+            if budget == 0:
+                break
+            n = min(len(request.pending), budget)
+            budget -= n
+            chunk = _Chunk(request, n)
+            ends = n == len(request.pending)
+            for i, token in enumerate(request.pending[:n]):
+                wanted = request.all_logits or (ends and i == n - 1)
+                if wanted:
+                    chunk.rows.append(sum(outputs))
+                tokens.append(token)
+                seqs.append(request.seq)
+                outputs.append(wanted)
+            request.in_step = True
+            chunks.append(chunk)
+        if not any(outputs):  # a step must return some row; the last one is cheap
+            outputs[-1] = True
+        return _Plan(chunks, tokens, seqs, outputs)
+
+    def _admit(self, request: Request) -> None:
+        """Bring a new request's sequence to its prompt, reusing the cache."""
+        request.admitted = True
+        cache = self._ctx.cache
+        if request.prompt is not None:
+            prompt = request.prompt
+            # Re-evaluate at least two tokens of a longer prompt: ggml computes a lone
+            # token with other kernels than a batch (gemv, not gemm), and a prompt whose
+            # last token alone were re-evaluated could get other logits -- and at a
+            # near-tie another greedy answer -- than the prompt evaluated afresh.
+            limit = max(0, len(prompt) - 2)
+            own = min(_common_prefix(cache.seq_tokens(request.seq), prompt), limit)
+            donor, shared = None, own
+            for seq in self._last_used:
+                if seq != request.seq:
+                    n = min(_common_prefix(cache.seq_tokens(seq), prompt), limit)
+                    if n > shared:
+                        donor, shared = seq, n
+            if donor is not None:  # a prefix another sequence holds: share its cells
+                cache.seq_rm(request.seq, 0)
+                cache.seq_cp(donor, request.seq, shared)
+            else:
+                cache.seq_rm(request.seq, own)
+            request.reused = shared
+            request.pending = prompt[shared:]
+        length = cache.seq_length_of(request.seq)
+        limit = request.n_ctx if request.n_ctx is not None else self.n_ctx
+        if length + len(request.pending) > limit:
+            self._drop(request, ContextLimitError(
+                f"{length} cached + {len(request.pending)} new tokens = {length + len(request.pending)} "
+                f"exceeds n_ctx={limit}"))
+
+    def _make_room(self, need: int, running: set[int]) -> int:
+        """Free cells for ``need`` tokens, dropping idle sequences' cells
+        (least recently used first) if needed; returns the cells free."""
+        cache = self._ctx.cache
+        if cache.n_free < need:
+            idle = sorted((t, s) for s, t in self._last_used.items()
+                          if s not in running and s not in self._seq_request and cache.seq_length_of(s) > 0)
+            for _, seq in idle:
+                log.debug("KV cache full: dropping the cached prefix of idle sequence %d", seq)
+                cache.seq_rm(seq, 0)
+                if cache.n_free >= need:
+                    break
+        return cache.n_free
+
+    def _settle(self, plan: _Plan, logits: Optional[np.ndarray], error: Optional[BaseException],
+                own: Request) -> None:
+        for chunk in plan.chunks:
+            chunk.request.in_step = False
+        if error is not None:
+            self._settle_failure(plan, error, own)
+            return
+        self.steps += 1
+        self.batched_tokens += len(plan.tokens)
+        self.shared_steps += len(plan.chunks) > 1
+        now = time.monotonic()
+        for chunk in plan.chunks:
+            request = chunk.request
+            self._last_used[request.seq] = now
+            del request.pending[:chunk.n]
+            request.evaluated += chunk.n
+            if request.cancelled:
+                self._drop(request, request.cancel_error)
+                continue
+            if not chunk.rows:
+                continue
+            rows = logits[chunk.rows]
+            if request.pick is None:
+                request.logit_rows.append(rows)
+                if not request.pending:
+                    self._retire(request)
+                continue
+            self._pick_next(request, rows[-1])
+
+    def _pick_next(self, request: Request, logits: np.ndarray) -> None:
+        try:
+            token, go_on = request.pick(logits)
+        except BaseException as exc:  # noqa: B902 -- the consumer gets it
+            self._drop(request, exc)
+            return
+        if token is not None and request.streamed:
+            request.generated.append(token)
+        full = self._ctx.cache.seq_length_of(request.seq) >= (request.n_ctx or self.n_ctx)
+        if token is None or not go_on or full:
+            self._retire(request)
+        else:
+            request.pending = [token]
+
+    def _settle_failure(self, plan: _Plan, error: BaseException, own: Request) -> None:
+        """A step failed and left the cache as it was.  An abort made for a
+        cancel ends the cancelled requests only; Ctrl-C ends the driver's own
+        request; any other error ends every request of the step."""
+        if isinstance(error, KeyboardInterrupt) and self._abort_for_cancel:
+            self._abort_for_cancel = False
+            for chunk in plan.chunks:
+                if chunk.request.cancelled:
+                    self._drop(chunk.request, chunk.request.cancel_error)
+            return
+        victims = [own] if isinstance(error, KeyboardInterrupt) else [c.request for c in plan.chunks] + [own]
+        for request in victims:
+            self._drop(request, error)
+
+    def _retire(self, request: Request) -> None:
+        request.finish()
+        self._forget(request)
+
+    def _drop(self, request: Request, error: Optional[BaseException]) -> None:
+        request.finish(error)
+        self._forget(request)
+
+    def _forget(self, request: Request) -> None:
+        if request in self._active:
+            self._active.remove(request)
+        if self._seq_request.get(request.seq) is request:
+            del self._seq_request[request.seq]
+
+    def _wait_idle(self) -> None:
+        while self._stepping:
+            self._cv.wait()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this model is closed")
+
+
+def _common_prefix(a, b) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,70 @@
+"""One unit of work on one sequence: tokens to evaluate, then, optionally, generation.
+
+A :class:`Request` is made by the API layer and handed to the
+:class:`~elelem.engine.engine.Engine`, which steps it together with every
+other active request.  Two kinds:
+
+* evaluation: ``tokens`` are evaluated after what the sequence holds and the
+  logits of the last one (or of all) are kept;
+* generation: ``prompt`` is the whole sequence wanted; at admission the
+  engine reuses the longest prefix the cache already holds (its own, or
+  forked from another sequence) and evaluates the rest.  After each
+  evaluation, ``pick(logits)`` chooses the next token; it is queued for the
+  consumer and evaluated at the next step, until ``pick`` says stop.
+
+All mutable state is guarded by the engine's lock; the consumer reads the
+queue through the engine.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+#: ``pick(logits) -> (token or None, go_on)``: the token to emit (None: none),
+#: and whether to evaluate it and continue.
+Picker = Callable[[np.ndarray], "tuple[Optional[int], bool]"]
+
+
+class Request:
+    """Work on sequence ``seq``; see the module docstring."""
+
+    def __init__(self, seq: int, *, tokens: Sequence[int] = (), prompt: Optional[Sequence[int]] = None,
+                 all_logits: bool = False, pick: Optional[Picker] = None, n_ctx: Optional[int] = None,
+                 streamed: bool = False):
+        self.seq = seq
+        self.prompt = list(prompt) if prompt is not None else None
+        self.pending: list[int] = list(tokens)   # still to evaluate, in order
+        self.all_logits = all_logits
+        self.pick = pick
+        self.n_ctx = n_ctx                        # the sequence may hold at most this many positions
+        # Picked tokens wait here for a consumer reading them one by one
+        # (Engine.next_token); without one (``streamed`` False) they are not kept.
+        self.streamed = streamed
+        self.generated: collections.deque[int] = collections.deque()
+        self.logit_rows: list[np.ndarray] = []    # evaluation: the logits kept
+        self.evaluated = 0                        # tokens this request evaluated
+        self.reused = 0                           # prompt tokens found in the cache
+        self.admitted = False
+        self.done = False
+        self.error: Optional[BaseException] = None
+        self.cancelled = False
+        self.cancel_error: Optional[BaseException] = None  # what the consumer sees after a cancel
+        self.in_step = False                      # part of the step now running
+
+    @property
+    def wants_more(self) -> bool:
+        return not self.done and bool(self.pending)
+
+    def logits(self) -> np.ndarray:
+        """An evaluation's result: ``(n_vocab,)`` for the last token, or every row."""
+        if self.all_logits:
+            return np.concatenate(self.logit_rows, axis=0)
+        return self.logit_rows[-1][-1]
+
+    def finish(self, error: Optional[BaseException] = None) -> None:
+        self.done = True
+        self.pending = []
+        if error is not None and self.error is None:
+            self.error = error
