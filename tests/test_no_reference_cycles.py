@@ -136,11 +136,7 @@ def test_chatml_fallback_template_is_free_of_cycles():
 
 # --- the whole LLM -------------------------------------------------------------
 
-LLM_CYCLE = "LLM self-reference, removed by the engine rewrite"
-
-
 @pytest.mark.real_model
-@pytest.mark.xfail(strict=True, reason=LLM_CYCLE)
 def test_closed_llm_is_free_of_cycles(smollm_path):
     def build():
         llm = elelem.LLM(smollm_path, n_ctx=256, n_threads=1)
@@ -162,7 +158,6 @@ CYCLES, WARM_UP, RSS_SLACK_MIB = 200, 10, 10.0
 
 @pytest.mark.real_model
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=LLM_CYCLE)
 def test_open_generate_close_200_times_without_gc_keeps_rss_flat(smollm_path):
     # Token ids in and out (generate_tokens: greedy), so a cycle costs the open, four
     # steps and the close, not the 0.2 s of building SmolLM2's tokenizer: the objects
