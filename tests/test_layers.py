@@ -74,7 +74,6 @@ def _import_cycles() -> dict:
     return json.loads(result.stdout)
 
 
-@pytest.mark.xfail(strict=True, reason="API-level cycle, removed by the engine rewrite (issue 13)")
 def test_no_import_cycles():
     found = _import_cycles()
     assert found["modules"] > 40, found  # the whole package was read, not an empty stand-in

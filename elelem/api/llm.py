@@ -22,7 +22,7 @@ import weakref
 from contextlib import contextmanager
 from typing import Optional
 
-from .. import _core
+from .._core import new_context, open_model  # the names, not `from .. import _core` (the package)
 from ..cpu import amx_types
 from ..engine.engine import Engine
 from ..errors import ClosedError, InvalidArgumentError
@@ -113,12 +113,12 @@ class LLM:
         self.spec: ModelSpec = model_spec(self.gguf)
         n_ctx_train = self.spec.hparams["n_ctx_train"]
         n_ctx = min(n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else _checked_n_ctx(n_ctx)
-        self._model = _core.open_model(self.path, self.spec.arch.builder, self.spec.hparams,
+        self._model = open_model(self.path, self.spec.arch.builder, self.spec.hparams,
                                        self.spec.global_tensors, self.spec.layer_tensors,
                                        self.spec.description, self.spec.matmul_weights(), repack,
                                        use_mmap, amx_types(amx))
         try:
-            context = _core.new_context(self._model, n_ctx if kv_size is None else kv_size, n_batch,
+            context = new_context(self._model, n_ctx if kv_size is None else kv_size, n_batch,
                                         default_n_threads() if n_threads is None else n_threads,
                                         kv_type, flash_attn, n_seq_max)
             self._engine = Engine(context, n_ctx=n_ctx if kv_size is None else min(n_ctx, context.kv_size))

@@ -3,7 +3,7 @@
 Each entry says which metadata keys hold the hyperparameters (with their
 defaults), which tensors each layer has and which of them are optional, the
 RoPE type, the activation, and features such as a sliding window.  The graph
-itself is built natively by the builder the entry names (``_arch_*.pxi``).
+itself is built natively by the builder the entry names (``elelem/_native/graph/arch_*.pxi``).
 
 Adding an architecture: one builder file (or reuse one), one entry in
 ARCHITECTURES, one synthetic-model test case.
