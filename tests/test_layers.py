@@ -79,12 +79,3 @@ def test_no_import_cycles():
     assert found["modules"] > 40, found  # the whole package was read, not an empty stand-in
     assert found["cycles"] == [], "modules that import each other in a loop:\n" + "\n".join(
         " <-> ".join(cycle) for cycle in found["cycles"])
-
-
-def test_import_cycles_stay_inside_the_api_layer():
-    # Until the rewrite removes it, the one cycle left is the API's own (plus the
-    # package root, which loads LLM lazily and which api.llm imports _core through).
-    # Every other layer is already free of cycles and must stay so.
-    outside = [cycle for cycle in _import_cycles()["cycles"]
-               if any(module != "elelem" and not module.startswith("elelem.api.") for module in cycle)]
-    assert outside == [], outside
