@@ -84,6 +84,26 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="machine-readable output")
     bench.set_defaults(handler=_command("bench"))
 
+    serve = commands.add_parser("serve", parents=[common], help="serve models over an OpenAI-compatible HTTP API",
+                                description="An OpenAI-compatible server (/v1/chat/completions, /v1/completions, "
+                                            "/v1/models, /health, /metrics); needs pip install 'elelem[server]'.")
+    serve.add_argument("-m", "--model", action="append", default=None, metavar="M",
+                       help=f"a .gguf path or a known model name; repeat to serve several (default: {DEFAULT_MODEL})")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=_non_negative_int, default=8080, help="port (default 8080; 0 picks a free one)")
+    serve.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY'")
+    serve.add_argument("--parallel", type=_positive_int, default=8, metavar="N",
+                       help="requests run at once per model, batched together (default 8); more get 503")
+    serve.add_argument("-c", "--ctx", type=_positive_int, default=None, metavar="N",
+                       help="context window of each request in tokens (default: the model's, at most 4096)")
+    serve.add_argument("-t", "--threads", type=_positive_int, default=None, metavar="N",
+                       help="CPU threads (default: the CPUs available)")
+    serve.add_argument("--keep-alive", default="5m", metavar="T",
+                       help="unload a model after this long without requests (default 5m; -1: never)")
+    serve.add_argument("--grace", type=float, default=10.0, metavar="S",
+                       help="on SIGTERM, seconds running requests may take to finish before they are cancelled")
+    serve.set_defaults(handler=_command("serve"))
+
     models = commands.add_parser("models", parents=[common], help="list the known models and whether they are cached")
     models.set_defaults(handler=_command("models", "list_models"))
 

@@ -1,0 +1,45 @@
+"""``elelem serve``: the OpenAI-compatible server of :mod:`elelem.server`.
+
+SIGTERM or Ctrl-C: running requests get ``--grace`` seconds to finish, the
+rest are cancelled, the models are closed, and the exit status is 0.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import sys
+
+from .loading import model_path
+
+log = logging.getLogger("elelem.server")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        from ..server import ServerConfig, create_app
+        from ..server.config import parse_duration
+        from ..server.serving import serve
+    except ImportError as error:
+        print(f"elelem: error: the server needs its extra ({error.name} is missing): "
+              "pip install 'elelem[server]'", file=sys.stderr)
+        return 1
+    models = [model_path(name) for name in (args.model or [None])]  # known names are pulled first
+    config = ServerConfig(models=models, api_key=args.api_key, parallel=args.parallel, n_ctx=args.ctx,
+                          n_threads=args.threads, keep_alive=parse_duration(args.keep_alive))
+    if not _is_loopback(args.host) and args.api_key is None:
+        log.warning("binding %s without --api-key: anyone who can reach this port can use the models",
+                    args.host)
+    status = serve(create_app(config), host=args.host, port=args.port, grace=args.grace)
+    if status == 0:
+        print("elelem: server stopped", file=sys.stderr)
+    return status
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,168 @@
+"""The Starlette app: routes, the API key, the body limit, and the lifespan of the models."""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Optional
+
+import anyio
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from . import schema
+from .config import ServerConfig
+from .errors import APIError, bad_request, from_exception
+from .generation import Generation
+from .metrics import Metrics
+from .registry import ModelRegistry
+
+log = logging.getLogger("elelem.server")
+
+
+class ServerState:
+    """What the routes share: the settings, the models, the counts."""
+
+    def __init__(self, config: ServerConfig, registry: ModelRegistry):
+        self.config = config
+        self.registry = registry
+        self.metrics = Metrics()
+        self.ready = False
+        self.started = int(time.time())
+        # One worker thread per running request, plus a few for loading and cleanup.
+        self.limiter = anyio.CapacityLimiter(config.parallel * len(config.models) + 4)
+        self.generations: set[Generation] = set()
+
+    def cancel_all(self) -> int:
+        """Stop every running generation (used at shutdown, after the grace period)."""
+        for generation in list(self.generations):
+            generation.cancel()
+        return len(self.generations)
+
+
+def create_app(config: ServerConfig, registry: Optional[ModelRegistry] = None) -> Starlette:
+    """The ASGI app of ``elelem serve``; ``app.state.server`` is its :class:`ServerState`."""
+    state = ServerState(config, registry if registry is not None else ModelRegistry(config))
+
+    @asynccontextmanager
+    async def lifespan(app):
+        # The default model loads before the server accepts requests, so /health means ready.
+        await anyio.to_thread.run_sync(state.registry.default.load)
+        state.registry.start_reaper()
+        state.ready = True
+        try:
+            yield
+        finally:
+            state.ready = False
+            state.cancel_all()
+            await anyio.to_thread.run_sync(state.registry.close)
+
+    routes = [
+        Route("/health", _endpoint(state, _health, auth=False), methods=["GET"]),
+        Route("/metrics", _endpoint(state, _metrics, auth=False), methods=["GET"]),
+        Route("/v1/models", _endpoint(state, _models), methods=["GET"]),
+        Route("/v1/models/{model:path}", _endpoint(state, _model), methods=["GET"]),
+        Route("/v1/chat/completions", _endpoint(state, _generation(schema.chat_call)), methods=["POST"]),
+        Route("/v1/completions", _endpoint(state, _generation(schema.completion_call)), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_exception, Exception: _unexpected})
+    app.state.server = state
+    return app
+
+
+def _endpoint(state: ServerState, handler, *, auth: bool = True):
+    """A route: checks the key, runs ``handler(state, request)``, logs, and maps errors to OpenAI's JSON."""
+    async def endpoint(request: Request) -> Response:
+        t0 = time.perf_counter()
+        try:
+            if auth:
+                _check_key(state.config.api_key, request)
+            response = await handler(state, request)
+        except Exception as error:  # noqa: B902 -- never a bare 500 page
+            response = from_exception(error, state.config.retry_after_seconds).response()
+        if isinstance(response, Generation):
+            return response  # it counts and logs itself once it has answered
+        state.metrics.request_done(request.url.path, response.status_code)
+        log.info("%s %s -> %d (%.0f ms)", request.method, request.url.path, response.status_code,
+                 (time.perf_counter() - t0) * 1000)
+        return response
+    return endpoint
+
+
+def _check_key(api_key: Optional[str], request: Request) -> None:
+    if api_key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    # Compared in constant time, so the response time does not reveal how much of a guess was right.
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+        raise APIError(401, "a missing or wrong API key: send 'Authorization: Bearer <key>'",
+                       code="invalid_api_key")
+
+
+async def _health(state: ServerState, request: Request) -> Response:
+    if not state.ready:
+        return JSONResponse({"status": "loading"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def _metrics(state: ServerState, request: Request) -> Response:
+    return PlainTextResponse(state.metrics.render(state.registry.models),
+                             media_type="text/plain; version=0.0.4")
+
+
+def _model_object(state: ServerState, model) -> dict:
+    return {"id": model.id, "object": "model", "created": state.started, "owned_by": "elelem"}
+
+
+async def _models(state: ServerState, request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_object(state, m) for m in state.registry.models]})
+
+
+async def _model(state: ServerState, request: Request) -> Response:
+    return JSONResponse(_model_object(state, state.registry.get(request.path_params["model"])))
+
+
+def _generation(parse):
+    async def handler(state: ServerState, request: Request) -> Response:
+        body = await _json_body(request, state.config.max_body_bytes)
+        call = parse(body, state.config)
+        model = state.registry.get(call.model)
+        await model.reserve()  # may wait in the queue; 503 with Retry-After past its bounds
+        return Generation(request.url.path, model, call, state.metrics, state.limiter,
+                          state.config.retry_after_seconds, live=state.generations)
+    return handler
+
+
+async def _json_body(request: Request, limit: int):
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise APIError(413, f"the body has {int(length)} bytes; this server takes at most {limit}",
+                       code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"the body is over {limit} bytes, this server's limit", code="request_too_large")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise bad_request(f"the body is not valid JSON: {error}") from None
+
+
+async def _http_exception(request: Request, error: HTTPException) -> Response:
+    # Starlette's own 404 (no such route) and 405 (wrong method), in OpenAI's shape.
+    return APIError(error.status_code, f"{request.method} {request.url.path}: {error.detail}",
+                    type="invalid_request_error").response()
+
+
+async def _unexpected(request: Request, error: Exception) -> Response:
+    return from_exception(error).response()

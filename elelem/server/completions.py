@@ -1,0 +1,72 @@
+"""One checked call run on a session: the library's text stream, and OpenAI's response shapes over it.
+
+The library's ``create_chat_completion`` and ``create_completion`` build the
+same dicts, but hide the stream they read, whose token counts the server
+needs (``stream_options.include_usage``, ``/metrics``); so this opens the
+stream with ``chat_stream``/``stream`` and builds the responses with the
+library's own builders.
+"""
+from __future__ import annotations
+
+from contextlib import closing
+from typing import Callable, Iterator
+
+from ..api import completions as shapes
+from ..api.generation import TextStream
+from ..api.tools import responses as tool_shapes
+from ..api.tools.request import plan_tools
+from .schema import Call
+
+
+class Answer:
+    """A started call: ``whole()`` for the full response, or ``chunks()`` to stream it."""
+
+    def __init__(self, text: TextStream, whole: Callable[[], dict], chunks: Callable[[], Iterator[dict]]):
+        self.text = text
+        self.whole = whole
+        self.chunks = chunks
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.text.prompt_tokens, "completion_tokens": self.text.completion_tokens,
+                "total_tokens": self.text.prompt_tokens + self.text.completion_tokens}
+
+
+def start(session, call: Call, model_id: str) -> Answer:
+    """Tokenize and check the call (bad input raises here, before any compute)."""
+    if call.chat:
+        return _chat(session, call, model_id)
+    return _completion(session, call, model_id)
+
+
+def _chat(session, call: Call, model_id: str) -> Answer:
+    plan = plan_tools(call.tools, call.tool_choice, session.assets.chat_template.source)
+    text = session.chat_stream(call.messages, tools=call.tools, tool_choice=call.tool_choice, **call.options)
+    if plan.parses_calls:
+        return Answer(text, lambda: tool_shapes.chat_completion(text, model_id, plan.parser, plan.tool_names),
+                      lambda: tool_shapes.chat_completion_chunks(text, model_id, plan.parser, plan.tool_names))
+    return Answer(text, lambda: shapes.chat_completion(text, model_id),
+                  lambda: shapes.chat_completion_chunks(text, model_id))
+
+
+def _completion(session, call: Call, model_id: str) -> Answer:
+    text = session.stream(call.prompt, **call.options)
+    if not call.echo:
+        return Answer(text, lambda: shapes.completion(text, model_id),
+                      lambda: shapes.completion_chunks(text, model_id))
+    prompt = call.prompt if isinstance(call.prompt, str) else \
+        session.detokenize(call.prompt).decode("utf-8", "replace")
+
+    def whole() -> dict:
+        response = shapes.completion(text, model_id)
+        response["choices"][0]["text"] = prompt + response["choices"][0]["text"]
+        return response
+
+    def chunks() -> Iterator[dict]:
+        first = True
+        with closing(shapes.completion_chunks(text, model_id)) as inner:  # closed in this thread
+            for chunk in inner:
+                if first:  # the prompt comes back ahead of the first delta
+                    chunk["choices"][0]["text"] = prompt + chunk["choices"][0]["text"]
+                    first = False
+                yield chunk
+    return Answer(text, whole, chunks)

@@ -1,0 +1,54 @@
+"""The server's settings, with the bounds that keep one client from exhausting it."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..errors import InvalidArgumentError
+
+_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+@dataclass
+class ServerConfig:
+    """What ``elelem serve`` was asked for.
+
+    ``models`` are names or paths as given to ``LLM`` (the first is the
+    default, loaded at startup); ``parallel`` is how many requests run at once
+    per model (each on a session of its own); ``keep_alive`` is how long a
+    model stays loaded without requests (None: forever).
+    """
+
+    models: list[str]
+    api_key: Optional[str] = None
+    parallel: int = 8
+    n_ctx: Optional[int] = None         # per request; None: the model's, at most 4096
+    n_threads: Optional[int] = None
+    keep_alive: Optional[float] = 300.0
+    max_body_bytes: int = 4 * 2**20
+    max_messages: int = 512
+    max_tokens_limit: Optional[int] = None   # None: n_ctx bounds it
+    max_queue: Optional[int] = None     # requests that may wait for a slot; None: 4 x parallel
+    queue_timeout: float = 30.0         # how long one may wait
+    retry_after_seconds: int = 1
+    llm_options: dict = field(default_factory=dict)  # passed to LLM() as they are (tests: n_batch, ...)
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise InvalidArgumentError("the server needs at least one model")
+        if not 1 <= self.parallel <= 63:  # one sequence more is the LLM's default session
+            raise InvalidArgumentError(f"parallel must be between 1 and 63, got {self.parallel}")
+        if self.max_queue is None:
+            self.max_queue = 4 * self.parallel
+
+
+def parse_duration(text: str) -> Optional[float]:
+    """Seconds of ``"5m"``, ``"30s"``, ``"1h"``, ``"250ms"`` or a plain number;
+    a negative value means forever (None)."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise InvalidArgumentError(f"not a duration: {text!r} (use e.g. 30s, 5m, 1h; -1 for forever)")
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    return None if seconds < 0 else seconds

@@ -1,0 +1,195 @@
+"""The served models: each loaded on first use, kept while in use, unloaded when idle.
+
+A model's capacity is ``parallel`` requests at once.  Each request holds a
+slot from the moment it is accepted and runs on a session of its own,
+closed -- its KV cells freed -- before the slot is given back.  Requests
+beyond ``parallel`` wait in a bounded queue for a bounded time; past
+either bound they get a 503 with ``Retry-After``, so nothing waits without limit.
+The KV cache holds ``parallel`` full contexts, so a running request never
+waits for cells.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import anyio
+
+from .config import ServerConfig
+from .errors import APIError, overloaded
+
+log = logging.getLogger("elelem.server")
+
+DEFAULT_N_CTX = 4096  # the library's default too (at most the model's trained context)
+
+
+class ServedModel:
+    """One ``--model``: its id, how to open it, and the requests on it."""
+
+    def __init__(self, source: str, config: ServerConfig, open_llm: Callable[..., object]):
+        self.source = source
+        self.id = Path(source).stem if source.endswith(".gguf") else source
+        self._config = config
+        self._open_llm = open_llm
+        self._llm = None
+        self._load_lock = threading.Lock()  # one load at a time; requests wait for it
+        self._state = threading.Lock()      # guards the counts below
+        self._sessions: set = set()         # sessions of requests now running (cancel_all)
+        self.in_flight = 0                  # requests holding a slot
+        self.queued = 0                     # requests waiting for one
+        self._slots = None
+        self.last_used = time.monotonic()
+        self.loaded_at: Optional[float] = None
+
+    @property
+    def llm(self):
+        """The open LLM, or None when it is not loaded."""
+        return self._llm
+
+    async def reserve(self) -> None:
+        """Take a slot for one request, waiting in the queue for at most ``queue_timeout``
+        seconds; a 503 with Retry-After when the queue is full or the wait too long."""
+        config = self._config
+        with self._state:
+            if self.in_flight + self.queued >= config.parallel + config.max_queue:
+                raise overloaded(f"model {self.id!r} is running {self.in_flight} requests (--parallel) and "
+                                 f"{self.queued} wait, the most it queues; retry shortly", config.retry_after_seconds)
+            self.queued += 1
+            if self._slots is None:  # made in the event loop, which alone takes and returns slots
+                self._slots = anyio.Semaphore(config.parallel)
+        try:
+            with anyio.fail_after(config.queue_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise overloaded(f"model {self.id!r} had no free slot for {config.queue_timeout:g} s; retry shortly",
+                             config.retry_after_seconds) from None
+        finally:
+            with self._state:
+                self.queued -= 1
+        with self._state:
+            self.in_flight += 1
+            self.last_used = time.monotonic()
+
+    def release(self) -> None:
+        """Give the slot back (in the event loop), once the request's session is closed."""
+        with self._state:
+            self.in_flight -= 1
+            self.last_used = time.monotonic()
+        self._slots.release()
+
+    def load(self):
+        """The LLM, opened now if it is not yet (blocking: call from a worker thread)."""
+        with self._load_lock:
+            if self._llm is None or self._llm.closed:
+                n_ctx = self._config.n_ctx or DEFAULT_N_CTX
+                t0 = time.perf_counter()
+                self._llm = self._open_llm(
+                    self.source, n_ctx=n_ctx, n_threads=self._config.n_threads,
+                    n_seq_max=self._config.parallel + 1,  # + the LLM's own default session
+                    kv_size=n_ctx * self._config.parallel, **self._config.llm_options)
+                self._llm.tokenizer, self._llm.chat_template  # built now, not in the first request
+                self.loaded_at = time.monotonic()
+                log.info("loaded %s in %.2f s", self.id, time.perf_counter() - t0)
+            return self._llm
+
+    @contextmanager
+    def session(self) -> Iterator[object]:
+        """A session of its own for one request (in its slot), closed at the end."""
+        session = self.load().new_session()
+        with self._state:
+            self._sessions.add(session)
+        try:
+            yield session
+        finally:
+            with self._state:
+                self._sessions.discard(session)
+            session.close()
+
+    def cancel_all(self) -> int:
+        """Stop every running request's generation (shutdown); returns how many."""
+        with self._state:
+            sessions = list(self._sessions)
+        for session in sessions:
+            session.cancel()
+        return len(sessions)
+
+    def unload_if_idle(self, idle_seconds: float) -> bool:
+        with self._state:
+            idle = self.in_flight == 0 and time.monotonic() - self.last_used >= idle_seconds
+        if not idle or self._llm is None:
+            return False
+        with self._load_lock, self._state:
+            if self.in_flight or self._llm is None:  # a request arrived meanwhile
+                return False
+            self._llm.close()
+            self._llm = None
+            self.loaded_at = None
+        log.info("unloaded %s after %.0f s without requests", self.id, idle_seconds)
+        return True
+
+    def close(self) -> None:
+        with self._load_lock:
+            if self._llm is not None:
+                self._llm.close()
+                self._llm = None
+
+
+class ModelRegistry:
+    """The models of one server, by id (or by the name or path they were given)."""
+
+    def __init__(self, config: ServerConfig, open_llm: Optional[Callable[..., object]] = None):
+        if open_llm is None:
+            from ..api.llm import LLM  # the native core loads here, not when the app is built
+            open_llm = LLM
+        self.config = config
+        self.models = [ServedModel(source, config, open_llm) for source in config.models]
+        self._by_name = {}
+        for model in self.models:
+            self._by_name.setdefault(model.id, model)
+            self._by_name.setdefault(model.source, model)
+        self._stop = threading.Event()
+        self._reaper: Optional[threading.Thread] = None
+
+    @property
+    def default(self) -> ServedModel:
+        return self.models[0]
+
+    def get(self, name: Optional[str]) -> ServedModel:
+        if name is None and len(self.models) == 1:
+            return self.default
+        model = self._by_name.get(name) if name is not None else None
+        if model is None:
+            known = ", ".join(m.id for m in self.models)
+            raise APIError(404, f"the model {name!r} does not exist; this server has: {known}",
+                           param="model", code="model_not_found")
+        return model
+
+    def start_reaper(self) -> None:
+        """Unload models idle for ``keep_alive`` seconds, checking a few times per period."""
+        keep_alive = self.config.keep_alive
+        if keep_alive is None:
+            return
+
+        def reap():
+            while not self._stop.wait(min(max(keep_alive / 4, 0.05), 5.0)):
+                for model in self.models:
+                    try:
+                        model.unload_if_idle(keep_alive)
+                    except Exception:  # the reaper must outlive one failure
+                        log.exception("unloading %s failed", model.id)
+        self._reaper = threading.Thread(target=reap, name="elelem-server-keep-alive", daemon=True)
+        self._reaper.start()
+
+    def cancel_all(self) -> int:
+        return sum(model.cancel_all() for model in self.models)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._reaper is not None:
+            self._reaper.join()
+        for model in self.models:
+            model.close()
