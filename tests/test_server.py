@@ -364,6 +364,17 @@ def test_a_client_dropped_mid_stream_frees_its_session(server, model_id):
     assert server.state.metrics.requests[("/v1/chat/completions", 499)] == before + 1
 
 
+def test_a_client_that_gives_up_on_a_whole_answer_is_cancelled(server, model_id):
+    before = server.state.metrics.requests[("/v1/chat/completions", 499)]
+    body = {"model": model_id, "messages": HI, "max_tokens": 400, "logit_bias": no_end(server)}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/chat/completions", json=body, timeout=0.5,
+                   headers={"authorization": f"Bearer {KEY}"})
+    wait_until(lambda: idle(server), seconds=5)
+    # 499: the server saw the client leave before the answer was done, and cancelled it.
+    assert server.state.metrics.requests[("/v1/chat/completions", 499)] == before + 1
+
+
 def test_sigterm_during_a_stream_exits_zero(server, smollm_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "elelem", "serve", "--model", str(smollm_path), "--port", "0", "--ctx", "1024",
@@ -396,3 +407,24 @@ def test_sigterm_during_a_stream_exits_zero(server, smollm_path):
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_models_load_on_first_use_and_unload_when_idle(smollm_path, tmp_path):
+    other = tmp_path / "second-model.gguf"  # the same file under another name: a second model, cheaply
+    other.symlink_to(smollm_path)
+    served = InProcessServer(ServerConfig(models=[str(smollm_path), str(other)], n_ctx=256, parallel=2,
+                                          keep_alive=2.0, n_threads=THREADS))
+    try:
+        first, second = served.state.registry.models
+        client = openai.OpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        assert [m.id for m in client.models.list().data] == [first.id, second.id]
+        assert first.llm is not None and second.llm is None  # only the first is loaded at startup
+        reply = client.completions.create(model="second-model", prompt=[1, 2, 3], max_tokens=2, temperature=0)
+        assert reply.model == second.id and reply.usage.prompt_tokens == 3
+        assert second.llm is not None
+        wait_until(lambda: first.llm is None and second.llm is None, seconds=15)  # idle past keep-alive
+        assert re.search(r'^elelem_model_loaded\{model="[^"]+"\} 0$', httpx.get(served.url + "/metrics").text, re.M)
+        again = client.chat.completions.create(model=first.id, messages=HI, max_tokens=2)
+        assert again.choices[0].message.content and first.llm is not None  # loaded again on use
+    finally:
+        served.stop()
