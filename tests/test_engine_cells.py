@@ -41,7 +41,7 @@ def model(request, tiny_model):
 
 
 def fresh_context(model, kv_size=KV_SIZE):
-    return elelem._core.new_context(model, kv_size, 32, 1, "f32", False, N_SEQ)
+    return elelem._core.new_context(model, kv_size, 64, 1, "f32", False, N_SEQ)
 
 
 def alone(model, tokens):
@@ -192,7 +192,7 @@ def test_bad_batches_are_refused_and_change_nothing(model):
     try:
         context.decode([1, 2, 3], 0)
         for tokens, seqs, outputs in [([1], [N_SEQ], None), ([1, 2], [0], None), ([96], [0], None),
-                                      ([1], [-1], None), (list(range(33)), [0] * 33, None),
+                                      ([1], [-1], None), (list(range(65)), [0] * 65, None),
                                       ([1, 2], [0, 0], [False, False]), ([1], [0], [True, True])]:
             with pytest.raises((InvalidArgumentError, elelem.errors.InvalidTokenError)):
                 context.decode(tokens, seqs, outputs)
@@ -212,3 +212,28 @@ def test_a_full_cache_refuses_a_step_whole(model):
         assert context.cache.n_free == 0
     finally:
         context.close()
+
+
+@pytest.mark.real_model
+def test_a_request_that_cannot_fit_waits_for_the_running_one(smollm_path):
+    """With cells for one request at a time, a second one waits for the first
+    to end (neither is cut short)."""
+    with elelem.LLM(smollm_path, n_ctx=64, n_threads=1) as llm:
+        first, second = llm.new_session(), llm.new_session()
+        never_end = {t: -1e9 for t in llm.tokenizer.eog_ids}
+        prompt_a = llm.tokenize("The history of the Roman empire, in short: it")
+        prompt_b = llm.tokenize("A list of prime numbers: 2, 3, 5, 7,")
+        want_a = first.generate(prompt_a, max_tokens=24, temperature=0, logit_bias=never_end)
+        want_b = second.generate(prompt_b, max_tokens=24, temperature=0, logit_bias=never_end)
+        first.reset(), second.reset()
+        a = first.stream(prompt_a, max_tokens=24, temperature=0, logit_bias=never_end)
+        b = second.stream(prompt_b, max_tokens=24, temperature=0, logit_bias=never_end)
+        head_a = next(a)  # `a` is admitted and holds its cells
+        assert len(prompt_a) + len(prompt_b) + 48 > 64  # not both at once
+        got_b = b.text()  # waits for `a`'s cells, driving `a` meanwhile
+        assert head_a + a.text() == want_a and got_b == want_b
+        assert a.completion_tokens == b.completion_tokens == 24
+        # One request alone always fits (n_ctx <= kv_size); past n_ctx it is refused up front.
+        assert 0 < len(llm.new_session().generate_tokens(list(range(1, 50)), 40)) <= 64 - 49 + 1  # the last is never evaluated
+        with pytest.raises(elelem.errors.ContextLimitError):
+            llm.new_session().generate_tokens(list(range(1, 70)), 4)

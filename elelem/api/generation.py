@@ -164,7 +164,8 @@ def _run(stats: StreamStats, target: GenerationTarget, tokenizer: Tokenizer, sam
     # the last (or until it is closed or dropped): calls from other threads on
     # the same session wait.  Other sessions' requests run batched with it.
     with target.lock:
-        request = Request(target.seq, prompt=list(seq), pick=pick, n_ctx=target.n_ctx, streamed=True)
+        request = Request(target.seq, prompt=list(seq), pick=pick, n_ctx=target.n_ctx, streamed=True,
+                          max_new=max_tokens)
         stats.request = request
         t0 = time.perf_counter()
         try:

@@ -143,7 +143,8 @@ class Session(TextAPI):
             self._check_open()
             if len(ids) > self._n_ctx:
                 raise ContextLimitError(f"the prompt has {len(ids)} tokens; n_ctx is {self._n_ctx}")
-            self._run(Request(self._seq, prompt=ids, pick=pick, n_ctx=self._n_ctx))
+            self._run(Request(self._seq, prompt=ids, pick=pick, n_ctx=self._n_ctx,
+                              max_new=min(max_tokens, self._n_ctx - len(ids))))
         return out
 
     def _run(self, request: Request) -> Request:

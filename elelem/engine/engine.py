@@ -16,11 +16,15 @@ Only the thread that holds the step (``_stepping``) touches the cache, so the
 cache never changes under a running step.
 
 Limits: ``n_seq_max`` sequences (each session holds one), ``kv_size`` cells
-shared by all of them, ``n_ctx`` positions per sequence.  When a step needs
-more cells than are free, the cells of idle sequences (open sessions with no
-request running) are dropped, least recently used first; a request that
-still does not fit waits while other requests run, and fails with
-:class:`~elelem.errors.KVCacheFullError` when nothing else could free cells.
+shared by all of them, ``n_ctx`` positions per sequence.  A request is
+admitted when the cells it may take -- its prompt, and up to RESERVED_NEW of
+its generation budget -- are free beyond those kept for the requests already
+running; the cells of idle sequences (open sessions with nothing running) are
+dropped for it, least recently used first.  Otherwise it waits for running
+requests to end, and fails with :class:`~elelem.errors.KVCacheFullError` if
+none runs (the cache is too small for it).  Should generations outgrow their
+kept cells and fill the cache, the newest request fails the same way, so that
+the others go on.  Nothing is truncated silently.
 """
 from __future__ import annotations
 
@@ -70,6 +74,7 @@ class Engine:
         self._seq_request: dict[int, Request] = {}   # the request running on each sequence
         self._last_used: dict[int, float] = {}       # open sequences -> when last stepped
         self._abort_for_cancel = False
+        self._admissions = 0
         self._closed = False
         self.steps = 0                      # statistics: steps run, tokens evaluated in them,
         self.batched_tokens = 0             # and steps that carried more than one sequence
@@ -159,6 +164,7 @@ class Engine:
         self._drive(request, lambda: bool(request.generated) or request.done)
         with self._cv:
             if request.generated:
+                self._cv.notify_all()  # a request paused for its reader may go on
                 return request.generated.popleft()
         if request.error is not None:
             raise request.error
@@ -207,9 +213,18 @@ class Engine:
                     continue
                 self._check_open()
                 plan = self._plan()
+                if plan is None and not ready():
+                    # What this request waits for (cells) is held by requests paused
+                    # for their readers -- perhaps this very thread: run them ahead.
+                    plan = self._plan(run_ahead=True)
                 if plan is None:
                     if ready():
                         break
+                    if len(self._active) > 1:
+                        # Others hold what this request waits for (cells, or steps
+                        # their readers have not caught up with): wait for them.
+                        self._cv.wait(timeout=0.05)
+                        continue
                     raise RuntimeError("the engine has nothing to run for a request that is not done (a bug)")
                 self._stepping = True
                 try:
@@ -226,27 +241,27 @@ class Engine:
                     self._stepping = False
                     self._cv.notify_all()
 
-    def _plan(self) -> Optional[_Plan]:
+    def _plan(self, run_ahead: bool = False) -> Optional[_Plan]:
         """The next batch: one token of every generating request first, then
         prompt chunks, up to n_batch tokens and the free cells."""
         for request in list(self._active):
             if not request.admitted:
                 self._admit(request)
         budget = self._ctx.n_batch
-        runnable = [r for r in self._active if r.wants_more and len(r.generated) < MAX_AHEAD]
+        runnable = [r for r in self._active
+                    if r.admitted and r.wants_more and (run_ahead or len(r.generated) < MAX_AHEAD)]
         if not runnable:
             return None
         runnable.sort(key=lambda r: len(r.pending) > 1)  # decoding requests first, stable otherwise
-        need = min(budget, sum(len(r.pending) for r in runnable))
-        free = self._make_room(need, {r.seq for r in runnable})
-        budget = min(budget, free)
+        budget = min(budget, self._make_room(len(runnable), {r.seq for r in runnable}))
         if budget == 0:
-            error = KVCacheFullError(
-                f"the KV cache ({self.kv_size} cells) is full: the running sequences hold every cell; "
-                f"open the model with a larger kv_size, or run fewer requests at once")
-            for request in runnable:
-                self._drop(request, error)
-            return None
+            # Generations grew past the cells kept for them and nothing idle is
+            # left to drop: end the newest, so that the others can go on.
+            newest = max(runnable, key=lambda r: r.admitted_at)
+            self._drop(newest, KVCacheFullError(
+                f"the KV cache ({self.kv_size} cells) is full: {len(runnable)} running sequences hold every "
+                f"cell; open the model with a larger kv_size, or run fewer requests at once"))
+            return self._plan(run_ahead)
         chunks, tokens, seqs, outputs = [], [], [], []
         for request in runnable:
             if budget == 0:
@@ -271,6 +286,8 @@ class Engine:
     def _admit(self, request: Request) -> None:
         """Bring a new request's sequence to its prompt, reusing the cache."""
         request.admitted = True
+        self._admissions += 1
+        request.admitted_at = self._admissions
         cache = self._ctx.cache
         if request.prompt is not None:
             prompt = request.prompt
@@ -299,6 +316,23 @@ class Engine:
             self._drop(request, ContextLimitError(
                 f"{length} cached + {len(request.pending)} new tokens = {length + len(request.pending)} "
                 f"exceeds n_ctx={limit}"))
+            return
+        # Cells: what this request may take must be free beyond what the
+        # admitted ones may still take.  Otherwise it waits for them to end --
+        # or, when none runs, the cache is simply too small for it.
+        others = [r for r in self._active if r.admitted and r is not request]
+        committed = sum(r.cells_needed for r in others)
+        need = request.cells_needed
+        free = self._make_room(committed + need, {r.seq for r in others} | {request.seq})
+        if committed + need <= free:
+            return
+        if not others:
+            self._drop(request, KVCacheFullError(
+                f"this request needs {need} KV cells ({len(request.pending)} to evaluate, up to "
+                f"{request.max_new} to generate) and the cache has {free} free of {self.kv_size}; "
+                f"open the model with a larger kv_size, or ask for fewer tokens"))
+            return
+        request.admitted = False  # wait: cells come back as the others end
 
     def _make_room(self, need: int, running: set[int]) -> int:
         """Free cells for ``need`` tokens, dropping idle sequences' cells
@@ -356,6 +390,7 @@ class Engine:
             self._retire(request)
         else:
             request.pending = [token]
+            request.max_new = max(0, request.max_new - 1)
 
     def _settle_failure(self, plan: _Plan, error: BaseException, own: Request) -> None:
         """A step failed and left the cache as it was.  An abort made for a

@@ -24,6 +24,10 @@ import numpy as np
 
 #: ``pick(logits) -> (token or None, go_on)``: the token to emit (None: none),
 #: and whether to evaluate it and continue.
+#: The most generated tokens a request keeps cells for in advance.  Keeping
+#: its whole budget would let one ``max_tokens=None`` request hold the cache.
+RESERVED_NEW = 256
+
 Picker = Callable[[np.ndarray], "tuple[Optional[int], bool]"]
 
 
@@ -32,13 +36,16 @@ class Request:
 
     def __init__(self, seq: int, *, tokens: Sequence[int] = (), prompt: Optional[Sequence[int]] = None,
                  all_logits: bool = False, pick: Optional[Picker] = None, n_ctx: Optional[int] = None,
-                 streamed: bool = False):
+                 streamed: bool = False, max_new: int = 0):
         self.seq = seq
         self.prompt = list(prompt) if prompt is not None else None
         self.pending: list[int] = list(tokens)   # still to evaluate, in order
         self.all_logits = all_logits
         self.pick = pick
         self.n_ctx = n_ctx                        # the sequence may hold at most this many positions
+        # Tokens a generation may still add after its pending ones: the engine
+        # keeps cells for them, so a running request never starves for cells.
+        self.max_new = max_new
         # Picked tokens wait here for a consumer reading them one by one
         # (Engine.next_token); without one (``streamed`` False) they are not kept.
         self.streamed = streamed
@@ -47,11 +54,18 @@ class Request:
         self.evaluated = 0                        # tokens this request evaluated
         self.reused = 0                           # prompt tokens found in the cache
         self.admitted = False
+        self.admitted_at = 0                      # admission order (the newest yields first when cells run out)
         self.done = False
         self.error: Optional[BaseException] = None
         self.cancelled = False
         self.cancel_error: Optional[BaseException] = None  # what the consumer sees after a cancel
         self.in_step = False                      # part of the step now running
+
+    @property
+    def cells_needed(self) -> int:
+        """Cells kept for this request at admission: its pending tokens and
+        its generation budget, up to RESERVED_NEW of it."""
+        return len(self.pending) + min(self.max_new, RESERVED_NEW)
 
     @property
     def wants_more(self) -> bool:
