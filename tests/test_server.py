@@ -230,6 +230,14 @@ def test_metrics_count_requests_and_tokens(server, client, model_id):
         assert re.search(rf"^{family}[{{ ]", text, re.M), family
 
 
+def test_the_chat_page_has_no_external_assets(server):
+    page = httpx.get(server.url + "/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    assert not re.search(r"https?://|//[a-z]", page.text.replace("'self'", ""))  # nothing fetched from elsewhere
+    assert "/v1/chat/completions" in page.text and "stream: true" in page.text
+
+
 # -- errors --------------------------------------------------------------------
 
 def error_of(response, status):

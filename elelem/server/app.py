@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from . import schema
+from .chat_page import chat_page
 from .config import ServerConfig
 from .errors import APIError, bad_request, from_exception
 from .generation import Generation
@@ -64,6 +65,7 @@ def create_app(config: ServerConfig, registry: Optional[ModelRegistry] = None) -
             await anyio.to_thread.run_sync(state.registry.close)
 
     routes = [
+        Route("/", _endpoint(state, _page, auth=False), methods=["GET"]),
         Route("/health", _endpoint(state, _health, auth=False), methods=["GET"]),
         Route("/metrics", _endpoint(state, _metrics, auth=False), methods=["GET"]),
         Route("/v1/models", _endpoint(state, _models), methods=["GET"]),
@@ -105,6 +107,10 @@ def _check_key(api_key: Optional[str], request: Request) -> None:
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
         raise APIError(401, "a missing or wrong API key: send 'Authorization: Bearer <key>'",
                        code="invalid_api_key")
+
+
+async def _page(state: ServerState, request: Request) -> Response:
+    return chat_page()  # it asks for the key itself, if the server has one
 
 
 async def _health(state: ServerState, request: Request) -> Response:

@@ -163,6 +163,8 @@ class Generation:
             if self._cancelled:
                 raise KeyboardInterrupt("cancelled before it started")
             answer = self._answer = completions.start(session, self.call, self.model.id)
+            if self._cancelled:  # while it was tokenizing: its stream was not running yet to be cancelled
+                raise KeyboardInterrupt("cancelled before it started")
             if not self.call.stream:
                 response = answer.whole()
                 self._first_output()
