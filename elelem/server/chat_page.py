@@ -49,6 +49,7 @@ function add(role, text) {
 }
 async function loadModels() {
   const r = await fetch("/v1/models", {headers: headers()});
+  if (r.status === 401) { $("key").placeholder = "API key needed"; $("key").focus(); return; }
   if (!r.ok) { add("error", "models: " + ((await r.json()).error || {}).message); return; }
   $("model").replaceChildren(...(await r.json()).data.map(m => new Option(m.id, m.id)));
 }
