@@ -219,6 +219,21 @@ def test_completions_text_ids_echo_and_stream(server, client, model_id):
     assert streamed[-1].usage.completion_tokens == by_text.usage.completion_tokens
 
 
+def reused_tokens(server) -> int:
+    text = httpx.get(server.url + "/metrics").text
+    return int(re.search(r"^elelem_prompt_tokens_reused_total (\d+)$", text, re.M).group(1))
+
+
+def test_a_later_request_reuses_the_prefix_an_earlier_one_left(server, client, model_id):
+    before = reused_tokens(server)
+    first = client.chat.completions.create(model=model_id, messages=HI, max_tokens=4, temperature=0)
+    turn = HI + [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And to Grace?"}]
+    client.chat.completions.create(model=model_id, messages=turn, max_tokens=4, temperature=0)
+    # The second turn starts with the first one's prompt, which an idle session still holds.
+    assert reused_tokens(server) - before >= first.usage.prompt_tokens - 2
+
+
 def test_metrics_count_requests_and_tokens(server, client, model_id):
     client.completions.create(model=model_id, prompt="Hello", max_tokens=2)
     text = httpx.get(server.url + "/metrics").text
@@ -226,7 +241,7 @@ def test_metrics_count_requests_and_tokens(server, client, model_id):
     assert int(re.search(r"^elelem_completion_tokens_total (\d+)$", text, re.M).group(1)) >= 2
     assert re.search(r'^elelem_engine_steps_total\{model="[^"]+"\} [1-9]', text, re.M)
     for family in ("elelem_queue_depth", "elelem_running_sequences", "elelem_token_interval_seconds_count",
-                   "elelem_prompt_tokens_total", "elelem_kv_cells_used"):
+                   "elelem_prompt_tokens_total", "elelem_kv_cells_used", "elelem_model_idle_sessions"):
         assert re.search(rf"^{family}[{{ ]", text, re.M), family
 
 
@@ -352,11 +367,17 @@ def test_load_from_eight_clients_without_errors_or_leaked_cells(server, model_id
     assert all(text for texts in results for text in texts)
     assert server.model.llm.engine.shared_steps > shared_before  # the engine batched the clients together
     assert server.model.llm.engine.steps > steps_before
-    wait_until(lambda: idle(server))
+    wait_until(lambda: server.model.in_flight == 0)
+    # Finished requests leave their sessions (and caches) in the idle pool, one per slot at most;
+    # closing them frees every cell: no request leaked any.
+    assert 1 <= server.model.idle_sessions <= PARALLEL
+    server.model.close_idle_sessions()
+    assert cells_used(server) == 0
 
 
 def test_a_client_dropped_mid_stream_frees_its_session(server, model_id):
     before = server.state.metrics.requests[("/v1/chat/completions", 499)]
+    server.model.close_idle_sessions()  # so any cell still used after the drop would be the dropped request's
     body = {"model": model_id, "messages": HI, "max_tokens": 400, "stream": True,
             "logit_bias": no_end(server)}  # it would run on for long
     with httpx.Client(timeout=60) as http:
@@ -369,16 +390,19 @@ def test_a_client_dropped_mid_stream_frees_its_session(server, model_id):
                     break
             assert cells_used(server) > 0 and server.model.in_flight == 1
     wait_until(lambda: idle(server), seconds=5)
+    assert server.model.idle_sessions == 0  # closed, not kept: its cells are freed at once
     assert server.state.metrics.requests[("/v1/chat/completions", 499)] == before + 1
 
 
 def test_a_client_that_gives_up_on_a_whole_answer_is_cancelled(server, model_id):
     before = server.state.metrics.requests[("/v1/chat/completions", 499)]
+    server.model.close_idle_sessions()
     body = {"model": model_id, "messages": HI, "max_tokens": 400, "logit_bias": no_end(server)}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/chat/completions", json=body, timeout=0.5,
                    headers={"authorization": f"Bearer {KEY}"})
     wait_until(lambda: idle(server), seconds=5)
+    assert server.model.idle_sessions == 0
     # 499: the server saw the client leave before the answer was done, and cancelled it.
     assert server.state.metrics.requests[("/v1/chat/completions", 499)] == before + 1
 
@@ -386,7 +410,7 @@ def test_a_client_that_gives_up_on_a_whole_answer_is_cancelled(server, model_id)
 def test_sigterm_during_a_stream_exits_zero(server, smollm_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "elelem", "serve", "--model", str(smollm_path), "--port", "0", "--ctx", "1024",
-         "--parallel", "2", "--grace", "1", "--threads", str(THREADS)],
+         "--parallel", "2", "--grace", "3", "--threads", str(THREADS)],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         url = None
@@ -398,14 +422,18 @@ def test_sigterm_during_a_stream_exits_zero(server, smollm_path):
             url = match.group(1) if match else None
         assert url, "the server never printed its URL"
         assert httpx.get(url + "/health").status_code == 200
-        body = {"messages": HI, "max_tokens": 900, "stream": True,
-                "logit_bias": no_end(server)}  # it runs on past the grace period
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
-            lines = response.iter_lines()
-            assert next(line for line in lines if line.startswith("data: "))
-            process.send_signal(signal.SIGTERM)
-            t0 = time.monotonic()
-            rest = [line for line in lines if line]  # the stream ends: cancelled after the grace period
+        long = {"messages": HI, "max_tokens": 900, "stream": True, "logit_bias": no_end(server)}  # past the grace
+        short = {"messages": HI, "max_tokens": 4, "stream": True}  # done well within the grace period
+        with httpx.Client(timeout=60) as http:
+            with http.stream("POST", url + "/v1/chat/completions", json=long) as cut, \
+                    http.stream("POST", url + "/v1/chat/completions", json=short) as finished:
+                cut_lines, finished_lines = cut.iter_lines(), finished.iter_lines()
+                assert next(line for line in cut_lines if line.startswith("data: "))
+                assert next(line for line in finished_lines if '"content"' in line)  # past its prefill
+                process.send_signal(signal.SIGTERM)
+                t0 = time.monotonic()
+                assert [line for line in finished_lines if line][-1] == "data: [DONE]"
+                rest = [line for line in cut_lines if line]  # cancelled after the grace period
         assert time.monotonic() - t0 < 20
         assert "data: [DONE]" not in rest
         assert "shutting down" in json.loads(rest[-1][6:])["error"]["message"]

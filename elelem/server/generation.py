@@ -88,8 +88,9 @@ class Generation:
 
     def _log_end(self) -> None:
         answer = self._answer
-        prompt, completion = (answer.text.prompt_tokens, answer.text.completion_tokens) if answer else (0, 0)
-        self.metrics.tokens(prompt, completion)
+        text = answer.text if answer is not None else None
+        prompt, completion = (text.prompt_tokens, text.completion_tokens) if text is not None else (0, 0)
+        self.metrics.tokens(prompt, completion, text.reused_tokens if text is not None else 0)
         log.info("POST %s -> %d (%.0f ms, %s, %d prompt + %d completion tokens)", self.endpoint, self.status,
                  (time.perf_counter() - self.accepted) * 1000, self.model.id, prompt, completion)
 

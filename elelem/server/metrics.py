@@ -19,6 +19,7 @@ class Metrics:
         self.requests: Counter = Counter()    # (endpoint, status) -> count
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.reused_tokens = 0                # prompt tokens found in the cache (prefix reuse)
         self.waiting = 0                      # accepted, no token out yet (loading, prefilling)
         self.running = 0                      # generating
         self.ttft_sum = 0.0
@@ -30,10 +31,11 @@ class Metrics:
         with self._lock:
             self.requests[(endpoint, status)] += 1
 
-    def tokens(self, prompt: int, completion: int) -> None:
+    def tokens(self, prompt: int, completion: int, reused: int) -> None:
         with self._lock:
             self.prompt_tokens += prompt
             self.completion_tokens += completion
+            self.reused_tokens += reused
 
     def queued(self, delta: int) -> None:
         with self._lock:
@@ -63,6 +65,8 @@ class Metrics:
                          [(f'{{endpoint="{e}",status="{s}"}}', n) for (e, s), n in sorted(self.requests.items())]),
                 *_family("elelem_prompt_tokens_total", "counter", "prompt tokens of finished requests",
                          [("", self.prompt_tokens)]),
+                *_family("elelem_prompt_tokens_reused_total", "counter", "prompt tokens found in the cache "
+                         "(a prefix an idle or running session held), not computed again", [("", self.reused_tokens)]),
                 *_family("elelem_completion_tokens_total", "counter", "tokens generated",
                          [("", self.completion_tokens)]),
                 *_family("elelem_queue_depth", "gauge", "requests accepted that have not produced a token yet",
@@ -86,6 +90,8 @@ def _engine_lines(models: list) -> list[str]:
          [(m, int(llm is not None and not llm.closed)) for m, llm in loaded]),
         ("elelem_model_in_flight", "gauge", "requests holding a slot of the model",
          [(m, m.in_flight) for m in models]),
+        ("elelem_model_idle_sessions", "gauge", "sessions kept with their caches for the next requests",
+         [(m, m.idle_sessions) for m in models]),
         ("elelem_model_queued", "gauge", "requests waiting for a slot of the model (the queue)",
          [(m, m.queued) for m in models]),
         ("elelem_engine_steps_total", "counter", "engine steps (batched graphs) run",

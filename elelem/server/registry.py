@@ -1,12 +1,13 @@
 """The served models: each loaded on first use, kept while in use, unloaded when idle.
 
 A model's capacity is ``parallel`` requests at once.  Each request holds a
-slot from the moment it is accepted and runs on a session of its own,
-closed -- its KV cells freed -- before the slot is given back.  Requests
+slot from the moment it is accepted and runs on a session of its own
+(one of the model's idle pool, which keeps its cache for prefix reuse, or a
+new one), given back or closed before the slot is.  Requests
 beyond ``parallel`` wait in a bounded queue for a bounded time; past
 either bound they get a 503 with ``Retry-After``, so nothing waits without limit.
-The KV cache holds ``parallel`` full contexts, so a running request never
-waits for cells.
+The KV cache holds ``parallel`` full contexts, so running requests never
+wait for cells (idle sessions' caches give way to them).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class ServedModel:
         self._load_lock = threading.Lock()  # one load at a time; requests wait for it
         self._state = threading.Lock()      # guards the counts below
         self._sessions: set = set()         # sessions of requests now running (cancel_all)
+        self._idle: list = []               # sessions of finished requests, with their caches
         self.in_flight = 0                  # requests holding a slot
         self.queued = 0                     # requests waiting for one
         self._slots = None
@@ -98,16 +100,48 @@ class ServedModel:
 
     @contextmanager
     def session(self) -> Iterator[object]:
-        """A session of its own for one request (in its slot), closed at the end."""
-        session = self.load().new_session()
+        """A session for one request, in its slot: an idle one if there is one, else a new one.
+
+        After a request that ended normally the session goes back to the idle
+        pool with its cache, so the next request shares the prefix it holds
+        (the chat template's preamble, an earlier turn of the conversation);
+        the engine drops idle sessions' cells, least recently used first,
+        when running requests need them.  After a failure or a cancel (the
+        client left) the session is closed, its cells freed at once.
+        """
+        llm = self.load()
+        with self._state:
+            session = self._idle.pop() if self._idle else None
+            if session is not None and session.closed:  # the LLM was reloaded meanwhile
+                session = None
+        if session is None:
+            session = llm.new_session()
         with self._state:
             self._sessions.add(session)
+        reusable = False
         try:
             yield session
+            reusable = True
         finally:
             with self._state:
                 self._sessions.discard(session)
+                if reusable and not session.closed:
+                    self._idle.append(session)
+                    session = None
+            if session is not None:
+                session.close()
+
+    def close_idle_sessions(self) -> int:
+        """Close the idle pool's sessions, freeing their cells; returns how many."""
+        with self._state:
+            idle, self._idle = self._idle, []
+        for session in idle:
             session.close()
+        return len(idle)
+
+    @property
+    def idle_sessions(self) -> int:
+        return len(self._idle)
 
     def cancel_all(self) -> int:
         """Stop every running request's generation (shutdown); returns how many."""
@@ -125,7 +159,8 @@ class ServedModel:
         with self._load_lock, self._state:
             if self.in_flight or self._llm is None:  # a request arrived meanwhile
                 return False
-            self._llm.close()
+            self._idle = []
+            self._llm.close()  # closes its sessions too
             self._llm = None
             self.loaded_at = None
         log.info("unloaded %s after %.0f s without requests", self.id, idle_seconds)
@@ -133,6 +168,7 @@ class ServedModel:
 
     def close(self) -> None:
         with self._load_lock:
+            self._idle = []
             if self._llm is not None:
                 self._llm.close()
                 self._llm = None
