@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from typing import Any, Optional
 
@@ -58,6 +59,7 @@ class Generation:
         self.status = 200
         self.accepted = time.perf_counter()
         self._session = None
+        self._session_lock = threading.Lock()
         self._cancelled = False
         self._started = False
         self._responded = False   # the last byte of the response was sent
@@ -96,10 +98,10 @@ class Generation:
 
     def cancel(self) -> None:
         """Stop the generation (from any thread); the worker then ends the request."""
-        self._cancelled = True
-        session = self._session
-        if session is not None and not self._finished():
-            session.cancel()
+        with self._session_lock:  # never a session already given back to the pool for another request
+            self._cancelled = True
+            if self._session is not None and not self._finished():
+                self._session.cancel()
 
     async def _watch_disconnect(self, receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -160,34 +162,43 @@ class Generation:
 
     def _generate(self, put) -> None:
         with self.model.session() as session:
-            self._session = session
-            if self._cancelled:
-                raise KeyboardInterrupt("cancelled before it started")
-            answer = self._answer = completions.start(session, self.call, self.model.id)
-            if self._cancelled:  # while it was tokenizing: its stream was not running yet to be cancelled
-                raise KeyboardInterrupt("cancelled before it started")
-            if not self.call.stream:
-                response = answer.whole()
-                self._first_output()
-                put("whole", response)
-                return
-            chunks = answer.chunks()
+            with self._session_lock:
+                self._session = session
             try:
-                last = time.perf_counter()
-                for chunk in chunks:
+                self._generate_on(session, put)
+            finally:
+                with self._session_lock:
+                    self._session = None
+
+    def _generate_on(self, session, put) -> None:
+        if self._cancelled:
+            raise KeyboardInterrupt("cancelled before it started")
+        answer = self._answer = completions.start(session, self.call, self.model.id)
+        if self._cancelled:  # while it was tokenizing: its stream was not running yet to be cancelled
+            raise KeyboardInterrupt("cancelled before it started")
+        if not self.call.stream:
+            response = answer.whole()
+            self._first_output()
+            put("whole", response)
+            return
+        chunks = answer.chunks()
+        try:
+            last = time.perf_counter()
+            for chunk in chunks:
+                if not _announces_role(chunk):  # that one comes before any compute
                     now = time.perf_counter()
                     if self._started:
                         self.metrics.interval(now - last)
                     else:
                         self._first_output()
                     last = now
-                    put("chunk", chunk)
-                if self.call.include_usage:
-                    put("chunk", {**{k: chunk[k] for k in ("id", "object", "created", "model")},
-                                  "choices": [], "usage": answer.usage()})
-                put("end")
-            finally:
-                chunks.close()  # in this thread: the stream's lock is this thread's
+                put("chunk", chunk)
+            if self.call.include_usage:
+                put("chunk", {**{k: chunk[k] for k in ("id", "object", "created", "model")},
+                              "choices": [], "usage": answer.usage()})
+            put("end")
+        finally:
+            chunks.close()  # in this thread: the stream's lock is this thread's
 
     def _first_output(self) -> None:
         self._started = True
@@ -203,6 +214,11 @@ class Generation:
             put(kind, value)
         except _ClientGone:
             pass
+
+
+def _announces_role(chunk: dict) -> bool:
+    choices = chunk.get("choices")
+    return bool(choices) and choices[0].get("delta") == {"role": "assistant"}
 
 
 def _shutting_down(retry_after: int) -> APIError:
