@@ -265,6 +265,8 @@ def error_of(response, status):
 def test_malformed_json_and_bad_fields_are_400(server, client, model_id):
     error_of(post(server, "/v1/chat/completions", b"{not json"), 400)
     error_of(post(server, "/v1/chat/completions", b"[1, 2]"), 400)
+    error_of(post(server, "/v1/chat/completions", b"[" * 60_000), 400)  # too deep for the parser: not a 500
+    error_of(post(server, "/v1/chat/completions", b"\xff\xfe"), 400)
     assert error_of(post(server, "/v1/completions", {"prompt": "x", "max_tokenz": 3}), 400)["param"] == "max_tokenz"
     for bad in ({"messages": []}, {"messages": "hi"}, {"messages": [{"role": "robot", "content": "x"}]},
                 {"messages": HI, "max_tokens": -1}, {"messages": HI, "max_tokens": "9"}, {"messages": HI, "n": 2},

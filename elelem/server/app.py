@@ -160,8 +160,10 @@ async def _json_body(request: Request, limit: int):
         chunks.append(chunk)
     try:
         return json.loads(b"".join(chunks))
-    except (ValueError, UnicodeDecodeError) as error:
+    except ValueError as error:  # UnicodeDecodeError included
         raise bad_request(f"the body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise bad_request("the body's JSON is nested too deeply") from None
 
 
 async def _http_exception(request: Request, error: HTTPException) -> Response:
