@@ -450,13 +450,14 @@ def test_sigterm_during_a_stream_exits_zero(server, smollm_path):
 def test_models_load_on_first_use_and_unload_when_idle(smollm_path, tmp_path):
     other = tmp_path / "second-model.gguf"  # the same file under another name: a second model, cheaply
     other.symlink_to(smollm_path)
-    served = InProcessServer(ServerConfig(models=[str(smollm_path), str(other)], n_ctx=256, parallel=2,
+    served = InProcessServer(ServerConfig(models=[str(smollm_path), str(other)], parallel=2,
                                           keep_alive=2.0, n_threads=THREADS))
     try:
         first, second = served.state.registry.models
         client = openai.OpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0, timeout=60)
         assert [m.id for m in client.models.list().data] == [first.id, second.id]
         assert first.llm is not None and second.llm is None  # only the first is loaded at startup
+        assert first.llm.n_ctx == 4096  # no --ctx: the library's default, min(trained context, 4096)
         reply = client.completions.create(model="second-model", prompt=[1, 2, 3], max_tokens=2, temperature=0)
         assert reply.model == second.id and reply.usage.prompt_tokens == 3
         assert second.llm is not None

@@ -25,7 +25,6 @@ from .errors import APIError, overloaded
 
 log = logging.getLogger("elelem.server")
 
-DEFAULT_N_CTX = 4096  # the library's default too (at most the model's trained context)
 
 
 class ServedModel:
@@ -87,7 +86,7 @@ class ServedModel:
         """The LLM, opened now if it is not yet (blocking: call from a worker thread)."""
         with self._load_lock:
             if self._llm is None or self._llm.closed:
-                n_ctx = self._config.n_ctx or DEFAULT_N_CTX
+                n_ctx = self._config.n_ctx or _default_n_ctx(self.source)
                 t0 = time.perf_counter()
                 self._llm = self._open_llm(
                     self.source, n_ctx=n_ctx, n_threads=self._config.n_threads,
@@ -172,6 +171,16 @@ class ServedModel:
             if self._llm is not None:
                 self._llm.close()
                 self._llm = None
+
+
+def _default_n_ctx(source: str) -> int:
+    """The LLM's own default (the trained context, at most 4096), read from the header
+    before opening it, since the KV cache is sized from it."""
+    from ..api.llm import DEFAULT_N_CTX
+    from ..gguf.reader import read_gguf
+    from ..model.architectures import model_spec
+    from ..model.hub import resolve_model
+    return min(model_spec(read_gguf(resolve_model(source))).hparams["n_ctx_train"], DEFAULT_N_CTX)
 
 
 class ModelRegistry:
