@@ -26,8 +26,12 @@ class ElelemServer(uvicorn.Server):
     cancels the generations still running ``grace`` seconds into a shutdown."""
 
     def __init__(self, app, *, host: str, port: int, grace: float):
+        config = app.state.server.config
+        # Connections beyond this get uvicorn's own 503: idle or slow clients cannot pile up without bound.
+        connections = max(64, 4 * config.parallel * len(config.models) + config.max_queue * len(config.models))
         super().__init__(uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
-                                        lifespan="on", timeout_graceful_shutdown=grace + _BACKSTOP_SECONDS))
+                                        lifespan="on", timeout_graceful_shutdown=grace + _BACKSTOP_SECONDS,
+                                        limit_concurrency=connections))
         self.grace = grace
         self.url = None
 
