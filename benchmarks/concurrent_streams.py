@@ -37,6 +37,9 @@ Every worker first runs each prompt alone for 2 tokens, untimed (warm-up).
 A stream that reaches an end-of-generation token stops early; the token
 counts printed say so (``64`` when every stream made all it was asked).
 
+elelem's cache is ``--n-ctx`` positions per stream; an elelem whose sequences
+share one cache (``LLM(kv_size=...)``) gets ``--n-ctx`` x the most streams,
+as llama-batched-bench gets ``-c 4096``.
 The elelem worker imports this checkout's elelem (``--installed``: the one
 installed for ``--elelem-python`` instead, e.g. to measure a build of the
 code before a change).  The script prints numbers; it asserts nothing.
@@ -125,8 +128,13 @@ def _measure(solo_fn, stream_fns, prompts: list[list[int]], streams: list[int], 
 def worker_elelem(path: str, spec: dict) -> dict:
     if not spec["installed"]:
         sys.path.insert(0, str(REPO))
+    import inspect
+
     import elelem
-    llm = elelem.LLM(path, n_ctx=spec["n_ctx"], n_threads=spec["threads"])
+    options = dict(n_ctx=spec["n_ctx"], n_threads=spec["threads"])
+    if "kv_size" in inspect.signature(elelem.LLM).parameters:  # one cache shared by all sequences (issue 13)
+        options["kv_size"] = spec["n_ctx"] * max(spec["streams"])  # room for every stream's n_ctx
+    llm = elelem.LLM(path, **options)
     template = llm.chat_template
     prompts = [llm.tokenize(template.render([{"role": "user", "content": text}], add_generation_prompt=True),
                             special=True) for text in PROMPTS[:max(spec["streams"])]]
@@ -137,7 +145,7 @@ def worker_elelem(path: str, spec: dict) -> dict:
         return sessions[i].generate_tokens(ids, max_tokens)
 
     out = _measure(generate, generate, prompts, spec["streams"], spec["tokens"])
-    out.update(prompts=prompts, eos_ids=sorted(llm.eos_ids), elelem=elelem.__file__)
+    out.update(prompts=prompts, eos_ids=sorted(llm.eos_ids), elelem=elelem.__file__, options=options)
     llm.close()
     return out
 
@@ -181,7 +189,12 @@ def run_worker(python: str, kind: str, path: str, spec: dict) -> dict:
         os.unlink(f.name)
     if out.returncode != 0:
         raise SystemExit(f"{kind} worker failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    figures = summarize(result)  # progress on stderr: a long run shows what it has so far
+    print(f"[{time.strftime('%H:%M:%S')}] {kind} {Path(path).name}: wall tok/s "
+          + ", ".join(f"N={n} {f['wall_tok_s']:.1f}" for n, f in figures.items())
+          + f" (load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
+    return result
 
 
 def _matched(a: list[int], b: list[int]) -> int:
@@ -295,8 +308,11 @@ def main() -> None:
                 ref_spec = dict(spec, prompts=run["prompts"], eos_ids=run["eos_ids"])
                 raw["llama-cpp-python"].append(run_worker(args.llama_python, "llamacpp", path, ref_spec))
             if exe:
-                batched += batched_bench.run(exe, path, npl=sorted(set(args.streams) | {1}), ntg=args.tokens,
-                                             threads=args.threads)
+                npl = sorted(set(args.streams) | {1})
+                batched += batched_bench.run(exe, path, npl=npl, ntg=args.tokens, threads=args.threads)
+                print(f"[{time.strftime('%H:%M:%S')}] llama-batched-bench {Path(path).name}: S_TG "
+                      + ", ".join(f"B={r['pl']} {r['speed_tg']:.1f}" for r in batched[-len(npl):]),
+                      file=sys.stderr, flush=True)
         engines = {engine: [summarize(r) for r in runs] for engine, runs in raw.items()}
         print(f"\n{name}: {path}; prompts of {raw['elelem'][0]['prompt_tokens']} tokens; "
               f"elelem from {raw['elelem'][0]['elelem']}")
@@ -306,9 +322,9 @@ def main() -> None:
             print(f"  solo tokens, elelem vs llama-cpp-python: matched {cross} of {args.tokens}")
         print_table(name, engines, batched, args.tokens)
         report.append(dict(model=name, path=path, spec=spec, figures=engines, raw=raw, batched=batched))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        if args.json:  # after each model, so a long run keeps what it has measured
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
