@@ -274,22 +274,37 @@ cdef cnp.ndarray _output_rows(outputs, cnp.ndarray seqs):
     return np.flatnonzero(flags).astype(np.int32)
 
 
-def new_context(Model model, object kv_size, object n_batch=512, object n_threads=1, str kv_type="f16",
-                bint flash_attn=False, object n_seq_max=1):
+KV_TYPES = {"f16": GGML_TYPE_F16, "f32": GGML_TYPE_F32, "q8_0": GGML_TYPE_Q8_0, "q4_0": GGML_TYPE_Q4_0}
+
+
+cdef ggml_type _kv_type(str option, object name, int head_dim) except *:
+    if not isinstance(name, str) or name not in KV_TYPES:
+        raise errors.InvalidArgumentError(f"{option} must be one of {', '.join(KV_TYPES)}, got {name!r}")
+    cdef ggml_type t = KV_TYPES[name]
+    if head_dim % ggml_blck_size(t) != 0:
+        raise errors.InvalidArgumentError(
+            f"{option}={name} stores blocks of {ggml_blck_size(t)} values; this model's heads are {head_dim} wide")
+    return t
+
+
+def new_context(Model model, object kv_size, object n_batch=512, object n_threads=1, object kv_type="f16",
+                bint flash_attn=False, object n_seq_max=1, object type_v=None):
     """Backends, scheduler and a KV cache of ``kv_size`` cells shared by up to
-    ``n_seq_max`` sequences, over ``model``."""
+    ``n_seq_max`` sequences, over ``model``.  ``kv_type`` is the type of K (and
+    of V, unless ``type_v`` says otherwise): f16, f32, q8_0 or q4_0.  A
+    quantized V needs flash attention (ggml's softmax path multiplies a
+    transposed V, which cannot be stored in blocks), so it turns it on."""
     model._check_open()
     cdef int cells = _checked_count("kv_size", kv_size, MAX_CELLS)
     cdef int batch = _checked_count("n_batch", n_batch, MAX_CELLS)
     cdef int threads = _checked_count("n_threads", n_threads, MAX_N_THREADS)
     cdef int seqs = _checked_count("n_seq_max", n_seq_max, MAX_SEQ_IDS)
-    cdef ggml_type kv
-    if kv_type == "f16":
-        kv = GGML_TYPE_F16
-    elif kv_type == "f32":
-        kv = GGML_TYPE_F32
-    else:
-        raise errors.InvalidArgumentError(f"kv_type must be 'f16' or 'f32', got {kv_type!r}")
+    cdef ggml_type kv = _kv_type("kv_type (type_k)", kv_type, model.hp.head_dim_k)
+    cdef ggml_type kv_v = _kv_type("kv_type" if type_v is None else "type_v",
+                                   kv_type if type_v is None else type_v, model.hp.head_dim_v)
+    if kv_v != GGML_TYPE_F16 and kv_v != GGML_TYPE_F32 and not flash_attn:
+        _log.info("a %s V cache needs flash attention: turning it on", ggml_type_name(kv_v).decode())
+        flash_attn = True
 
     cdef Context c = Context.__new__(Context)
     c.model = model
@@ -309,7 +324,7 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
     try:
         for il in range(model.hp.n_layer):
             layer_buft[il] = c.bufts[c.n_backends - 1]
-        c.cache = _new_kv_cache(model, cells, seqs, kv, layer_buft)
+        c.cache = _new_kv_cache(model, cells, seqs, kv, kv_v, layer_buft)
     finally:
         free(layer_buft)
     # Graph metadata: a generous node budget per layer; the arena is reused by every step.

@@ -15,6 +15,8 @@ cdef extern from "ggml.h" nogil:
     enum ggml_type:
         GGML_TYPE_F32
         GGML_TYPE_F16
+        GGML_TYPE_Q4_0
+        GGML_TYPE_Q8_0
         GGML_TYPE_I32
         GGML_TYPE_I64
         GGML_TYPE_COUNT

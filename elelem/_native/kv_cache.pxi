@@ -31,7 +31,8 @@ cdef class KVCache:
     cdef readonly int n_seq_max
     cdef readonly int n_used    # cells seen by at least one sequence
     cdef int used_end           # one past the highest used cell
-    cdef readonly str type_name
+    cdef readonly str type_k    # ggml type names: f16, f32, q8_0, q4_0
+    cdef readonly str type_v
 
     def __cinit__(self):
         self.ctx = NULL
@@ -57,6 +58,15 @@ cdef class KVCache:
         free(self.cell_token)
         free(self.cell_seqs)
         free(self.seq_length)
+
+    @property
+    def bytes_per_cell(self):
+        """K and V of one position, over every layer."""
+        cdef size_t total = 0
+        cdef int il
+        for il in range(self.n_layer):
+            total += self.k[il].nb[1] + ggml_row_size(self.v[il].type, self.v[il].ne[0])
+        return total
 
     @property
     def nbytes(self):
@@ -201,7 +211,7 @@ cdef uint16_t F16_ZERO = 0x0000
 cdef uint16_t F16_NEG_INF = 0xFC00
 
 
-cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type,
+cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k, ggml_type type_v,
                            ggml_backend_buffer_type_t * layer_buft):
     """Per-layer K and V, each layer's in the buffer type of the backend that
     runs the layer (``layer_buft[il]``)."""
@@ -209,7 +219,8 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type,
     c.kv_size = kv_size
     c.n_layer = m.hp.n_layer
     c.n_seq_max = n_seq_max
-    c.type_name = ggml_type_name(type).decode()
+    c.type_k = ggml_type_name(type_k).decode()
+    c.type_v = ggml_type_name(type_v).decode()
     c.cell_pos = <int32_t *> malloc(kv_size * sizeof(int32_t))
     c.cell_token = <int32_t *> calloc(kv_size, sizeof(int32_t))
     c.cell_seqs = <uint64_t *> calloc(kv_size, sizeof(uint64_t))
@@ -229,8 +240,8 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type,
         c.cell_pos[i] = -1
     cdef int il
     for il in range(m.hp.n_layer):
-        c.k[il] = ggml_new_tensor_2d(c.ctx, type, m.hp.head_dim_k * m.hp.n_head_kv, kv_size)
-        c.v[il] = ggml_new_tensor_2d(c.ctx, type, m.hp.head_dim_v * m.hp.n_head_kv, kv_size)
+        c.k[il] = ggml_new_tensor_2d(c.ctx, type_k, m.hp.head_dim_k * m.hp.n_head_kv, kv_size)
+        c.v[il] = ggml_new_tensor_2d(c.ctx, type_v, m.hp.head_dim_v * m.hp.n_head_kv, kv_size)
     # Today every layer runs on the one CPU backend, so one buffer holds them
     # all; layers placed on other backends would each take a buffer of theirs.
     for il in range(1, m.hp.n_layer):

@@ -75,7 +75,11 @@ class LLM:
     number of cells in the KV cache that all sequences share (default:
     ``n_ctx``), and ``n_seq_max`` how many sequences -- sessions, and calls
     running at once -- it can hold (default 16, at most 64).
-    ``kv_type`` is ``"f16"`` (as llama.cpp) or ``"f32"``.  ``flash_attn``
+    ``kv_type`` is the type of the cached keys and values: ``"f16"`` (as
+    llama.cpp), ``"f32"``, or the quantized ``"q8_0"`` (half of f16's memory)
+    and ``"q4_0"`` (under a third); ``type_k`` and ``type_v`` set K and V
+    apart, as llama.cpp's options of those names.  A quantized V needs flash
+    attention, which is then turned on.  ``flash_attn``
     selects ggml's fused attention kernel; the default path (mul_mat +
     softmax) is llama.cpp's default and gives its exact tokens.  The weights
     are memory-mapped; ``use_mmap=False`` reads them into memory instead
@@ -92,6 +96,13 @@ class LLM:
     ``elelem.cpu.AMX_SLOWER_TYPES``, False never uses AMX, True uses it for
     every type it takes.  ``elelem info --system`` shows what this CPU has.
 
+    ``speculative`` (default off for now, see the README) verifies tokens guessed from the prompt and
+    the text so far (prompt lookup) in the same step as the next one: several
+    tokens per step where the answer copies its context (code being
+    rewritten), and the same text (see :mod:`elelem.engine.speculative`).
+    ``speculative=False`` decodes one token per step; the text calls take
+    ``speculative=`` too, for one call.
+
     An LLM can be shared between threads: their calls are batched into the
     same steps.  :meth:`new_session` gives a sequence of your own, whose
     cache persists between calls.  The tokenizer and chat template are built
@@ -103,7 +114,8 @@ class LLM:
                  n_threads: Optional[int] = None, n_batch: int = 512, kv_type: str = "f16",
                  flash_attn: bool = False, repack: bool = True, amx: Optional[bool] = None,
                  use_mmap: bool = True, n_seq_max: int = DEFAULT_N_SEQ_MAX, kv_size: Optional[int] = None,
-                 progress: Optional[ProgressFn] = None):
+                 type_k: Optional[str] = None, type_v: Optional[str] = None,
+                 progress: Optional[ProgressFn] = None, speculative: bool = False):
         t0 = time.perf_counter()
         self._engine: Optional[Engine] = None
         self._model = None
@@ -120,8 +132,9 @@ class LLM:
         try:
             context = new_context(self._model, n_ctx if kv_size is None else kv_size, n_batch,
                                         default_n_threads() if n_threads is None else n_threads,
-                                        kv_type, flash_attn, n_seq_max)
-            self._engine = Engine(context, n_ctx=n_ctx if kv_size is None else min(n_ctx, context.kv_size))
+                                        type_k or kv_type, flash_attn, n_seq_max, type_v or kv_type)
+            self._engine = Engine(context, n_ctx=n_ctx if kv_size is None else min(n_ctx, context.kv_size),
+                                  speculative=bool(speculative))
             self.assets = ModelAssets(self.path, self.gguf, self.spec)
             self._session = Session(self._engine, self.assets, n_ctx=self._engine.n_ctx)
         except BaseException:
