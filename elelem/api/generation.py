@@ -7,6 +7,12 @@ into text (whole UTF-8 characters only) and holds back anything that may be
 the start of a stop string.  Nothing is computed until the first ``next()``,
 and nothing after the stream is closed or dropped: leaving a stream early
 stops its work at the end of the step in progress.
+
+With ``speculative``, the engine also verifies tokens guessed by prompt
+lookup (:mod:`elelem.engine.speculative`) in the same steps: the text is the
+one decoding token by token gives (see there for the one exception, a
+near-tie flipped by batched arithmetic), and the same seed gives the same
+sampled text.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from typing import Callable, Iterator, Optional
 
 from ..engine.engine import Engine
 from ..engine.request import Request
+from ..engine.speculative import PromptLookup
 from ..sampling.sampler import Sampler, SamplingParams
 from ..text.stop_strings import StopStringFilter
 from ..text.tokenizer import Tokenizer
@@ -35,6 +42,8 @@ class StreamStats:
         self.finish_reason: Optional[str] = None
         self.prefill_seconds = 0.0
         self.decode_seconds = 0.0
+        self.drafted_tokens = 0
+        self.accepted_tokens = 0
         self.request: Optional[Request] = None   # while running: what cancel() stops
 
 
@@ -57,17 +66,20 @@ class TextStream:
     None for a stream closed early.  ``prompt_tokens`` counts the prompt,
     ``reused_tokens`` the part of it found in the cache (prefix reuse), and
     ``completion_tokens`` the tokens generated, stop string included.
+    Speculative decoding: ``drafted_tokens`` guessed tokens were verified,
+    and ``accepted_tokens`` of them confirmed by the model (each accepted one
+    saved a step).
     """
 
     def __init__(self, target: GenerationTarget, tokenizer: Tokenizer, prompt_ids: list[int],
                  params: SamplingParams, max_tokens: int, stop: tuple[str, ...], constraint=None,
                  on_end: Optional[Callable[[], None]] = None,
-                 on_evaluated: Optional[Callable[[int], None]] = None):
+                 on_evaluated: Optional[Callable[[int], None]] = None, speculative: bool = False):
         self._stats = StreamStats(len(prompt_ids))
         # Built now, so bad parameters fail before any compute.
         sampler = Sampler(params, n_vocab=target.n_vocab)
         self._steps = _run(self._stats, target, tokenizer, sampler, constraint, list(prompt_ids), max_tokens, stop,
-                           on_evaluated)
+                           on_evaluated, speculative)
         # ``on_end`` (an LLM's lease on a session) runs once: when the stream
         # ends, is closed, or is dropped without ever being read.
         self._on_end = weakref.finalize(self, on_end) if on_end is not None else None
@@ -96,6 +108,14 @@ class TextStream:
     @property
     def decode_seconds(self) -> float:
         return self._stats.decode_seconds
+
+    @property
+    def drafted_tokens(self) -> int:
+        return self._stats.drafted_tokens
+
+    @property
+    def accepted_tokens(self) -> int:
+        return self._stats.accepted_tokens
 
     def __iter__(self) -> "TextStream":
         return self
@@ -135,7 +155,7 @@ class TextStream:
 
 def _run(stats: StreamStats, target: GenerationTarget, tokenizer: Tokenizer, sampler: Sampler, constraint,
          seq: list[int], max_tokens: int, stop: tuple[str, ...],
-         on_evaluated: Optional[Callable[[int], None]]) -> Iterator[str]:
+         on_evaluated: Optional[Callable[[int], None]], speculative: bool) -> Iterator[str]:
     # A module function, not a method: the generator must not refer to its
     # TextStream, or an unread stream would be a reference cycle.
     if max_tokens == 0:
@@ -164,14 +184,16 @@ def _run(stats: StreamStats, target: GenerationTarget, tokenizer: Tokenizer, sam
     # the last (or until it is closed or dropped): calls from other threads on
     # the same session wait.  Other sessions' requests run batched with it.
     with target.lock:
+        # The drafter reads ``seq`` live: the prompt, then each token ``pick`` appends.
         request = Request(target.seq, prompt=list(seq), pick=pick, n_ctx=target.n_ctx, streamed=True,
-                          max_new=max_tokens)
+                          max_new=max_tokens, drafter=PromptLookup(seq) if speculative else None)
         stats.request = request
         t0 = time.perf_counter()
         try:
             first = True
             while True:
                 token = engine.next_token(request)
+                stats.drafted_tokens, stats.accepted_tokens = request.drafted, request.accepted
                 if first:
                     stats.reused_tokens = request.reused
                     stats.prefill_seconds = time.perf_counter() - t0
@@ -194,6 +216,7 @@ def _run(stats: StreamStats, target: GenerationTarget, tokenizer: Tokenizer, sam
         finally:
             engine.cancel(request)  # a no-op once it is done
             stats.request = None
+            stats.drafted_tokens, stats.accepted_tokens = request.drafted, request.accepted
             if on_evaluated is not None:
                 on_evaluated(request.evaluated)
     log.debug("generated %d tokens (%s) after a %d-token prompt (%d reused)",

@@ -96,12 +96,11 @@ class LLM:
     ``elelem.cpu.AMX_SLOWER_TYPES``, False never uses AMX, True uses it for
     every type it takes.  ``elelem info --system`` shows what this CPU has.
 
-    ``speculative`` (default off for now, see the README) verifies tokens guessed from the prompt and
-    the text so far (prompt lookup) in the same step as the next one: several
-    tokens per step where the answer copies its context (code being
-    rewritten), and the same text (see :mod:`elelem.engine.speculative`).
-    ``speculative=False`` decodes one token per step; the text calls take
-    ``speculative=`` too, for one call.
+    ``speculative=True`` verifies tokens guessed from the prompt and the text
+    so far (prompt lookup) in the same step as the next one: several tokens
+    per step where the answer copies its context (code being rewritten), and
+    the same text (see :mod:`elelem.engine.speculative`).  Off by default for
+    now (see the README); the text calls take ``speculative=`` too, for one call.
 
     An LLM can be shared between threads: their calls are batched into the
     same steps.  :meth:`new_session` gives a sequence of your own, whose

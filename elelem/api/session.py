@@ -20,6 +20,7 @@ import numpy as np
 
 from ..engine.engine import Engine
 from ..engine.request import Request
+from ..engine.speculative import PromptLookup
 from ..errors import ClosedError, ContextLimitError, InvalidArgumentError, InvalidTokenError
 from .assets import ModelAssets
 from .generation import GenerationTarget, TextStream
@@ -118,7 +119,8 @@ class Session(TextAPI):
 
     def generate_tokens(self, prompt_ids: Sequence[int], max_tokens: int, *,
                         stop_ids: Optional[Iterable[int]] = None) -> list[int]:
-        """Greedy generation: prefill once, then one step per token.
+        """Greedy generation: prefill once, then one step per token (or, with
+        speculative decoding, per run of confirmed prompt-lookup guesses).
 
         Stops after ``max_tokens`` tokens, at the end of the context, or at an
         end-of-generation id (the model's EOS, or any of ``stop_ids``), which
@@ -131,20 +133,23 @@ class Session(TextAPI):
         if max_tokens == 0:
             return []
         out: list[int] = []
+        history = list(ids)  # what the drafter looks tokens up in
 
         def pick(logits):
             token = int(np.argmax(logits))
             if token in stops:
                 return None, False
             out.append(token)
+            history.append(token)
             return token, len(out) < max_tokens
 
         with self._lock:
             self._check_open()
             if len(ids) > self._n_ctx:
                 raise ContextLimitError(f"the prompt has {len(ids)} tokens; n_ctx is {self._n_ctx}")
+            drafter = PromptLookup(history) if self._engine.speculative else None
             self._run(Request(self._seq, prompt=ids, pick=pick, n_ctx=self._n_ctx,
-                              max_new=min(max_tokens, self._n_ctx - len(ids))))
+                              max_new=min(max_tokens, self._n_ctx - len(ids)), drafter=drafter))
         return out
 
     def _run(self, request: Request) -> Request:
@@ -157,11 +162,13 @@ class Session(TextAPI):
 
     # -- streams ---------------------------------------------------------------
 
-    def _open_stream(self, ids, params, budget, stop, constraint, on_end=None) -> TextStream:
+    def _open_stream(self, ids, params, budget, stop, constraint, on_end=None,
+                     speculative: Optional[bool] = None) -> TextStream:
         self._check_open()
         target = GenerationTarget(self._engine, self._seq, self._n_ctx, self.n_vocab, self._lock)
         stream = TextStream(target, self.assets.tokenizer, ids, params, budget, stop, constraint,
-                            on_end=on_end, on_evaluated=self._count)
+                            on_end=on_end, on_evaluated=self._count,
+                            speculative=self._engine.speculative if speculative is None else bool(speculative))
         self._stream = weakref.ref(stream)
         return stream
 

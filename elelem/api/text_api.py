@@ -6,7 +6,8 @@ chat methods, as llama-cpp-python's ``create_chat_completion``; 0 is greedy),
 ``top_k`` (40), ``top_p`` (0.95), ``min_p`` (0.05), ``typical_p`` (1.0),
 ``repeat_penalty`` (1.0), ``repeat_last_n`` (64), ``frequency_penalty`` (0.0),
 ``presence_penalty`` (0.0), ``logit_bias`` ({}), ``seed`` (None: fresh
-randomness; the same seed gives the same text).
+randomness; the same seed gives the same text).  ``speculative`` (None: the
+LLM's setting) turns speculative decoding on or off for one call.
 
 ``max_tokens`` is the most tokens to generate.  None (the default of
 ``generate``, ``stream``, ``chat`` and ``chat_stream``) means: until an
@@ -150,13 +151,15 @@ class TextAPI:
 
     def _text_stream(self, ids: list[int], max_tokens: Optional[int], stop: StopArg,
                      sampling: dict, defaults: Mapping[str, Any], constraint=None) -> TextStream:
+        sampling = dict(sampling)
+        speculative = sampling.pop("speculative", None)
         unknown = sorted(set(sampling) - SAMPLING_NAMES)
         if unknown:
             raise TypeError(f"unexpected keyword argument {unknown[0]!r}; "
                             f"the sampling parameters are {', '.join(sorted(SAMPLING_NAMES))}")
         params = SamplingParams(**{**defaults, **sampling})
         budget = token_budget(len(ids), max_tokens, self.n_ctx)
-        return self._open_stream(ids, params, budget, normalize_stop(stop), constraint)
+        return self._open_stream(ids, params, budget, normalize_stop(stop), constraint, speculative=speculative)
 
 
 def _unlimited_if_not_positive(max_tokens: Optional[int]) -> Optional[int]:

@@ -51,6 +51,8 @@ class _Chunk:
     request: Request
     n: int                              # tokens taken from request.pending
     rows: list[int] = field(default_factory=list)  # their rows in the step's logits
+    drafts: list[int] = field(default_factory=list)  # guesses evaluated after them
+    base: int = 0                       # positions the sequence held before the step
 
 
 @dataclass
@@ -64,9 +66,11 @@ class _Plan:
 class Engine:
     """Sequences and continuous batching over one native context."""
 
-    def __init__(self, context, *, n_ctx: int):
+    def __init__(self, context, *, n_ctx: int, speculative: bool = False):
         self._ctx = context
         self.n_ctx = n_ctx                  # the most positions one sequence may hold
+        # The default of generations: verify prompt-lookup drafts (see speculative.py).
+        self.speculative = speculative
         self._cv = threading.Condition(threading.Lock())
         self._stepping = False
         self._active: list[Request] = []
@@ -79,6 +83,8 @@ class Engine:
         self.steps = 0                      # statistics: steps run, tokens evaluated in them,
         self.batched_tokens = 0             # and steps that carried more than one sequence
         self.shared_steps = 0
+        self.drafted_tokens = 0             # speculative decoding: draft tokens verified,
+        self.accepted_tokens = 0            # and the ones kept
 
     # -- facts -----------------------------------------------------------------
 
@@ -277,11 +283,28 @@ class Engine:
                 tokens.append(token)
                 seqs.append(request.seq)
                 outputs.append(wanted)
+            if ends and n == 1 and request.drafter is not None and request.pick is not None:
+                chunk.base = self._ctx.cache.seq_length_of(request.seq)
+                chunk.drafts = self._drafts(request, chunk.base, budget)
+                budget -= len(chunk.drafts)
+                for token in chunk.drafts:  # every draft's row: the model's choice after it
+                    chunk.rows.append(sum(outputs))
+                    tokens.append(token)
+                    seqs.append(request.seq)
+                    outputs.append(True)
             request.in_step = True
             chunks.append(chunk)
         if not any(outputs):  # a step must return some row; the last one is cheap
             outputs[-1] = True
         return _Plan(chunks, tokens, seqs, outputs)
+
+    def _drafts(self, request: Request, length: int, budget: int) -> list[int]:
+        """Guesses to verify after a generating request's next token: within
+        the batch, its context (a draft cell past n_ctx could never be kept)
+        and its generation budget."""
+        limit = request.n_ctx if request.n_ctx is not None else self.n_ctx
+        room = min(budget, limit - length - 1, request.max_new)
+        return request.drafter.propose(room) if room > 0 else []
 
     def _admit(self, request: Request) -> None:
         """Bring a new request's sequence to its prompt, reusing the cache."""
@@ -365,6 +388,7 @@ class Engine:
             del request.pending[:chunk.n]
             request.evaluated += chunk.n
             if request.cancelled:
+                self._keep_drafts(chunk, 0)
                 self._drop(request, request.cancel_error)
                 continue
             if not chunk.rows:
@@ -375,22 +399,56 @@ class Engine:
                 if not request.pending:
                     self._retire(request)
                 continue
-            self._pick_next(request, rows[-1])
+            if chunk.drafts:
+                self._pick_verified(chunk, rows)
+            else:
+                self._pick_next(request, rows[-1], self._ctx.cache.seq_length_of(request.seq))
 
-    def _pick_next(self, request: Request, logits: np.ndarray) -> None:
+    def _pick_next(self, request: Request, logits: np.ndarray, held: int, draft: Optional[int] = None) -> bool:
+        """Pick the token after ``held`` positions.  True when it is ``draft``,
+        already evaluated, whose row the caller goes on to; otherwise the
+        token is queued to be evaluated next, or the request ends."""
         try:
             token, go_on = request.pick(logits)
         except BaseException as exc:  # noqa: B902 -- the consumer gets it
             self._drop(request, exc)
-            return
+            return False
         if token is not None and request.streamed:
             request.generated.append(token)
-        full = self._ctx.cache.seq_length_of(request.seq) >= (request.n_ctx or self.n_ctx)
-        if token is None or not go_on or full:
+        if token is None or not go_on or held >= (request.n_ctx or self.n_ctx):
             self._retire(request)
-        else:
-            request.pending = [token]
-            request.max_new = max(0, request.max_new - 1)
+            return False
+        request.max_new = max(0, request.max_new - 1)
+        if draft is not None and token == draft:
+            return True
+        request.pending = [token]
+        return False
+
+    def _pick_verified(self, chunk: _Chunk, rows: np.ndarray) -> None:
+        """Walk the rows of a token and its drafts: pick after each, in order,
+        going on while the pick is the next draft, so that the picker sees
+        exactly what decoding token by token would show it."""
+        drafts = chunk.drafts
+        kept = 0
+        for i, row in enumerate(rows):
+            draft = drafts[i] if i < len(drafts) else None
+            if not self._pick_next(chunk.request, row, chunk.base + i + 1, draft):
+                break
+            kept += 1
+        self._keep_drafts(chunk, kept)
+
+    def _keep_drafts(self, chunk: _Chunk, kept: int) -> None:
+        """Keep the cells of the first ``kept`` drafts and trim the rest."""
+        if not chunk.drafts:
+            return
+        request = chunk.request
+        self._ctx.cache.seq_rm(request.seq, chunk.base + 1 + kept)
+        request.evaluated += kept
+        request.drafted += len(chunk.drafts)
+        request.accepted += kept
+        self.drafted_tokens += len(chunk.drafts)
+        self.accepted_tokens += kept
+        request.drafter.record(kept)
 
     def _settle_failure(self, plan: _Plan, error: BaseException, own: Request) -> None:
         """A step failed and left the cache as it was.  An abort made for a

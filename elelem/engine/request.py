@@ -10,7 +10,9 @@ other active request.  Two kinds:
   engine reuses the longest prefix the cache already holds (its own, or
   forked from another sequence) and evaluates the rest.  After each
   evaluation, ``pick(logits)`` chooses the next token; it is queued for the
-  consumer and evaluated at the next step, until ``pick`` says stop.
+  consumer and evaluated at the next step, until ``pick`` says stop.  With a
+  ``drafter`` (:class:`~elelem.engine.speculative.PromptLookup`), guessed
+  tokens are evaluated with it and kept as far as ``pick`` confirms them.
 
 All mutable state is guarded by the engine's lock; the consumer reads the
 queue through the engine.
@@ -36,7 +38,7 @@ class Request:
 
     def __init__(self, seq: int, *, tokens: Sequence[int] = (), prompt: Optional[Sequence[int]] = None,
                  all_logits: bool = False, pick: Optional[Picker] = None, n_ctx: Optional[int] = None,
-                 streamed: bool = False, max_new: int = 0):
+                 streamed: bool = False, max_new: int = 0, drafter=None):
         self.seq = seq
         self.prompt = list(prompt) if prompt is not None else None
         self.pending: list[int] = list(tokens)   # still to evaluate, in order
@@ -51,7 +53,12 @@ class Request:
         self.streamed = streamed
         self.generated: collections.deque[int] = collections.deque()
         self.logit_rows: list[np.ndarray] = []    # evaluation: the logits kept
-        self.evaluated = 0                        # tokens this request evaluated
+        self.evaluated = 0                        # tokens this request evaluated and kept
+        # Speculative decoding: proposes tokens to verify with the next one
+        # (generation only; None drafts nothing).
+        self.drafter = drafter
+        self.drafted = 0                          # draft tokens verified
+        self.accepted = 0                         # of those, the ones kept
         self.reused = 0                           # prompt tokens found in the cache
         self.admitted = False
         self.admitted_at = 0                      # admission order (the newest yields first when cells run out)

@@ -1,0 +1,108 @@
+"""Prompt-lookup drafting for speculative decoding.
+
+A coding agent's answers copy long spans of their prompt (a file rewritten
+with one change).  :class:`PromptLookup` guesses the next tokens by finding
+the last few tokens of the history (prompt plus what was generated) earlier
+in it, and proposing what followed them there.  The engine evaluates the
+guesses together with the real next token in one batch and keeps the
+longest prefix the model's own choices confirm (see ``Engine._settle``).
+
+Why the output does not change -- greedy or sampled: the engine calls the
+request's picker once per emitted token, in order, on the logits of exactly
+the history that token-by-token decoding would have, and accepts a draft
+only when the picked token *is* the draft.  For a one-hot draft (prompt
+lookup proposes a token, not a distribution) that is the speculative-
+sampling rule itself: the draft ``d`` is accepted with probability ``p(d)``,
+and on a rejection the token comes from ``p`` with ``d`` removed and
+renormalized -- which is what "draw from ``p``, accept when it equals ``d``"
+gives.  It even draws the same random numbers as decoding without drafts,
+so a seeded sampler gives the same text.  What can differ is arithmetic
+only: a batch of several tokens runs ggml's gemm kernels where one token
+runs gemv, so logits differ in the last float bits, and where two tokens are
+within that rounding of each other (a near-tie) the pick can flip.  The same
+holds already whenever streams share a step (continuous batching).
+
+Adaptive: drafting costs a wider batch; when several verifications in a row
+accept nothing, drafting pauses for a while (longer each time it fails
+again), so text that never repeats its context is not slowed down.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+#: The most tokens drafted per step (measured in benchmarks/speculative.py).
+DEFAULT_MAX_DRAFT = 8
+#: N-gram lengths matched, longest first: a longer match predicts better.
+NGRAM_SIZES = (4, 3, 2)
+#: Verifications in a row that accept nothing before drafting pauses.
+MISSES_BEFORE_PAUSE = 3
+#: Emitted tokens drafting pauses for after the first run of misses; it
+#: doubles with every further run, up to MAX_PAUSE, and resets on a success.
+FIRST_PAUSE = 16
+MAX_PAUSE = 256
+
+
+class PromptLookup:
+    """Drafts for one generation, from its live ``history``.
+
+    ``history`` is the caller's list of tokens (prompt, then every token
+    emitted so far, the last one being the next to evaluate); it is read,
+    never changed, and indexed incrementally as it grows.
+    """
+
+    def __init__(self, history: Sequence[int], *, max_draft: Optional[int] = None,
+                 ngram_sizes: Sequence[int] = NGRAM_SIZES):
+        max_draft = DEFAULT_MAX_DRAFT if max_draft is None else max_draft  # read now: benchmarks vary it
+        if max_draft < 1:
+            raise ValueError(f"max_draft must be >= 1, got {max_draft}")
+        self.history = history
+        self.max_draft = max_draft
+        self._sizes = tuple(sorted(set(ngram_sizes), reverse=True))
+        # n -> {n-gram: where the tokens that followed its latest occurrence start}
+        self._index: dict[int, dict[tuple, int]] = {n: {} for n in self._sizes}
+        self._indexed = 0            # continuations history[:_indexed] are indexed
+        self._misses = 0
+        self._pause_left = 0
+        self._next_pause = FIRST_PAUSE
+
+    def propose(self, limit: int) -> list[int]:
+        """Up to ``min(limit, max_draft)`` tokens guessed to follow the history."""
+        if self._pause_left > 0:
+            self._pause_left -= 1
+            return []
+        limit = min(limit, self.max_draft)
+        if limit <= 0:
+            return []
+        history = self.history
+        self._extend_index()
+        end = len(history)
+        for n in self._sizes:
+            if end <= n:
+                continue
+            start = self._index[n].get(tuple(history[end - n:]))
+            if start is not None:
+                return list(history[start:min(start + limit, end)])
+        return []
+
+    def record(self, accepted: int) -> None:
+        """The outcome of one verification: ``accepted`` draft tokens confirmed."""
+        if accepted > 0:
+            self._misses = 0
+            self._next_pause = FIRST_PAUSE
+            return
+        self._misses += 1
+        if self._misses >= MISSES_BEFORE_PAUSE:
+            self._misses = 0
+            self._pause_left = self._next_pause
+            self._next_pause = min(MAX_PAUSE, self._next_pause * 2)
+
+    def _extend_index(self) -> None:
+        # The n-gram ending just before position j maps to j, for every j whose
+        # token is known (j < len): the newest occurrence wins.  The history's
+        # own last n tokens are therefore never matched against themselves.
+        history = self.history
+        for j in range(max(self._indexed, 1), len(history)):
+            for n in self._sizes:
+                if j >= n:
+                    self._index[n][tuple(history[j - n:j])] = j
+        self._indexed = max(self._indexed, len(history))

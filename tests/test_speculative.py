@@ -1,0 +1,185 @@
+"""Speculative decoding (prompt lookup): the drafter, and the engine's verification.
+
+The property under test: with speculation, generation emits exactly what
+decoding token by token emits.  On the tiny f32 synthetic models there are no
+near-ties for batched arithmetic to flip, so greedy output must be identical,
+token for token, stop conditions included, and a seeded sampler must draw the
+same text.  Sampling is also checked statistically (chi-square), with
+different seeds on each side, so that the test would catch a wrong acceptance
+rule even where the seeded comparison happened to agree.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import elelem
+from elelem.api.generation import GenerationTarget, TextStream
+from elelem.engine.speculative import FIRST_PAUSE, MISSES_BEFORE_PAUSE, PromptLookup
+from elelem.sampling.sampler import SamplingParams
+from synthetic import TinyConfig
+
+CONFIG = TinyConfig()
+# Random tiny models fall into loops, which the drafter then copies; the first
+# prompt also repeats itself, the second does not.
+PROMPTS = ([1, 5, 9, 13, 5, 9, 13, 5, 9, 20, 30], [3, 70, 41, 8, 66, 12, 90, 27, 54])
+
+
+# -- the drafter ----------------------------------------------------------------
+
+def test_the_drafter_copies_what_followed_the_latest_longest_match():
+    history = [7, 1, 2, 3, 4, 5, 9, 1, 2, 8, 8, 1, 2]
+    lookup = PromptLookup(history, max_draft=3, ngram_sizes=(3, 2))
+    # (1, 2) occurs at 1 and 7; the latest is followed by 8, 8, 1.
+    assert lookup.propose(8) == [8, 8, 1]
+    assert lookup.propose(2) == [8, 8]
+    history += [8]  # now (2, 8) also ends at 9, and the 3-gram (1, 2, 8) at 9 is the longest match
+    assert lookup.propose(8) == [8, 1, 2]
+
+
+def test_the_drafter_never_matches_the_history_with_itself():
+    assert PromptLookup([4, 5, 6]).propose(8) == []
+    assert PromptLookup([4, 5, 4, 5]).propose(8) == [4, 5]  # (4, 5) at 0 is followed by 4, 5
+
+
+def test_drafting_pauses_after_misses_and_resumes():
+    history = [1, 2, 3, 1, 2]
+    lookup = PromptLookup(history)
+    for _ in range(MISSES_BEFORE_PAUSE):
+        assert lookup.propose(8) == [3, 1, 2]
+        lookup.record(0)
+    assert all(lookup.propose(8) == [] for _ in range(FIRST_PAUSE))
+    assert lookup.propose(8) == [3, 1, 2]
+    lookup.record(2)  # a success resets the misses
+    lookup.record(0)
+    assert lookup.propose(8) == [3, 1, 2]
+
+
+# -- greedy: identical tokens -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pair(tiny_model):
+    """The same tiny f32 model opened with and without speculation."""
+    path, _ = tiny_model(CONFIG)
+    plain = elelem.LLM(path, kv_type="f32", n_threads=1, speculative=False)
+    fast = elelem.LLM(path, kv_type="f32", n_threads=1, speculative=True)
+    yield plain, fast
+    plain.close()
+    fast.close()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_tokens_and_cache_are_those_of_plain_decoding(pair, prompt):
+    plain, fast = pair
+    before = fast.engine.accepted_tokens
+    for max_tokens in (1, 2, 7, 40, 90):
+        want = plain.generate_tokens(prompt, max_tokens)
+        assert fast.generate_tokens(prompt, max_tokens) == want
+        # rejected drafts were trimmed: the cache holds what plain decoding left
+        assert fast.cached_tokens == plain.cached_tokens
+        assert fast.n_past == plain.n_past == len(prompt) + len(want) - 1
+    assert fast.engine.accepted_tokens > before  # the loops were drafted, and confirmed
+
+
+def test_a_stop_id_inside_an_accepted_draft_ends_the_generation_there(pair):
+    plain, fast = pair
+    full = plain.generate_tokens(PROMPTS[0], 60)
+    for stop in set(full[20:40]):  # tokens of the loop: each one is met inside a draft
+        want = plain.generate_tokens(PROMPTS[0], 60, stop_ids=[stop])
+        assert fast.generate_tokens(PROMPTS[0], 60, stop_ids=[stop]) == want
+        assert fast.cached_tokens == plain.cached_tokens
+
+
+def test_the_end_of_the_context_stops_as_without_drafts(pair):
+    plain, fast = pair
+    n_ctx = len(PROMPTS[0]) + 30
+    with plain.new_session(n_ctx=n_ctx) as a, fast.new_session(n_ctx=n_ctx) as b:
+        want = a.generate_tokens(PROMPTS[0], 100)
+        assert b.generate_tokens(PROMPTS[0], 100) == want
+        assert len(want) == 31 and b.n_past == a.n_past == n_ctx
+
+
+# -- sampling: the model's distribution ---------------------------------------------
+
+class _IdsText:
+    """A tokenizer for a model without a vocabulary: a token's text is its id."""
+
+    eog_ids = frozenset()
+
+    def stream_decoder(self):
+        return self
+
+    def feed(self, token):
+        return f"{token} "
+
+    def flush(self):
+        return ""
+
+
+# Six live tokens (the rest banned), spread by a high temperature: every
+# bigram occurs in the prompt, so every step drafts, and drafts are both
+# accepted and rejected often.
+LIVE = 6
+SPREAD = dict(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0,
+              logit_bias={t: float("-inf") for t in range(LIVE, CONFIG.n_vocab)})
+SAMPLE_PROMPT = [int(t) for t in np.random.default_rng(5).integers(0, LIVE, 120)]
+N_NEW = 4
+
+
+def stream_ids(llm, prompt, params, max_tokens, speculative):
+    """The tokens a TextStream generates on the LLM's default sequence, and the stream."""
+    target = GenerationTarget(llm.engine, llm._default()._seq, llm.n_ctx, llm.n_vocab, threading.RLock())
+    stream = TextStream(target, _IdsText(), prompt, params, max_tokens, (), speculative=speculative)
+    return [int(t) for t in stream.text().split()], stream
+
+
+def sampled(llm, seed, speculative):
+    return stream_ids(llm, SAMPLE_PROMPT, SamplingParams(**SPREAD, seed=seed), N_NEW, speculative)
+
+
+def test_a_seeded_sampler_draws_the_same_tokens_with_drafts(pair):
+    plain, fast = pair
+    accepted = rejected = 0
+    for seed in range(20):
+        want, _ = sampled(plain, seed, False)
+        got, stream = sampled(fast, seed, True)
+        assert got == want
+        accepted += stream.accepted_tokens
+        rejected += stream.drafted_tokens - stream.accepted_tokens
+    assert accepted > 0 and rejected > 0
+
+
+# Chi-square critical value for 5 degrees of freedom (6 tokens) at p = 0.001:
+# a correct implementation fails one position in a thousand runs at most.
+CHI2_CRITICAL_5DOF = 20.515
+N_SAMPLES = 400
+
+
+def test_sampled_token_frequencies_match_plain_decoding(pair):
+    plain, fast = pair
+    drafted, accepted = fast.engine.drafted_tokens, fast.engine.accepted_tokens
+    counts = np.zeros((2, N_NEW, LIVE))
+    for side, (llm, speculative, seeds) in enumerate(((plain, False, range(N_SAMPLES)),
+                                                        (fast, True, range(10**6, 10**6 + N_SAMPLES)))):
+        for seed in seeds:
+            tokens, _ = sampled(llm, seed, speculative)
+            assert len(tokens) == N_NEW
+            counts[side, np.arange(N_NEW), tokens] += 1
+    drafted, accepted = fast.engine.drafted_tokens - drafted, fast.engine.accepted_tokens - accepted
+    assert accepted > N_SAMPLES // 4 and drafted - accepted > N_SAMPLES  # both outcomes happen, often
+    for position in range(N_NEW):
+        table = counts[:, position]
+        table = table[:, table.sum(axis=0) > 0]
+        expected = table.sum(axis=1, keepdims=True) * table.sum(axis=0, keepdims=True) / table.sum()
+        statistic = ((table - expected) ** 2 / expected).sum()
+        assert statistic < CHI2_CRITICAL_5DOF, (position, table)
+
+
+def test_streams_count_their_drafts(pair):
+    plain, fast = pair
+    want, off = stream_ids(plain, PROMPTS[0], SamplingParams(temperature=0), 60, False)
+    got, stream = stream_ids(fast, PROMPTS[0], SamplingParams(temperature=0), 60, True)
+    assert got == want and off.drafted_tokens == 0
+    assert 0 < stream.accepted_tokens <= stream.drafted_tokens
