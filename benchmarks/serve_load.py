@@ -5,8 +5,10 @@
         [--tokens 64] [--threads 2] [--ctx 1024]
         [--llama-python "$(python scripts/reference_llamacpp.py --check)"] [--json out.json]
 
-For each server, one subprocess on a free loopback port, the same model file
-and the same requests:
+Both servers run at once, idle but for the one being measured: each N runs
+on one, then the other, so a change in the machine's load hits both alike.
+Each is one subprocess on a free loopback port, with the same model file and
+the same requests:
 - elelem: ``python -m elelem serve --parallel 8`` (this checkout's elelem);
 - llama-cpp-python (``--llama-python``, a Python whose ``llama_cpp`` has its
   server extra: ``python -m llama_cpp.server``), which runs one request at a
@@ -140,28 +142,38 @@ def percentile(values: list, q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def bench_server(name: str, start, path: str, args, no_end: dict) -> list[dict]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = start(path, args, port)
-    try:
-        wait_ready(url, process)
-        model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
-        one_request(url, model, "Hello", args, no_end)  # warm-up
-        rows = []
-        for n in args.clients:
-            row = {"server": name, **run_load(url, model, n, args, no_end)}
-            print(f"{name:>18} {n:>3} clients: {row['tok_s']:7.1f} tok/s  TTFT p50 {row['ttft_p50'] * 1e3:7.0f} ms"
-                  f"  p99 {row['ttft_p99'] * 1e3:7.0f} ms  ITL p50 {row['itl_p50'] * 1e3:6.1f} ms"
-                  f"  p99 {row['itl_p99'] * 1e3:6.1f} ms  errors {len(row['errors'])}", flush=True)
-            rows.append(row)
-        return rows
-    finally:
-        process.terminate()
+class Running:
+    """One server subprocess, ready, with the id of its model."""
+
+    def __init__(self, name: str, start, path: str, args):
+        self.name = name
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.process = start(path, args, int(self.url.rsplit(":", 1)[1]))
+        wait_ready(self.url, self.process)
+        self.model = httpx.get(self.url + "/v1/models").json()["data"][0]["id"]
+
+    def stop(self) -> None:
+        self.process.terminate()
         try:
-            process.wait(30)
+            self.process.wait(30)
         except subprocess.TimeoutExpired:
-            process.kill()
+            self.process.kill()
+
+
+def bench(servers: list, args, no_end: dict) -> list[dict]:
+    """Each N on every server in turn, so a change in the machine's load hits them alike."""
+    for server in servers:
+        one_request(server.url, server.model, "Hello", args, no_end)  # warm-up
+    rows = []
+    for n in args.clients:
+        for server in servers:
+            row = {"server": server.name, **run_load(server.url, server.model, n, args, no_end)}
+            print(f"{server.name:>18} {n:>3} clients: {row['tok_s']:7.1f} tok/s  "
+                  f"TTFT p50 {row['ttft_p50'] * 1e3:7.0f} ms  p99 {row['ttft_p99'] * 1e3:7.0f} ms  "
+                  f"ITL p50 {row['itl_p50'] * 1e3:6.1f} ms  p99 {row['itl_p99'] * 1e3:6.1f} ms  "
+                  f"errors {len(row['errors'])}", flush=True)
+            rows.append(row)
+    return rows
 
 
 def end_tokens(path: str) -> dict:
@@ -188,9 +200,16 @@ def main() -> None:
     no_end = end_tokens(path)
     print(f"model {path}; {args.clients} clients x {args.requests} requests x {args.tokens} tokens, "
           f"{args.threads} threads, ctx {args.ctx}", flush=True)
-    rows = bench_server("elelem", start_elelem, path, args, no_end)
+    servers = []
+    try:
+        servers.append(Running("elelem", start_elelem, path, args))
+        if args.llama_python:
+            servers.append(Running("llama-cpp-python", start_llamacpp, path, args))
+        rows = bench(servers, args, no_end)
+    finally:
+        for server in servers:
+            server.stop()
     if args.llama_python:
-        rows += bench_server("llama-cpp-python", start_llamacpp, path, args, no_end)
         for n in args.clients:
             ours = next(r for r in rows if r["server"] == "elelem" and r["clients"] == n)
             theirs = next(r for r in rows if r["server"] != "elelem" and r["clients"] == n)
