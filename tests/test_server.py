@@ -467,3 +467,20 @@ def test_models_load_on_first_use_and_unload_when_idle(smollm_path, tmp_path):
         assert again.choices[0].message.content and first.llm is not None  # loaded again on use
     finally:
         served.stop()
+
+
+@pytest.mark.parametrize("host, warned", [("127.0.0.1", False), ("::1", False), ("localhost", False),
+                                          ("0.0.0.0", True), ("192.168.1.20", True)])
+def test_binding_beyond_loopback_without_a_key_warns(monkeypatch, caplog, smollm_path, host, warned):
+    import elelem.server.serving
+    from elelem.cli import main
+    served = []
+    monkeypatch.setattr(elelem.server.serving, "serve", lambda app, **where: served.append(where) or 0)
+    with caplog.at_level("WARNING", logger="elelem.server"):
+        assert main(["serve", "--model", str(smollm_path), "--host", host, "--port", "0"]) == 0
+    assert served == [{"host": host, "port": 0, "grace": 10.0}]
+    assert any("without --api-key" in r.getMessage() for r in caplog.records) == warned
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="elelem.server"):  # a key silences it
+        assert main(["serve", "--model", str(smollm_path), "--host", host, "--api-key", "k"]) == 0
+    assert not any("without --api-key" in r.getMessage() for r in caplog.records)
