@@ -183,3 +183,33 @@ def test_streams_count_their_drafts(pair):
     got, stream = stream_ids(fast, PROMPTS[0], SamplingParams(temperature=0), 60, True)
     assert got == want and off.drafted_tokens == 0
     assert 0 < stream.accepted_tokens <= stream.drafted_tokens
+
+
+# -- a real model, rewriting code -----------------------------------------------------
+
+CODE = """def total_price(items, discount=0.0):
+    total = 0.0
+    for item in items:
+        price = item["price"]
+        quantity = item.get("quantity", 1)
+        total += price * quantity
+    if discount:
+        total = total * (1.0 - discount)
+    return round(total, 2)
+"""
+
+
+@pytest.mark.real_model
+def test_smollm2_rewriting_code_gives_the_same_text_with_fewer_steps(smollm_path):
+    # An f32 cache: with f16, a batch and a single token differ by up to ~0.15
+    # in the logits (README), enough to flip a near-tie somewhere in a long answer.
+    messages = [{"role": "user", "content": "Rewrite this function, renaming `items` to `entries`. "
+                 "Reply with the whole function only.\n\n```python\n" + CODE + "```"}]
+    with elelem.LLM(smollm_path, n_ctx=1024, n_threads=1, kv_type="f32", speculative=True) as llm:
+        steps = llm.engine.steps
+        plain = llm.chat_stream(messages, max_tokens=64, temperature=0, speculative=False)
+        want = plain.text()
+        plain_steps, steps = llm.engine.steps - steps, llm.engine.steps
+        fast = llm.chat_stream(messages, max_tokens=64, temperature=0)
+        assert fast.text() == want
+        assert fast.accepted_tokens > 16 and llm.engine.steps - steps < plain_steps - 16
