@@ -47,14 +47,18 @@ def test_the_drafter_never_matches_the_history_with_itself():
 def test_drafting_pauses_after_misses_and_resumes():
     history = [1, 2, 3, 1, 2]
     lookup = PromptLookup(history)
-    for _ in range(MISSES_BEFORE_PAUSE):
-        assert lookup.propose(8) == [3, 1, 2]
-        lookup.record(0)
+    assert lookup.propose(8) == [3, 1, 2]
+    lookup.record(0, 3)  # a miss: the next draft is one token
+    for _ in range(MISSES_BEFORE_PAUSE - 1):
+        assert lookup.propose(8) == [3]
+        lookup.record(0, 1)
     assert all(lookup.propose(8) == [] for _ in range(FIRST_PAUSE))
-    assert lookup.propose(8) == [3, 1, 2]
-    lookup.record(2)  # a success resets the misses
-    lookup.record(0)
-    assert lookup.propose(8) == [3, 1, 2]
+    assert lookup.propose(8) == [3]
+    lookup.record(1, 1)  # a success resets the misses, and a whole match doubles the length
+    assert lookup.propose(8) == [3, 1]
+    lookup.record(1, 2)
+    lookup.record(0, 2)
+    assert lookup.propose(8) == [3]
 
 
 # -- greedy: identical tokens -----------------------------------------------------

@@ -448,7 +448,7 @@ class Engine:
         request.accepted += kept
         self.drafted_tokens += len(chunk.drafts)
         self.accepted_tokens += kept
-        request.drafter.record(kept)
+        request.drafter.record(kept, len(chunk.drafts))
 
     def _settle_failure(self, plan: _Plan, error: BaseException, own: Request) -> None:
         """A step failed and left the cache as it was.  An abort made for a

@@ -62,6 +62,7 @@ class PromptLookup:
         # n -> {n-gram: where the tokens that followed its latest occurrence start}
         self._index: dict[int, dict[tuple, int]] = {n: {} for n in self._sizes}
         self._indexed = 0            # continuations history[:_indexed] are indexed
+        self._length = self.max_draft    # this step's draft length: shrinks after a partial match
         self._misses = 0
         self._pause_left = 0
         self._next_pause = FIRST_PAUSE
@@ -71,7 +72,7 @@ class PromptLookup:
         if self._pause_left > 0:
             self._pause_left -= 1
             return []
-        limit = min(limit, self.max_draft)
+        limit = min(limit, self._length)
         if limit <= 0:
             return []
         history = self.history
@@ -85,8 +86,12 @@ class PromptLookup:
                 return list(history[start:min(start + limit, end)])
         return []
 
-    def record(self, accepted: int) -> None:
-        """The outcome of one verification: ``accepted`` draft tokens confirmed."""
+    def record(self, accepted: int, drafted: int) -> None:
+        """The outcome of one verification: ``accepted`` of ``drafted`` tokens confirmed."""
+        # Each draft token costs about as much as a token decoded (on CPU a batch is
+        # compute bound), so after a partial match draft only a little past where it
+        # failed, and grow back while drafts are confirmed whole.
+        self._length = min(self.max_draft, 2 * self._length) if accepted == drafted else accepted + 1
         if accepted > 0:
             self._misses = 0
             self._next_pause = FIRST_PAUSE
