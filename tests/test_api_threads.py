@@ -9,6 +9,7 @@ import pytest
 
 import elelem
 from elelem.errors import ClosedError
+from near_ties import assert_same_or_near_tie
 
 pytestmark = pytest.mark.real_model
 
@@ -26,22 +27,26 @@ def references(llm):
     return [llm.generate(p, max_tokens=8, temperature=0) for p in PROMPTS]
 
 
-def test_one_llm_shared_by_threads_serializes_calls(llm, references):
+def check_answers(llm, prompts, results, references):
+    for prompt, got, want in zip(prompts, results, references):
+        assert_same_or_near_tie(llm, prompt, got, want, 8)
+
+
+def test_one_llm_shared_by_threads_batches_calls(llm, references):
     with ThreadPoolExecutor(max_workers=3) as pool:
         results = list(pool.map(lambda p: llm.generate(p, max_tokens=8, temperature=0), PROMPTS * 2))
-    assert results == references * 2
+    check_answers(llm, PROMPTS * 2, results, references * 2)
 
 
 def test_interleaved_streams_on_one_llm_each_get_their_own_text(llm, references):
-    # Two streams advanced in turn: each step finds the other's tokens in the
-    # cache and re-prefills its own (the common prefix is reused).
+    # Two streams advanced in turn, in one thread: they run on sessions of their own.
     a = llm.stream(PROMPTS[0], max_tokens=8, temperature=0)
     b = llm.stream(PROMPTS[1], max_tokens=8, temperature=0)
     out_a, out_b = [], []
     for _ in range(20):
         out_a.append(next(a, ""))
         out_b.append(next(b, ""))
-    assert ["".join(out_a), "".join(out_b)] == references[:2]
+    check_answers(llm, PROMPTS[:2], ["".join(out_a), "".join(out_b)], references[:2])
 
 
 def test_sessions_share_the_weights_and_keep_their_own_caches(llm, references):
@@ -50,7 +55,7 @@ def test_sessions_share_the_weights_and_keep_their_own_caches(llm, references):
         with ThreadPoolExecutor(max_workers=3) as pool:
             results = list(pool.map(lambda sp: sp[0].generate(sp[1], max_tokens=8, temperature=0),
                                     zip(sessions, PROMPTS)))
-        assert results == references
+        check_answers(llm, PROMPTS, results, references)
         assert [s.cached_tokens[:3] for s in sessions] != [sessions[0].cached_tokens[:3]] * 3
         assert sessions[0].n_ctx == llm.n_ctx and all(s._engine is llm.engine for s in sessions)
     finally:
@@ -73,7 +78,7 @@ def test_concurrent_sessions_share_steps(llm, references):
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
             results = list(pool.map(generate, zip(sessions, PROMPTS)))
-        assert results == references[:2]
+        check_answers(llm, PROMPTS[:2], results, references[:2])
         # Each stream needs 8 steps (a prefill, then 7 decodes); started together,
         # most of them carry both streams' tokens.
         assert engine.shared_steps - shared >= 3

@@ -10,6 +10,7 @@ import pytest
 
 import elelem
 from elelem import errors
+from near_ties import NEAR_TIE, assert_same_or_near_tie, smallest_top2_gap
 from synthetic import TinyConfig
 
 
@@ -36,6 +37,12 @@ def _calls(llm):
     return calls
 
 
+def _prompt_ids(llm, name):
+    if name.startswith(("chat", "chat_stream")):
+        return llm.tokenize(llm.chat_template.render(MESSAGES, add_generation_prompt=True), special=True)
+    return llm.tokenize(name.split(" ", 1)[1], special=True)
+
+
 @pytest.mark.real_model
 def test_eight_threads_hammering_one_llm_get_the_answers_they_would_alone(smollm_path):
     with elelem.LLM(smollm_path, n_ctx=512, n_threads=1) as llm:
@@ -47,8 +54,12 @@ def test_eight_threads_hammering_one_llm_get_the_answers_they_would_alone(smollm
         work = [calls[i % len(calls)] for i in range(48)]
         with ThreadPoolExecutor(max_workers=8) as pool:
             results = list(pool.map(lambda c: (c[0], c[1]()), work))
-        for name, got in results:
-            assert got == alone[name], name
+        assert llm.engine.shared_steps > 0  # they were batched
+        differing = {name for name, got in results if got != alone[name]}
+        for name in differing:
+            assert not name.startswith("tokenize"), name
+            gap = smallest_top2_gap(llm, _prompt_ids(llm, name), 6)
+            assert gap < NEAR_TIE, f"{name}: answers differ, but the solo answer has no near-tie (gap {gap:.3f})"
         # and it still works afterwards
         assert llm.generate(PROMPTS[0], max_tokens=6, temperature=0) == alone[f"generate {PROMPTS[0]}"]
 
@@ -61,7 +72,8 @@ def test_parallel_sessions_on_shared_weights_are_correct(smollm_path):
         with ThreadPoolExecutor(max_workers=len(sessions)) as pool:
             got = list(pool.map(lambda sp: sp[0].generate(sp[1], max_tokens=8, temperature=0),
                                 zip(sessions, PROMPTS)))
-        assert got == alone
+        for prompt, g, a in zip(PROMPTS, got, alone):
+            assert_same_or_near_tie(llm, prompt, g, a, 8)
 
 
 # -- ids are checked wherever they are accepted ---------------------------------
