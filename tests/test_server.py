@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -413,7 +414,10 @@ def test_sigterm_during_a_stream_exits_zero(server, smollm_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "elelem", "serve", "--model", str(smollm_path), "--port", "0", "--ctx", "1024",
          "--parallel", "2", "--grace", "3", "--threads", str(THREADS)],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # Outside the checkout: `python -m` puts the working directory first on sys.path, and the
+        # source tree has no compiled core unless it was built in place.
+        cwd=Path(__file__).parent)
     try:
         url = None
         deadline = time.monotonic() + 60
