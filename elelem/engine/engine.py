@@ -78,6 +78,7 @@ class Engine:
         self._seq_request: dict[int, Request] = {}   # the request running on each sequence
         self._last_used: dict[int, float] = {}       # open sequences -> when last stepped
         self._abort_for_cancel = False
+        self._idle_waiters = 0              # callers waiting for a moment between two steps
         self._admissions = 0
         self._closed = False
         self.steps = 0                      # statistics: steps run, tokens evaluated in them,
@@ -214,7 +215,7 @@ class Engine:
                 self._active.append(own)
                 self._seq_request[own.seq] = own
             while not ready():
-                if self._stepping:
+                if self._stepping or self._idle_waiters:
                     self._cv.wait()
                     continue
                 self._check_open()
@@ -479,8 +480,16 @@ class Engine:
             del self._seq_request[request.seq]
 
     def _wait_idle(self) -> None:
-        while self._stepping:
-            self._cv.wait()
+        """Wait for the step in progress to end.  Drivers let such waiters in
+        between two steps: otherwise a driver that starts the next step at once
+        would keep a trim or a read of the cache waiting for its whole request."""
+        self._idle_waiters += 1
+        try:
+            while self._stepping:
+                self._cv.wait()
+        finally:
+            self._idle_waiters -= 1
+            self._cv.notify_all()
 
     def _check_open(self) -> None:
         if self._closed:
