@@ -86,7 +86,7 @@ class Session(TextAPI):
         ``(n_vocab,)`` for the last token, or ``(len(tokens), n_vocab)``."""
         with self._lock:
             self._check_open()
-            ids = _checked_eval_ids(tokens, self.n_vocab)
+            ids = self._check_ids(tokens, "tokens")
             held = self._engine.length(self._seq)
             if held + len(ids) > self._n_ctx:
                 raise ContextLimitError(f"{held} cached + {len(ids)} new tokens = {held + len(ids)} "
@@ -214,11 +214,13 @@ class Session(TextAPI):
             raise ClosedError(f"this {type(self).__name__} is closed")
 
     def _check_ids(self, ids: Sequence[int], what: str) -> list[int]:
+        # No dtype forced on the conversion: that would truncate 1.5 to 1.
         arr = np.asarray(ids)
         if arr.size == 0:
             raise InvalidArgumentError(f"the {what} is empty")
         if arr.ndim != 1 or arr.dtype.kind not in "iu":
-            raise InvalidTokenError(f"the {what} must be a flat list of integer token ids")
+            raise InvalidTokenError(f"the {what} must be a flat list of integers (token ids), "
+                                    f"got shape {arr.shape} of {arr.dtype}")
         lo, hi = int(arr.min()), int(arr.max())
         if lo < 0 or hi >= self.n_vocab:
             raise InvalidTokenError(f"token id {lo if lo < 0 else hi} in the {what} is outside [0, {self.n_vocab})")
@@ -232,18 +234,3 @@ class Session(TextAPI):
         if bad:
             raise InvalidTokenError(f"stop id {bad[0]} is outside [0, {self.n_vocab})")
         return ids
-
-
-def _checked_eval_ids(tokens, n_vocab: int) -> list[int]:
-    # No dtype forced on the conversion: that would truncate 1.5 to 1.
-    ids = np.asarray(tokens)
-    if ids.size == 0:
-        raise InvalidArgumentError("cannot evaluate an empty list of tokens")
-    if ids.ndim != 1:
-        raise InvalidTokenError(f"token ids must be a flat sequence, got shape {ids.shape}")
-    if ids.dtype.kind not in "iu":
-        raise InvalidTokenError(f"token ids must be integers in [0, {n_vocab}), got dtype {ids.dtype}")
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= n_vocab:
-        raise InvalidTokenError(f"token id {lo if lo < 0 else hi} is outside [0, {n_vocab})")
-    return [int(t) for t in ids]
