@@ -161,8 +161,9 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
         value = gguf.get(prefix + name, default)
         if value is None:
             raise ModelShapeError(f"missing hyperparameter {prefix + name}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ModelShapeError(f"hyperparameter {prefix + name} must be a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                (isinstance(value, float) and not math.isfinite(value)):
+            raise ModelShapeError(f"hyperparameter {prefix + name} must be a finite number, got {value!r}")
         return value
 
     embd = gguf.tensors.get(GLOBAL_TENSOR_NAMES["tok_embd"])
