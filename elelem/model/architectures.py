@@ -163,7 +163,7 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
             raise ModelShapeError(f"missing hyperparameter {prefix + name}")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                 (isinstance(value, float) and not math.isfinite(value)):
-            raise ModelShapeError(f"hyperparameter {prefix + name} must be a finite number, got {value!r}")
+            raise ModelShapeError(f"{prefix + name} = {value!r} must be a finite number")
         return value
 
     embd = gguf.tensors.get(GLOBAL_TENSOR_NAMES["tok_embd"])
