@@ -217,6 +217,34 @@ cdef class Context:
         self.n_evaluated += n
         return out
 
+    # -- states ----------------------------------------------------------------
+
+    def seq_state(self, seq, n=None):
+        """K and V of sequence ``seq``'s first ``n`` positions (all by default)
+        as a uint8 array of ``n * cache.bytes_per_cell`` bytes (layout: kv_state.pxi)."""
+        self._check_idle()
+        cdef int s = self.cache._check_seq(seq)
+        length = self.cache.seq_length[s]
+        count = length if n is None else _as_integer("the number of positions", n)
+        if not 0 <= count <= length:
+            raise errors.InvalidArgumentError(f"sequence {s} holds {length} positions; cannot read {count}")
+        return _read_seq_state(self.cache, s, count)
+
+    def seq_load(self, seq, tokens, state, stored=None):
+        """Give empty sequence ``seq`` the first ``len(tokens)`` positions of
+        ``state`` (from :meth:`seq_state`, of ``stored`` positions: by default
+        ``len(tokens)``); ``tokens`` are the ids they hold."""
+        self._check_idle()
+        cdef int s = self.cache._check_seq(seq)
+        ids = _checked_ids(tokens, self.model.hp.n_vocab) if len(tokens) else np.empty(0, dtype=np.int32)
+        count = len(ids) if stored is None else _as_integer("the number of positions stored", stored)
+        _load_seq_state(self.cache, s, ids, memoryview(state).cast("B"), count)
+
+    cdef void _check_idle(self) except *:
+        self._check_open()
+        if self.busy:
+            raise errors.InvalidArgumentError("a step is running on this context")
+
     cdef void _compute(self) except *:
         cdef ggml_status status
         cdef int watching = _threading.current_thread() is _threading.main_thread()  # signals reach the main thread
@@ -324,7 +352,7 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
     try:
         for il in range(model.hp.n_layer):
             layer_buft[il] = c.bufts[c.n_backends - 1]
-        c.cache = _new_kv_cache(model, cells, seqs, kv, kv_v, layer_buft)
+        c.cache = _new_kv_cache(model, cells, seqs, kv, kv_v, not flash_attn, layer_buft)
     finally:
         free(layer_buft)
     # Graph metadata: a generous node budget per layer; the arena is reused by every step.

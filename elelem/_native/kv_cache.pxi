@@ -33,6 +33,7 @@ cdef class KVCache:
     cdef int used_end           # one past the highest used cell
     cdef readonly str type_k    # ggml type names: f16, f32, q8_0, q4_0
     cdef readonly str type_v
+    cdef readonly bint v_trans  # V stored transposed (no flash attention): see attention in graph/blocks.pxi
 
     def __cinit__(self):
         self.ctx = NULL
@@ -212,7 +213,7 @@ cdef uint16_t F16_NEG_INF = 0xFC00
 
 
 cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k, ggml_type type_v,
-                           ggml_backend_buffer_type_t * layer_buft):
+                           bint v_trans, ggml_backend_buffer_type_t * layer_buft):
     """Per-layer K and V, each layer's in the buffer type of the backend that
     runs the layer (``layer_buft[il]``)."""
     cdef KVCache c = KVCache.__new__(KVCache)
@@ -221,6 +222,7 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
     c.n_seq_max = n_seq_max
     c.type_k = ggml_type_name(type_k).decode()
     c.type_v = ggml_type_name(type_v).decode()
+    c.v_trans = v_trans
     c.cell_pos = <int32_t *> malloc(kv_size * sizeof(int32_t))
     c.cell_token = <int32_t *> calloc(kv_size, sizeof(int32_t))
     c.cell_seqs = <uint64_t *> calloc(kv_size, sizeof(uint64_t))
