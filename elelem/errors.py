@@ -64,6 +64,11 @@ class KVCacheFullError(ContextLimitError):
     (see ``LLM(kv_size=...)``)."""
 
 
+class StateError(ElelemError, ValueError):
+    """A saved KV state that does not fit this model and cache, or a state
+    file that is damaged, cut short, or made under other settings."""
+
+
 class CapacityError(ElelemError, RuntimeError):
     """Every sequence slot of the engine is taken (see ``LLM(n_seq_max=...)``)."""
 
@@ -74,6 +79,10 @@ class InvalidTokenError(ElelemError, ValueError):
 
 class InvalidArgumentError(ElelemError, ValueError):
     """An argument outside its allowed range (empty prompt, negative ``max_tokens``, ...)."""
+
+
+class VocabularyMismatchError(InvalidArgumentError):
+    """A draft model (``LLM(draft_model=...)``) whose vocabulary is not the target model's."""
 
 
 class ClosedError(ElelemError, RuntimeError):
@@ -94,3 +103,23 @@ class UnsafeTemplateError(TemplateError):
 
 class TemplateLimitError(TemplateError):
     """A chat template that ran past a render limit: time, output size, recursion or range length."""
+
+
+class GrammarError(InvalidArgumentError):
+    """A ``grammar``, JSON schema or ``response_format`` that cannot be compiled into a
+    token constraint; ``.param`` names the request field it came from."""
+
+    def __init__(self, message: str, *, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class UnsupportedSchemaError(GrammarError):
+    """A JSON-schema keyword (``.keyword``) the constraint engine cannot enforce.
+
+    Raised instead of ignoring it: the output would otherwise satisfy a looser
+    schema than the one asked for."""
+
+    def __init__(self, message: str, *, keyword: str, param: str | None = None):
+        super().__init__(message, param=param)
+        self.keyword = keyword

@@ -15,6 +15,7 @@ from typing import Optional
 
 from ..gguf.reader import GGUFFile, validate_tokenizer_metadata
 from ..model.architectures import ModelSpec
+from ..sampling.grammar import GrammarTokenizer
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
 
@@ -33,6 +34,7 @@ class ModelAssets:
         self.tokenizer_lock = threading.Lock()  # the tokenizer's word cache is not thread-safe
         self._tokenizer: Optional[Tokenizer] = None
         self._chat_template: Optional[ChatTemplate] = None
+        self._grammar_tokenizer: Optional[GrammarTokenizer] = None
         self.eos_ids = self._metadata_eos_ids()
 
     @property
@@ -60,6 +62,24 @@ class ModelAssets:
                     self._chat_template = ChatTemplate.from_metadata(self.gguf.metadata,
                                                                      token_text=tokenizer.token_text)
         return self._chat_template
+
+    @property
+    def grammar_tokenizer(self) -> GrammarTokenizer:
+        """The vocabulary as the constraint engine reads it, built on the first constrained request."""
+        if self._grammar_tokenizer is None:
+            tokenizer = self.tokenizer
+            lock = self.tokenizer_lock
+
+            def encode(text: str) -> list[int]:  # not a method: the cache must not refer back to self
+                with lock:
+                    return tokenizer.encode(text, add_bos=False, add_eos=False)
+
+            with self._build_lock:
+                if self._grammar_tokenizer is None:
+                    t0 = time.perf_counter()
+                    self._grammar_tokenizer = GrammarTokenizer.of(tokenizer, self.n_vocab, encode)
+                    log.debug("built the grammar tokenizer in %.3f s", time.perf_counter() - t0)
+        return self._grammar_tokenizer
 
     def tokenize(self, text, add_bos: Optional[bool] = None, special: bool = False) -> list[int]:
         tokenizer = self.tokenizer

@@ -17,6 +17,14 @@ The prompt plus ``max_tokens`` must fit in ``n_ctx``, else
 ``stop`` is a string or a list of strings; the text ends before the first
 one, and no part of one is ever streamed.
 
+Structured output (:mod:`elelem.api.structured`): every method takes
+``grammar`` (GBNF text, as llama.cpp), and the chat methods take
+``response_format`` (``{"type": "json_object"}``, optionally with a
+``"schema"``, or ``{"type": "json_schema", "json_schema": {"name", "schema",
+"strict"}}``).  Each token is then drawn among those that keep the output
+valid; a schema keyword that cannot be enforced raises
+:class:`~elelem.errors.UnsupportedSchemaError` before any compute.
+
 Generation stops at the model's end-of-generation tokens (EOS and the
 others the vocabulary marks, e.g. ``<|im_end|>`` and ``<|endoftext|>``).
 """
@@ -29,6 +37,9 @@ from . import completions
 from .assets import ModelAssets
 from .generation import TextStream
 from .prompts import Prompt, chat_prompt_ids, completion_prompt_ids, token_budget
+from .structured import output_constraint, output_grammar
+from ..errors import GrammarError
+from ..sampling.grammar import Grammar
 from ..sampling.sampler import SamplingParams
 from ..text.stop_strings import StopArg, normalize_stop
 from .tools import responses as tool_responses
@@ -59,22 +70,24 @@ class TextAPI:
     # -- plain text ------------------------------------------------------------
 
     def stream(self, prompt: Prompt, *, max_tokens: Optional[int] = None, stop: StopArg = None,
-               **sampling: Any) -> TextStream:
+               grammar: Optional[str] = None, **sampling: Any) -> TextStream:
         """An iterator of text deltas continuing ``prompt`` (text or token ids)."""
         with self._lock:
+            output = output_grammar(grammar=grammar)
             ids = completion_prompt_ids(self.assets, prompt, self._check_ids)
-            return self._text_stream(ids, max_tokens, stop, sampling, {})
+            return self._text_stream(ids, max_tokens, stop, sampling, {}, output_constraint(self.assets, output))
 
     def generate(self, prompt: Prompt, *, max_tokens: Optional[int] = None, stop: StopArg = None,
-                 **sampling: Any) -> str:
+                 grammar: Optional[str] = None, **sampling: Any) -> str:
         """The text continuing ``prompt``."""
         with self._lock:  # the whole call, so concurrent calls are serialized
-            return self.stream(prompt, max_tokens=max_tokens, stop=stop, **sampling).text()
+            return self.stream(prompt, max_tokens=max_tokens, stop=stop, grammar=grammar, **sampling).text()
 
     # -- chat ------------------------------------------------------------------
 
     def chat_stream(self, messages: Messages, *, max_tokens: Optional[int] = None, stop: StopArg = None,
                     tools: Optional[Sequence[Mapping[str, Any]]] = None, tool_choice: ToolChoice = None,
+                    response_format: Optional[Mapping[str, Any]] = None, grammar: Optional[str] = None,
                     **sampling: Any) -> TextStream:
         """An iterator of the assistant's reply to ``messages``, as text deltas.
 
@@ -86,30 +99,33 @@ class TextAPI:
         """
         with self._lock:
             plan = plan_tools(tools, tool_choice, self.assets.chat_template.source)
-            return self._chat_text_stream(messages, plan, max_tokens, stop, sampling)
+            output = output_grammar(response_format, grammar)
+            return self._chat_text_stream(messages, plan, max_tokens, stop, sampling, output)
 
     def chat(self, messages: Messages, *, max_tokens: Optional[int] = None, stop: StopArg = None,
              tools: Optional[Sequence[Mapping[str, Any]]] = None, tool_choice: ToolChoice = None,
+             response_format: Optional[Mapping[str, Any]] = None, grammar: Optional[str] = None,
              **sampling: Any) -> str:
         """The assistant's reply to ``messages``: its raw text, including any
         tool-call markup (see ``chat_stream``)."""
         with self._lock:
             return self.chat_stream(messages, max_tokens=max_tokens, stop=stop, tools=tools,
-                                    tool_choice=tool_choice, **sampling).text()
+                                    tool_choice=tool_choice, response_format=response_format,
+                                    grammar=grammar, **sampling).text()
 
     # -- llama-cpp-python's dicts ---------------------------------------------
 
     def create_completion(self, prompt: Prompt, *, max_tokens: Optional[int] = 16, stream: bool = False,
-                          stop: StopArg = None, model: Optional[str] = None,
+                          stop: StopArg = None, model: Optional[str] = None, grammar: Optional[str] = None,
                           **sampling: Any) -> Union[dict, Iterator[dict]]:
         """llama-cpp-python's ``create_completion``: a ``text_completion`` dict, or its chunks.
 
         As there, ``max_tokens`` defaults to 16, and None or <= 0 means no limit
-        but the context window.
+        but the context window.  ``grammar`` (GBNF text) constrains the text.
         """
         with self._lock:
-            ids = completion_prompt_ids(self.assets, prompt, self._check_ids)
-            text = self._text_stream(ids, _unlimited_if_not_positive(max_tokens), stop, sampling, {})
+            text = self.stream(prompt, max_tokens=_unlimited_if_not_positive(max_tokens), stop=stop,
+                               grammar=grammar, **sampling)
             name = model if model is not None else self.assets.model_name
             if stream:
                 return completions.completion_chunks(text, name)
@@ -120,6 +136,7 @@ class TextAPI:
     def create_chat_completion(self, messages: Messages, *, stream: bool = False,
                                max_tokens: Optional[int] = None, stop: StopArg = None,
                                tools: Optional[Sequence[Mapping[str, Any]]] = None, tool_choice: ToolChoice = None,
+                               response_format: Optional[Mapping[str, Any]] = None, grammar: Optional[str] = None,
                                model: Optional[str] = None, **sampling: Any) -> Union[dict, Iterator[dict]]:
         """llama-cpp-python's ``create_chat_completion``: a ``chat.completion`` dict, or its chunks.
 
@@ -129,10 +146,14 @@ class TextAPI:
         ``tool_choice``: ``"auto"`` (default with tools), ``"none"``,
         ``"required"`` or ``{"type": "function", "function": {"name": ...}}``;
         the last two constrain the reply to one valid call (see :mod:`elelem.api.tools`).
+        ``response_format`` and ``grammar`` constrain the reply's content (see
+        :mod:`elelem.api.structured`).
         """
         with self._lock:
             plan = plan_tools(tools, tool_choice, self.assets.chat_template.source)
-            text = self._chat_text_stream(messages, plan, _unlimited_if_not_positive(max_tokens), stop, sampling)
+            output = output_grammar(response_format, grammar)
+            text = self._chat_text_stream(messages, plan, _unlimited_if_not_positive(max_tokens), stop, sampling,
+                                          output)
             name = model if model is not None else self.assets.model_name
             if plan.parses_calls:
                 build = tool_responses.chat_completion_chunks if stream else tool_responses.chat_completion
@@ -144,9 +165,13 @@ class TextAPI:
     # -- shared ----------------------------------------------------------------
 
     def _chat_text_stream(self, messages: Messages, plan: ToolPlan, max_tokens: Optional[int],
-                          stop: StopArg, sampling: dict) -> TextStream:
+                          stop: StopArg, sampling: dict, output: Optional[Grammar]) -> TextStream:
+        if output is not None and plan.template_tools is not None:
+            # A constrained reply could hold no tool call, and a call would break the format.
+            raise GrammarError(f"{output.param} cannot be combined with tools, unless tool_choice is 'none'",
+                               param=output.param)
         ids = chat_prompt_ids(self.assets, messages_for_template(messages), tools=plan.template_tools)
-        constraint = plan.constraint(self.assets.tokenizer)
+        constraint = plan.constraint(self.assets) if output is None else output_constraint(self.assets, output)
         return self._text_stream(ids, max_tokens, stop, sampling, CHAT_DEFAULTS, constraint)
 
     def _text_stream(self, ids: list[int], max_tokens: Optional[int], stop: StopArg,

@@ -1,7 +1,8 @@
 """Sampling (layer 3, above text): the sampling parameters and the vectorized
-sampler (:mod:`.sampler`), and token constraints for JSON-schema constrained
-decoding (:mod:`.json_automaton`, :mod:`.constrained`; these read token texts
-through :mod:`elelem.text.tokenizer`).
+sampler (:mod:`.sampler`), and token constraints for structured output and
+forced tool calls: grammars compiled by llguidance (:mod:`.grammar`, which
+reads token bytes through :mod:`elelem.text.tokenizer`) and the per-token
+masks that apply them (:mod:`.constrained`).
 """
 from .sampler import (
     Sampler, SamplingParams, apply_logit_bias, apply_penalties, filtered_distribution, min_p_filter, softmax,

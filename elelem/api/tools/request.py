@@ -6,7 +6,8 @@
   nothing is parsed.  Earlier tool calls and results in ``messages`` still
   render.
 * ``"required"``: the reply is one call of one of the tools, constrained
-  token by token (:mod:`elelem.sampling.constrained`).
+  token by token by the same engine as ``response_format``
+  (:mod:`elelem.sampling.constrained`, over llguidance).
 * ``{"type": "function", "function": {"name": ...}}``: the same, for that tool.
 """
 from __future__ import annotations
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from ...errors import InvalidArgumentError
-from ...sampling.constrained import Forced, TokenConstraint, TokenTexts
-from ...sampling.json_automaton import JsonAutomaton
+from ...sampling.constrained import Forced, TokenConstraint
+from ...sampling.grammar import tool_call_grammar
 from .parsers import ToolCallParser, parser_for
 
 Tools = Optional[Sequence[Mapping[str, Any]]]
@@ -38,15 +39,18 @@ class ToolPlan:
     def parses_calls(self) -> bool:
         return self.parser is not None
 
-    def constraint(self, tokenizer) -> Optional[TokenConstraint]:
-        """The token constraint of a forced call, or None when the model is free."""
+    def constraint(self, assets) -> Optional[TokenConstraint]:
+        """The token constraint of a forced call (for ``assets``, the model's
+        :class:`~elelem.api.assets.ModelAssets`), or None when the model is free."""
         if self.forced_functions is None:
             return None
         parser = self.parser
-        prefix = tokenizer.encode(parser.forced_prefix, add_bos=False, add_eos=False, special=True)
-        suffix = tokenizer.encode(parser.forced_suffix, add_bos=False, add_eos=False, special=True)
-        automaton = JsonAutomaton.for_tool_call(self.forced_functions)
-        return TokenConstraint([Forced(prefix), automaton, Forced(suffix)], TokenTexts.of(tokenizer))
+        tokenizer = assets.tokenizer
+        with assets.tokenizer_lock:
+            prefix = tokenizer.encode(parser.forced_prefix, add_bos=False, add_eos=False, special=True)
+            suffix = tokenizer.encode(parser.forced_suffix, add_bos=False, add_eos=False, special=True)
+        call = tool_call_grammar(self.forced_functions)
+        return TokenConstraint([Forced(prefix), call, Forced(suffix)], assets.grammar_tokenizer)
 
 
 def plan_tools(tools: Tools, tool_choice: ToolChoice, template_source: str) -> ToolPlan:
