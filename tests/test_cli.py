@@ -273,6 +273,16 @@ def test_every_sampling_option_is_passed_on():
     assert args.sampling == {}  # unset options keep the library's defaults
 
 
+@pytest.mark.parametrize("command", [["run", "hi"], ["chat"], ["serve"]])
+def test_speculation_is_on_unless_switched_off(command):
+    from elelem.cli.parser import build_parser
+    parser = build_parser()
+    args = parser.parse_args(command)
+    assert args.speculative is True and args.draft_model is None
+    args = parser.parse_args(command[:1] + ["--no-speculative", "--draft-model", "small.gguf"] + command[1:])
+    assert args.speculative is False and args.draft_model == "small.gguf"
+
+
 @pytest.mark.real_model
 def test_seed_gives_the_same_text_and_other_seeds_other_text(smollm_path, smollm):
     options = ("--temperature", 1.0, "-n", 12)

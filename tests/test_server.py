@@ -488,3 +488,36 @@ def test_binding_beyond_loopback_without_a_key_warns(monkeypatch, caplog, smollm
     with caplog.at_level("WARNING", logger="elelem.server"):  # a key silences it
         assert main(["serve", "--model", str(smollm_path), "--host", host, "--api-key", "k"]) == 0
     assert not any("without --api-key" in r.getMessage() for r in caplog.records)
+
+
+# -- speculative decoding ------------------------------------------------------
+
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,"
+
+
+def test_usage_reports_the_drafted_tokens(client, model_id):
+    reply = client.completions.create(model=model_id, prompt=COUNTING, max_tokens=24, temperature=0)
+    details = reply.usage.completion_tokens_details  # OpenAI's Predicted Outputs fields
+    assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens >= 0
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    chunks = list(client.completions.create(model=model_id, prompt=COUNTING, max_tokens=24, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens > 0
+
+
+def test_serve_passes_the_speculation_switches_to_the_models(monkeypatch, smollm_path):
+    import types
+
+    import elelem.server.serving
+    from elelem.cli import main
+    from elelem.server.registry import ModelRegistry
+    apps = []
+    monkeypatch.setattr(elelem.server.serving, "serve", lambda app, **where: apps.append(app) or 0)
+    assert main(["serve", "--model", str(smollm_path), "--no-speculative"]) == 0
+    assert main(["serve", "--model", str(smollm_path), "--draft-model", str(smollm_path)]) == 0
+    configs = [app.state.server.registry.config for app in apps]
+    assert [(c.speculative, c.draft_model) for c in configs] == [(False, None), (True, str(smollm_path))]
+    opened = []
+    fake = types.SimpleNamespace(tokenizer=None, chat_template=None, closed=False)
+    ModelRegistry(configs[1], open_llm=lambda source, **options: opened.append(options) or fake).default.load()
+    assert opened[0]["speculative"] is True and opened[0]["draft_model"] == str(smollm_path)

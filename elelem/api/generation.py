@@ -9,7 +9,8 @@ and nothing after the stream is closed or dropped: leaving a stream early
 stops its work at the end of the step in progress.
 
 With ``speculative``, the engine also verifies tokens guessed by prompt
-lookup (:mod:`elelem.engine.speculative`) in the same steps: the text is the
+lookup (:mod:`elelem.engine.speculative`) or by a draft model
+(:mod:`elelem.engine.draft_model`) in the same steps: the text is the
 one decoding token by token gives (see there for the one exception, a
 near-tie flipped by batched arithmetic), and the same seed gives the same
 sampled text.
@@ -24,7 +25,6 @@ from typing import Callable, Iterator, Optional
 
 from ..engine.engine import Engine
 from ..engine.request import Request
-from ..engine.speculative import PromptLookup
 from ..sampling.sampler import Sampler, SamplingParams
 from ..text.stop_strings import StopStringFilter
 from ..text.tokenizer import Tokenizer
@@ -186,7 +186,7 @@ def _run(stats: StreamStats, target: GenerationTarget, tokenizer: Tokenizer, sam
     with target.lock:
         # The drafter reads ``seq`` live: the prompt, then each token ``pick`` appends.
         request = Request(target.seq, prompt=list(seq), pick=pick, n_ctx=target.n_ctx, streamed=True,
-                          max_new=max_tokens, drafter=PromptLookup(seq) if speculative else None)
+                          max_new=max_tokens, drafter=engine.new_drafter(target.seq, seq) if speculative else None)
         stats.request = request
         t0 = time.perf_counter()
         try:

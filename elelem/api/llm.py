@@ -30,6 +30,7 @@ from ..gguf.reader import GGUFFile, read_gguf
 from ..model.architectures import ModelSpec, model_spec
 from ..model.hub import ProgressFn, resolve_model
 from .assets import ModelAssets
+from .draft import open_draft
 from .session import Session
 
 log = logging.getLogger("elelem")
@@ -96,11 +97,14 @@ class LLM:
     ``elelem.cpu.AMX_SLOWER_TYPES``, False never uses AMX, True uses it for
     every type it takes.  ``elelem info --system`` shows what this CPU has.
 
-    ``speculative=True`` verifies tokens guessed from the prompt and the text
-    so far (prompt lookup) in the same step as the next one: several tokens
-    per step where the answer copies its context (code being rewritten), and
-    the same text (see :mod:`elelem.engine.speculative`).  Off by default for
-    now (see the README); the text calls take ``speculative=`` too, for one call.
+    ``speculative`` (default on) verifies tokens guessed from the prompt and
+    the text so far (prompt lookup) in the same step as the next one: several
+    tokens per step where the answer copies its context (code being
+    rewritten), and the same text (see :mod:`elelem.engine.speculative`);
+    the text calls take ``speculative=`` too, for one call.  ``draft_model``
+    (a path, a packaged name or an open ``LLM``: a smaller model with the
+    same vocabulary, else ``VocabularyMismatchError``) guesses the tokens
+    instead of prompt lookup (:mod:`elelem.engine.draft_model`).
 
     An LLM can be shared between threads: their calls are batched into the
     same steps.  :meth:`new_session` gives a sequence of your own, whose
@@ -114,7 +118,7 @@ class LLM:
                  flash_attn: bool = False, repack: bool = True, amx: Optional[bool] = None,
                  use_mmap: bool = True, n_seq_max: int = DEFAULT_N_SEQ_MAX, kv_size: Optional[int] = None,
                  type_k: Optional[str] = None, type_v: Optional[str] = None,
-                 progress: Optional[ProgressFn] = None, speculative: bool = False):
+                 progress: Optional[ProgressFn] = None, speculative: bool = True, draft_model=None):
         t0 = time.perf_counter()
         self._engine: Optional[Engine] = None
         self._model = None
@@ -132,8 +136,11 @@ class LLM:
             context = new_context(self._model, n_ctx if kv_size is None else kv_size, n_batch,
                                         default_n_threads() if n_threads is None else n_threads,
                                         type_k or kv_type, flash_attn, n_seq_max, type_v or kv_type)
+            draft = None if draft_model is None else open_draft(
+                draft_model, target_gguf=self.gguf, target_n_vocab=self.spec.hparams["n_vocab"], context=context,
+                repack=repack, use_mmap=use_mmap, amx=amx)
             self._engine = Engine(context, n_ctx=n_ctx if kv_size is None else min(n_ctx, context.kv_size),
-                                  speculative=bool(speculative))
+                                  speculative=bool(speculative), draft=draft)
             self.assets = ModelAssets(self.path, self.gguf, self.spec)
             self._session = Session(self._engine, self.assets, n_ctx=self._engine.n_ctx)
         except BaseException:

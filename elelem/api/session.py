@@ -20,7 +20,6 @@ import numpy as np
 
 from ..engine.engine import Engine
 from ..engine.request import Request
-from ..engine.speculative import PromptLookup
 from ..errors import ClosedError, ContextLimitError, InvalidArgumentError, InvalidTokenError
 from .assets import ModelAssets
 from .generation import GenerationTarget, TextStream
@@ -120,7 +119,7 @@ class Session(TextAPI):
     def generate_tokens(self, prompt_ids: Sequence[int], max_tokens: int, *,
                         stop_ids: Optional[Iterable[int]] = None) -> list[int]:
         """Greedy generation: prefill once, then one step per token (or, with
-        speculative decoding, per run of confirmed prompt-lookup guesses).
+        speculative decoding, per run of confirmed drafted guesses).
 
         Stops after ``max_tokens`` tokens, at the end of the context, or at an
         end-of-generation id (the model's EOS, or any of ``stop_ids``), which
@@ -147,7 +146,7 @@ class Session(TextAPI):
             self._check_open()
             if len(ids) > self._n_ctx:
                 raise ContextLimitError(f"the prompt has {len(ids)} tokens; n_ctx is {self._n_ctx}")
-            drafter = PromptLookup(history) if self._engine.speculative else None
+            drafter = self._engine.new_drafter(self._seq, history) if self._engine.speculative else None
             self._run(Request(self._seq, prompt=ids, pick=pick, n_ctx=self._n_ctx,
                               max_new=min(max_tokens, self._n_ctx - len(ids)), drafter=drafter))
         return out

@@ -19,5 +19,7 @@ def model_path(name_or_path: str | None) -> str:
 
 def open_llm(args: argparse.Namespace, *, n_ctx: int | None = None):
     from ..api.llm import LLM  # the native core loads here, not at startup
+    draft = None if args.draft_model is None else model_path(args.draft_model)
     return LLM(model_path(args.model), n_ctx=args.ctx if n_ctx is None else n_ctx, n_threads=args.threads,
-               use_mmap=args.use_mmap, repack=args.repack, amx=args.amx)
+               use_mmap=args.use_mmap, repack=args.repack, amx=args.amx, speculative=args.speculative,
+               draft_model=draft)

@@ -35,4 +35,11 @@ def print_stats(stream) -> None:
     new = stream.prompt_tokens - stream.reused_tokens
     print(f"[prompt: {stream.prompt_tokens} tokens, {stream.reused_tokens} reused, {new} evaluated "
           f"in {stream.prefill_seconds:.2f} s | answer: {stream.completion_tokens} tokens, {decode:.1f} tok/s"
-          f" | finish: {stream.finish_reason or 'interrupted'}]", file=sys.stderr)
+          f"{_drafts(stream)} | finish: {stream.finish_reason or 'interrupted'}]", file=sys.stderr)
+
+
+def _drafts(stream) -> str:
+    """Speculative decoding's share of the answer, when it drafted anything."""
+    if not stream.drafted_tokens:
+        return ""
+    return f" ({stream.accepted_tokens} of {stream.drafted_tokens} drafted tokens accepted)"

@@ -37,6 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--no-amx", dest="amx", action="store_const", const=False, default=None,
                        help="never use AMX matmuls, on CPUs that have them")
 
+    speculation = argparse.ArgumentParser(add_help=False)
+    speculation.add_argument("--no-speculative", dest="speculative", action="store_false",
+                             help="decode one token per step, without verifying drafted tokens "
+                                  "(speculative decoding is on by default; the text is the same)")
+    speculation.add_argument("--draft-model", default=None, metavar="M",
+                             help="draft with this smaller model of the same vocabulary (a .gguf path or a "
+                                  "known name) instead of prompt lookup")
+
     generation = argparse.ArgumentParser(add_help=False)
     generation.add_argument("-n", "--max-tokens", type=_non_negative_int, default=None, metavar="N",
                             help="most tokens to generate (default: until the model stops or the context is full)")
@@ -50,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     generation.add_argument("--stats", action="store_true",
                             help="print token counts and speed to stderr after each answer")
 
-    run = commands.add_parser("run", parents=[common, model, generation],
+    run = commands.add_parser("run", parents=[common, model, speculation, generation],
                               help="answer one prompt, streaming to stdout",
                               description="Answer PROMPT, streaming the text to stdout. Models with a chat "
                                           "template get the prompt as a user message; --raw continues the text.")
@@ -59,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--system", default=None, metavar="TEXT", help="a system message (chat template only)")
     run.set_defaults(handler=_command("run"), command_parser=run)
 
-    chat = commands.add_parser("chat", parents=[common, model, generation],
+    chat = commands.add_parser("chat", parents=[common, model, speculation, generation],
                                help="talk with a model in the terminal",
                                description="An interactive chat. /reset starts over, /exit (or Ctrl-D) quits, "
                                            "Ctrl-C stops the current answer.")
@@ -84,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="machine-readable output")
     bench.set_defaults(handler=_command("bench"))
 
-    serve = commands.add_parser("serve", parents=[common], help="serve models over an OpenAI-compatible HTTP API",
+    serve = commands.add_parser("serve", parents=[common, speculation],
+                                help="serve models over an OpenAI-compatible HTTP API",
                                 description="An OpenAI-compatible server (/v1/chat/completions, /v1/completions, "
                                             "/v1/models, /health, /metrics); needs pip install 'elelem[server]'.")
     serve.add_argument("-m", "--model", action="append", default=None, metavar="M",

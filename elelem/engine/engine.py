@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import CapacityError, ClosedError, ContextLimitError, KVCacheFullError
 from .request import Request
+from .speculative import PromptLookup
 
 log = logging.getLogger("elelem")
 
@@ -66,11 +67,14 @@ class _Plan:
 class Engine:
     """Sequences and continuous batching over one native context."""
 
-    def __init__(self, context, *, n_ctx: int, speculative: bool = False):
+    def __init__(self, context, *, n_ctx: int, speculative: bool = False, draft=None):
         self._ctx = context
         self.n_ctx = n_ctx                  # the most positions one sequence may hold
-        # The default of generations: verify prompt-lookup drafts (see speculative.py).
+        # The default of generations: verify drafted tokens (see speculative.py),
+        # from prompt lookup, or from ``draft`` (a DraftModel, see draft_model.py).
         self.speculative = speculative
+        self.draft = draft
+        self._interrupted: Optional[BaseException] = None  # Ctrl-C while a draft model computed
         self._cv = threading.Condition(threading.Lock())
         self._stepping = False
         self._active: list[Request] = []
@@ -157,6 +161,12 @@ class Engine:
             self._check_open()
             self._ctx.cache.seq_rm(seq, n)
 
+    def new_drafter(self, seq: int, history):
+        """The drafter of a generation on ``seq`` whose live token list is ``history``."""
+        if self.draft is not None:
+            return self.draft.drafter(seq, history)
+        return PromptLookup(history)
+
     # -- requests --------------------------------------------------------------
 
     def run(self, request: Request) -> Request:
@@ -203,6 +213,8 @@ class Engine:
             for request in list(self._active):
                 self._drop(request, ClosedError("the model was closed"))
             self._closed = True
+            if self.draft is not None:
+                self.draft.close()
             self._ctx.close()
             self._cv.notify_all()
 
@@ -247,6 +259,10 @@ class Engine:
                 finally:
                     self._stepping = False
                     self._cv.notify_all()
+                if self._interrupted is not None:  # Ctrl-C reached a draft model: the driver's own request ends
+                    interrupt, self._interrupted = self._interrupted, None
+                    self._drop(own, interrupt)
+                    raise interrupt
 
     def _plan(self, run_ahead: bool = False) -> Optional[_Plan]:
         """The next batch: one token of every generating request first, then
@@ -304,8 +320,16 @@ class Engine:
         the batch, its context (a draft cell past n_ctx could never be kept)
         and its generation budget."""
         limit = request.n_ctx if request.n_ctx is not None else self.n_ctx
-        room = min(budget, limit - length - 1, request.max_new)
-        return request.drafter.propose(room) if room > 0 else []
+        # ``max_new`` picks are left: the next token's row gives the first, and
+        # only a draft whose own row is used (not the last pick) can be kept.
+        room = min(budget, limit - length - 1, request.max_new - 1)
+        if room <= 0:
+            return []
+        try:
+            return request.drafter.propose(room)
+        except KeyboardInterrupt as interrupt:  # the step is half planned: raised once it is settled
+            self._interrupted = interrupt
+            return []
 
     def _admit(self, request: Request) -> None:
         """Bring a new request's sequence to its prompt, reusing the cache."""

@@ -62,17 +62,11 @@ class PromptLookup:
         # n -> {n-gram: where the tokens that followed its latest occurrence start}
         self._index: dict[int, dict[tuple, int]] = {n: {} for n in self._sizes}
         self._indexed = 0            # continuations history[:_indexed] are indexed
-        self._length = self.max_draft    # this step's draft length: shrinks after a partial match
-        self._misses = 0
-        self._pause_left = 0
-        self._next_pause = FIRST_PAUSE
+        self.pace = DraftPace(self.max_draft)
 
     def propose(self, limit: int) -> list[int]:
         """Up to ``min(limit, max_draft)`` tokens guessed to follow the history."""
-        if self._pause_left > 0:
-            self._pause_left -= 1
-            return []
-        limit = min(limit, self._length)
+        limit = self.pace.limit(limit)
         if limit <= 0:
             return []
         history = self.history
@@ -88,6 +82,39 @@ class PromptLookup:
 
     def record(self, accepted: int, drafted: int) -> None:
         """The outcome of one verification: ``accepted`` of ``drafted`` tokens confirmed."""
+        self.pace.record(accepted, drafted)
+
+    def _extend_index(self) -> None:
+        # The n-gram ending just before position j maps to j, for every j whose
+        # token is known (j < len): the newest occurrence wins.  The history's
+        # own last n tokens are therefore never matched against themselves.
+        history = self.history
+        for j in range(max(self._indexed, 1), len(history)):
+            for n in self._sizes:
+                if j >= n:
+                    self._index[n][tuple(history[j - n:j])] = j
+        self._indexed = max(self._indexed, len(history))
+
+
+class DraftPace:
+    """How many tokens a drafter may propose at its next step: the adaptive
+    part shared by every drafter (prompt lookup, a draft model)."""
+
+    def __init__(self, max_draft: int):
+        self.max_draft = max_draft
+        self._length = max_draft      # this step's draft length: shrinks after a partial match
+        self._misses = 0
+        self._pause_left = 0
+        self._next_pause = FIRST_PAUSE
+
+    def limit(self, limit: int) -> int:
+        """The most tokens to draft now (0 while paused); counts a paused step."""
+        if self._pause_left > 0:
+            self._pause_left -= 1
+            return 0
+        return min(limit, self._length)
+
+    def record(self, accepted: int, drafted: int) -> None:
         # Each draft token costs about as much as a token decoded (on CPU a batch is
         # compute bound), so after a partial match draft only a little past where it
         # failed, and grow back while drafts are confirmed whole.
@@ -101,14 +128,3 @@ class PromptLookup:
             self._misses = 0
             self._pause_left = self._next_pause
             self._next_pause = min(MAX_PAUSE, self._next_pause * 2)
-
-    def _extend_index(self) -> None:
-        # The n-gram ending just before position j maps to j, for every j whose
-        # token is known (j < len): the newest occurrence wins.  The history's
-        # own last n tokens are therefore never matched against themselves.
-        history = self.history
-        for j in range(max(self._indexed, 1), len(history)):
-            for n in self._sizes:
-                if j >= n:
-                    self._index[n][tuple(history[j - n:j])] = j
-        self._indexed = max(self._indexed, len(history))

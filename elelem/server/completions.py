@@ -27,8 +27,16 @@ class Answer:
         self.chunks = chunks
 
     def usage(self) -> dict:
-        return {"prompt_tokens": self.text.prompt_tokens, "completion_tokens": self.text.completion_tokens,
-                "total_tokens": self.text.prompt_tokens + self.text.completion_tokens}
+        """OpenAI's usage, with speculative decoding's drafts in the fields of its
+        Predicted Outputs: ``accepted_prediction_tokens`` were drafted and
+        confirmed (each saved a step), ``rejected_prediction_tokens`` drafted and
+        discarded.  The completion counts each generated token once, as before."""
+        text = self.text
+        return {"prompt_tokens": text.prompt_tokens, "completion_tokens": text.completion_tokens,
+                "total_tokens": text.prompt_tokens + text.completion_tokens,
+                "completion_tokens_details": {
+                    "accepted_prediction_tokens": text.accepted_tokens,
+                    "rejected_prediction_tokens": text.drafted_tokens - text.accepted_tokens}}
 
 
 def start(session, call: Call, model_id: str) -> Answer:

@@ -18,7 +18,9 @@ class ServerConfig:
     ``models`` are names or paths as given to ``LLM`` (the first is the
     default, loaded at startup); ``parallel`` is how many requests run at once
     per model (each on a session of its own); ``keep_alive`` is how long a
-    model stays loaded without requests (None: forever).
+    model stays loaded without requests (None: forever).  ``speculative``
+    (default on) and ``draft_model`` are the models' ``LLM`` options of those
+    names (speculative decoding: the same text, in fewer steps).
     """
 
     models: list[str]
@@ -27,6 +29,8 @@ class ServerConfig:
     n_ctx: Optional[int] = None         # per request; None: the model's, at most 4096
     n_threads: Optional[int] = None
     keep_alive: Optional[float] = 300.0
+    speculative: bool = True
+    draft_model: Optional[str] = None   # a path or known name, for every model served
     max_body_bytes: int = 4 * 2**20
     max_messages: int = 512
     max_tokens_limit: Optional[int] = None   # None: n_ctx bounds it

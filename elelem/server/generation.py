@@ -178,6 +178,7 @@ class Generation:
             raise KeyboardInterrupt("cancelled before it started")
         if not self.call.stream:
             response = answer.whole()
+            response["usage"] = answer.usage()  # the library's, with the drafted tokens added
             self._first_output()
             put("whole", response)
             return

@@ -1,0 +1,46 @@
+"""Opening the draft model of ``LLM(draft_model=...)``.
+
+The draft model is a path, a packaged model name, or an open ``LLM`` (whose
+weights are then shared, not loaded again: keep it open while it drafts).
+Its vocabulary is checked against the target's before its weights are
+opened.  It gets a native context of its own, with one sequence per target
+sequence and as many cells as the target's cache (a draft sequence holds
+the same tokens as its target sequence, plus a few drafts).
+"""
+from __future__ import annotations
+
+from .._core import new_context, open_model
+from ..cpu import amx_types
+from ..engine.draft_model import DraftModel, check_same_vocabulary
+from ..errors import ClosedError
+from ..gguf.reader import GGUFFile, read_gguf
+from ..model.architectures import model_spec
+from ..model.hub import resolve_model
+
+
+def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, repack: bool,
+               use_mmap: bool, amx) -> DraftModel:
+    """A DraftModel for the target whose native context is ``context``."""
+    if hasattr(source, "spec") and hasattr(source, "gguf"):  # an open LLM
+        if source.closed:
+            raise ClosedError("the draft model's LLM is closed")
+        check_same_vocabulary(target_gguf, target_n_vocab, source.gguf, source.spec.hparams["n_vocab"])
+        model, owned = source._model, None
+    else:
+        path = resolve_model(source)
+        gguf = read_gguf(path)
+        spec = model_spec(gguf)
+        check_same_vocabulary(target_gguf, target_n_vocab, gguf, spec.hparams["n_vocab"])
+        model = owned = open_model(path, spec.arch.builder, spec.hparams, spec.global_tensors,
+                                   spec.layer_tensors, spec.description, spec.matmul_weights(), repack,
+                                   use_mmap, amx_types(amx))
+    try:
+        # The target's cache types: a model drafting for itself then computes what the target does.
+        cache = context.cache
+        draft_context = new_context(model, context.kv_size, context.n_batch, context.n_threads, cache.type_k,
+                                    context.flash_attn, context.n_seq_max, cache.type_v)
+    except BaseException:
+        if owned is not None:
+            owned.close()
+        raise
+    return DraftModel(draft_context, owned_model=owned)
