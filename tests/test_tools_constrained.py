@@ -15,7 +15,7 @@ from elelem.sampling.sampler import Sampler, SamplingParams
 
 # A toy vocabulary: id 0 is the end-of-generation control token; then every character the
 # schemas below need, plus multi-character pieces that are valid in some places and invalid in most.
-VOCAB = ([b"</s>"] + [c.encode() for c in '{}[]":, -.0123456789abcdefghijklmnopqrstuvwxyz_é\\\n'] +
+VOCAB = ([b"</s>"] + [c.encode() for c in '{}[]":, -.@0123456789abcdefghijklmnopqrstuvwxyz_é\\\n'] +
          [t.encode() for t in ('{"', '":', '": ', '", "', '"}', '}}', '"]', 'true', 'false', 'null', 'fixed',
                                '"fixed"', '{"name": "', '", "arguments": ', 'get', '_weather', 'abc', '12',
                                '-0', '0.5', '\\u00e9', ', ', '},', '"a"', '1}', ']}', '}\n', 'é"', '\n  ')])

@@ -98,8 +98,9 @@ class GrammarTokenizer:
 class _Vocabulary:
     """What llguidance.TokenizerWrapper reads: token bytes, ids, and an encoder.
 
-    The encoder only serves llguidance's own tokenize calls, which elelem
-    does not make while generating (masks and token steps never tokenize)."""
+    llguidance calls the encoder itself, also while computing a mask (to
+    tokenize text the grammar forces), in whichever thread runs the step:
+    it must be thread-safe (ModelAssets passes one under its tokenizer lock)."""
 
     def __init__(self, tokens: list[bytes], special_ids: list[int], eos: int, bos: Optional[int],
                  encode: Callable[[str], list[int]]):

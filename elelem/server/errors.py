@@ -54,7 +54,7 @@ def from_exception(error: BaseException, retry_after: int = 1) -> APIError:
     if isinstance(error, ContextLimitError):
         return bad_request(str(error), code="context_length_exceeded")
     if isinstance(error, (InvalidArgumentError, InvalidTokenError, TemplateError, TypeError)):
-        return bad_request(str(error))
+        return bad_request(str(error), getattr(error, "param", None))  # GrammarError names its field
     if isinstance(error, ClosedError):  # the model was unloaded or the server is stopping
         return overloaded(str(error), retry_after)
     if isinstance(error, ElelemError):

@@ -4,7 +4,9 @@ Every field OpenAI defines for these endpoints is either used, accepted when
 it asks for the only behaviour there is (``n`` of 1, ``logprobs`` off), or
 refused with a 400 naming it; an unknown field is refused too, so a typo
 never passes silently.  llama.cpp's sampling extensions (``top_k``,
-``min_p``, ``repeat_penalty``) are accepted as well.  Value ranges
+``min_p``, ``repeat_penalty``) and its ``grammar`` (GBNF text) are accepted
+as well.  ``response_format`` is passed to the library, which compiles it (a
+schema it cannot enforce is a 400 naming the keyword).  Value ranges
 (temperature, penalties, logit_bias ids) are checked by the library, whose
 errors become 400s too.
 """
@@ -19,7 +21,8 @@ from .errors import bad_request
 
 _SAMPLING = {"temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias", "seed",
              "top_k", "min_p", "repeat_penalty"}
-_COMMON = _SAMPLING | {"model", "stream", "stream_options", "stop", "max_tokens", "n", "user", "logprobs"}
+_PASSED_ON = _SAMPLING | {"grammar"}  # handed to the library as they are; it checks them
+_COMMON = _PASSED_ON | {"model", "stream", "stream_options", "stop", "max_tokens", "n", "user", "logprobs"}
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",
                    "top_logprobs", "response_format"}
 _COMPLETION = _COMMON | {"prompt", "echo", "suffix", "best_of"}
@@ -56,8 +59,10 @@ def chat_call(body: Any, config: ServerConfig) -> Call:
     if body.get("parallel_tool_calls") not in (None, True, False):
         raise bad_request("parallel_tool_calls must be a boolean", "parallel_tool_calls")
     response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise bad_request("response_format other than {'type': 'text'} is not supported yet", "response_format")
+    if response_format is not None:
+        if not isinstance(response_format, dict):
+            raise bad_request("response_format must be an object", "response_format")
+        call.options["response_format"] = response_format
     if body.get("top_logprobs") not in (None, 0):
         raise bad_request("top_logprobs is not supported yet", "top_logprobs")
     return call
@@ -88,7 +93,7 @@ def _common(body: dict, config: ServerConfig) -> dict:
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise bad_request("user must be a string", "user")
     stream = _flag(body, "stream")
-    options: dict = {name: body[name] for name in _SAMPLING if body.get(name) is not None}
+    options: dict = {name: body[name] for name in _PASSED_ON if body.get(name) is not None}
     for name in ("presence_penalty", "frequency_penalty"):  # OpenAI's range; the library takes any
         value = options.get(name, 0)
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not -2 <= value <= 2:
