@@ -85,10 +85,6 @@ class VocabularyMismatchError(InvalidArgumentError):
     """A draft model (``LLM(draft_model=...)``) whose vocabulary is not the target model's."""
 
 
-class VocabularyMismatchError(InvalidArgumentError):
-    """A draft model (``LLM(draft_model=...)``) whose vocabulary is not the target model's."""
-
-
 class ClosedError(ElelemError, RuntimeError):
     """Use of a model or session after ``close()``."""
 

@@ -32,6 +32,7 @@ from ..model.hub import ProgressFn, resolve_model
 from .assets import ModelAssets
 from .draft import open_draft
 from .session import Session
+from .states import open_prompt_cache
 
 log = logging.getLogger("elelem")
 
@@ -58,7 +59,8 @@ def default_n_threads() -> int:
 
 
 # The default session's methods an LLM offers as its own.
-_SESSION_METHODS = ("eval", "prefill", "rewind", "reset", "generate_tokens", "tokenize", "detokenize", "cancel")
+_SESSION_METHODS = ("eval", "prefill", "rewind", "reset", "generate_tokens", "tokenize", "detokenize", "cancel",
+                    "save_state", "load_state")
 _SESSION_PROPERTIES = ("n_past", "n_evaluated", "cached_tokens", "eos_ids")
 # Text calls: on the default session when it is free, else on another one.
 _TEXT_METHODS = ("generate", "chat", "create_completion", "create_chat_completion", "stream", "chat_stream")
@@ -106,6 +108,13 @@ class LLM:
     same vocabulary, else ``VocabularyMismatchError``) guesses the tokens
     instead of prompt lookup (:mod:`elelem.engine.draft_model`).
 
+    ``prompt_cache`` (a folder) keeps the KV state of finished sequences on
+    disk, up to ``prompt_cache_bytes`` (default 2 GiB, least recently used
+    evicted first): a prompt that shares a long prefix with one stored -- in
+    this process or in a later one -- loads that prefix instead of
+    evaluating it (:mod:`elelem.engine.prompt_cache`).  ``save_state()`` and
+    ``load_state()`` do the same in memory, for the default session.
+
     An LLM can be shared between threads: their calls are batched into the
     same steps.  :meth:`new_session` gives a sequence of your own, whose
     cache persists between calls.  The tokenizer and chat template are built
@@ -118,7 +127,8 @@ class LLM:
                  flash_attn: bool = False, repack: bool = True, amx: Optional[bool] = None,
                  use_mmap: bool = True, n_seq_max: int = DEFAULT_N_SEQ_MAX, kv_size: Optional[int] = None,
                  type_k: Optional[str] = None, type_v: Optional[str] = None,
-                 progress: Optional[ProgressFn] = None, speculative: bool = True, draft_model=None):
+                 progress: Optional[ProgressFn] = None, speculative: bool = True, draft_model=None,
+                 prompt_cache: str | os.PathLike | None = None, prompt_cache_bytes: Optional[int] = None):
         t0 = time.perf_counter()
         self._engine: Optional[Engine] = None
         self._model = None
@@ -139,8 +149,10 @@ class LLM:
             draft = None if draft_model is None else open_draft(
                 draft_model, target_gguf=self.gguf, target_n_vocab=self.spec.hparams["n_vocab"], context=context,
                 repack=repack, use_mmap=use_mmap, amx=amx)
+            disk_cache = None if prompt_cache is None else open_prompt_cache(
+                prompt_cache, self.path, context, prompt_cache_bytes)
             self._engine = Engine(context, n_ctx=n_ctx if kv_size is None else min(n_ctx, context.kv_size),
-                                  speculative=bool(speculative), draft=draft)
+                                  speculative=bool(speculative), draft=draft, prompt_cache=disk_cache)
             self.assets = ModelAssets(self.path, self.gguf, self.spec)
             self._session = Session(self._engine, self.assets, n_ctx=self._engine.n_ctx)
         except BaseException:
@@ -284,6 +296,8 @@ class LLM:
             self._session.close()
         if self._engine is not None:
             self._engine.close()
+            if self._engine.prompt_cache is not None:
+                self._engine.prompt_cache.flush()   # the states offered so far are on disk
         if self._model is not None:
             self._model.close()
         self._idle = []

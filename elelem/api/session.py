@@ -23,6 +23,7 @@ from ..engine.request import Request
 from ..errors import ClosedError, ContextLimitError, InvalidArgumentError, InvalidTokenError
 from .assets import ModelAssets
 from .generation import GenerationTarget, TextStream
+from .states import LLMState, cache_settings, check_state, make_state, model_file_identity
 from .text_api import TextAPI
 
 
@@ -101,6 +102,29 @@ class Session(TextAPI):
         with self._lock:
             self._check_open()
             self._engine.trim(self._seq, n_past)
+
+    def save_state(self) -> LLMState:
+        """The tokens this session's cache holds and their keys and values,
+        to give back to :meth:`load_state` later (on this or another session
+        of a model opened with the same settings)."""
+        with self._lock:
+            self._check_open()
+            tokens, kv = self._engine.read_state(self._seq)
+            return make_state(tokens, kv, self._state_settings())
+
+    def load_state(self, state: LLMState) -> None:
+        """Make the cache hold exactly what it held at :meth:`save_state`.
+        A state saved under other settings (another model, K/V types or CPU
+        kernels) raises :class:`~elelem.errors.StateError`."""
+        with self._lock:
+            self._check_open()
+            check_state(state, self._state_settings())
+            if len(state.tokens) > self._n_ctx:
+                raise ContextLimitError(f"the state holds {len(state.tokens)} tokens; n_ctx is {self._n_ctx}")
+            self._engine.load_state(self._seq, list(state.tokens), state.kv)
+
+    def _state_settings(self) -> dict:
+        return cache_settings(self._engine.context, model_file_identity(self.assets.path))
 
     def prefill(self, prompt_ids: Sequence[int]) -> np.ndarray:
         """Bring the cache to exactly ``prompt_ids`` and return the last logits.

@@ -37,6 +37,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..errors import CapacityError, ClosedError, ContextLimitError, KVCacheFullError
+from .prompt_cache import PromptCache
 from .request import Request
 from .speculative import PromptLookup
 
@@ -67,8 +68,12 @@ class _Plan:
 class Engine:
     """Sequences and continuous batching over one native context."""
 
-    def __init__(self, context, *, n_ctx: int, speculative: bool = False, draft=None):
+    def __init__(self, context, *, n_ctx: int, speculative: bool = False, draft=None,
+                 prompt_cache: Optional[PromptCache] = None):
         self._ctx = context
+        # States of finished sequences on disk, loaded for prompts that share their prefix.
+        self.prompt_cache = prompt_cache
+        self._finished_seqs: list[int] = []  # retired in this step: offered to the prompt cache after it
         self.n_ctx = n_ctx                  # the most positions one sequence may hold
         # The default of generations: verify drafted tokens (see speculative.py),
         # from prompt lookup, or from ``draft`` (a DraftModel, see draft_model.py).
@@ -160,6 +165,23 @@ class Engine:
             self._wait_idle()
             self._check_open()
             self._ctx.cache.seq_rm(seq, n)
+
+    def read_state(self, seq: int) -> tuple[list[int], np.ndarray]:
+        """The tokens ``seq`` holds and their K and V (see ``Context.seq_state``)."""
+        with self._cv:
+            self._wait_idle()
+            self._check_open()
+            return self._ctx.cache.seq_tokens(seq), self._ctx.seq_state(seq)
+
+    def load_state(self, seq: int, tokens: list[int], state, stored: Optional[int] = None) -> None:
+        """Replace what ``seq`` holds by the first ``len(tokens)`` positions of
+        ``state``; idle sequences' cells are dropped for it if needed."""
+        with self._cv:
+            self._wait_idle()
+            self._check_open()
+            self._ctx.cache.seq_rm(seq, 0)
+            self._make_room(len(tokens), {seq} | set(self._seq_request))
+            self._ctx.seq_load(seq, tokens, state, stored)
 
     def new_drafter(self, seq: int, history):
         """The drafter of a generation on ``seq`` whose live token list is ``history``."""
@@ -351,7 +373,10 @@ class Engine:
                     n = min(_common_prefix(cache.seq_tokens(seq), prompt), limit)
                     if n > shared:
                         donor, shared = seq, n
-            if donor is not None:  # a prefix another sequence holds: share its cells
+            loaded = self._load_cached_prefix(request, prompt, limit, shared)
+            if loaded:
+                shared = loaded
+            elif donor is not None:  # a prefix another sequence holds: share its cells
                 cache.seq_rm(request.seq, 0)
                 cache.seq_cp(donor, request.seq, shared)
             else:
@@ -381,6 +406,44 @@ class Engine:
                 f"open the model with a larger kv_size, or ask for fewer tokens"))
             return
         request.admitted = False  # wait: cells come back as the others end
+
+    def _load_cached_prefix(self, request: Request, prompt: list[int], limit: int, held: int) -> int:
+        """Load the longest prefix of ``prompt`` the prompt cache holds, when
+        it beats the ``held`` positions the cache in memory offers by at
+        least ``min_tokens``; returns the positions loaded (0: none)."""
+        disk = self.prompt_cache
+        if disk is None or limit - held < disk.min_tokens:
+            return 0
+        hit = disk.lookup(prompt, limit)
+        if hit is None or hit.n - held < disk.min_tokens:
+            return 0
+        entry = disk.read(hit)
+        if entry is None:
+            return 0
+        cache = self._ctx.cache
+        cache.seq_rm(request.seq, 0)
+        running = {r.seq for r in self._active if r.admitted} | {request.seq}
+        if self._make_room(hit.n, running) < hit.n:
+            return 0
+        self._ctx.seq_load(request.seq, prompt[:hit.n], entry[1], hit.stored)
+        disk.record_hit(hit.n)
+        log.debug("prompt cache: loaded %d of %d prompt tokens from %s", hit.n, len(prompt), hit.path.name)
+        return hit.n
+
+    def _offer_finished(self) -> None:
+        """Offer the sequences whose requests ended in this step to the prompt
+        cache (after the step's unconfirmed drafts are trimmed)."""
+        seqs, self._finished_seqs = self._finished_seqs, []
+        disk = self.prompt_cache
+        if disk is None:
+            return
+        cache = self._ctx.cache
+        for seq in seqs:
+            if seq in self._free_seqs or cache.seq_length_of(seq) < disk.min_tokens:
+                continue
+            tokens = cache.seq_tokens(seq)
+            if not disk.holds(tokens):
+                disk.store(tokens, self._ctx.seq_state(seq))
 
     def _make_room(self, need: int, running: set[int]) -> int:
         """Free cells for ``need`` tokens, dropping idle sequences' cells
@@ -428,6 +491,7 @@ class Engine:
                 self._pick_verified(chunk, rows)
             else:
                 self._pick_next(request, rows[-1], self._ctx.cache.seq_length_of(request.seq))
+        self._offer_finished()
 
     def _pick_next(self, request: Request, logits: np.ndarray, held: int, draft: Optional[int] = None) -> bool:
         """Pick the token after ``held`` positions.  True when it is ``draft``,
@@ -492,6 +556,7 @@ class Engine:
     def _retire(self, request: Request) -> None:
         request.finish()
         self._forget(request)
+        self._finished_seqs.append(request.seq)
 
     def _drop(self, request: Request, error: Optional[BaseException]) -> None:
         request.finish(error)
