@@ -45,6 +45,8 @@ def test_help_and_version():
     ["run", "--threads", "0", "hi"],
     ["run", "   "],
     ["chat", "--min-p", "3"],
+    ["run", "--prompt-cache-size", "0", "hi"],
+    ["serve", "--prompt-cache-size", "lots"],
     ["info"],
 ])
 def test_bad_arguments_exit_2_with_a_message(args):
@@ -165,6 +167,18 @@ def test_run_without_mmap_answers_the_same(smollm_path, smollm):
     assert result.returncode == 0, result.stderr
     assert result.stdout.rstrip("\n") == smollm.generate("The capital of France is", max_tokens=6,
                                                           temperature=0).rstrip("\n")
+
+
+@pytest.mark.real_model
+def test_run_with_a_prompt_cache_loads_the_prefix_the_last_run_left(smollm_path, smollm, tmp_path):
+    system = "You review code. " + " ".join(f"Check {i}: every name says what it holds." for i in range(30))
+    runs = [cli("run", "-m", smollm_path, "-t", 1, "--temperature", 0, "-n", 8, "--system", system,
+                "--prompt-cache", tmp_path, "-vv", question) for question in ("Name a fruit.", "Name a tree.")]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr
+    assert "prompt cache: loaded" not in runs[0].stderr and "prompt cache: loaded" in runs[1].stderr
+    want = smollm.chat([{"role": "system", "content": system}, {"role": "user", "content": "Name a tree."}],
+                       max_tokens=8, temperature=0)
+    assert runs[1].stdout.rstrip("\n") == want.rstrip("\n")
 
 
 @pytest.mark.real_model

@@ -521,3 +521,23 @@ def test_serve_passes_the_speculation_switches_to_the_models(monkeypatch, smollm
     fake = types.SimpleNamespace(tokenizer=None, chat_template=None, closed=False)
     ModelRegistry(configs[1], open_llm=lambda source, **options: opened.append(options) or fake).default.load()
     assert opened[0]["speculative"] is True and opened[0]["draft_model"] == str(smollm_path)
+
+
+def test_a_restarted_server_loads_the_system_prompt_from_its_prompt_cache(smollm_path, tmp_path):
+    system = "You answer briefly. " + " ".join(f"Rule {i}: say what you mean." for i in range(40))
+    answers, loaded = [], []
+    for question in ("Name a fruit.", "Name a tree."):          # two server processes' lifetimes
+        served = InProcessServer(ServerConfig(models=[str(smollm_path)], parallel=1, n_ctx=N_CTX, keep_alive=None,
+                                              n_threads=THREADS, prompt_cache=str(tmp_path)))
+        try:
+            body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+                    "max_tokens": 6, "temperature": 0}
+            response = httpx.post(served.url + "/v1/chat/completions", json=body, timeout=120)
+            assert response.status_code == 200, response.text
+            answers.append(response.json()["choices"][0]["message"]["content"])
+            loaded.append(served.model.llm.engine.prompt_cache.loaded_tokens)
+        finally:
+            served.model.llm.close()     # what shutting down does: the cache's write is flushed
+            served.stop()
+    assert loaded[0] == 0 and loaded[1] > 200
+    assert list(tmp_path.rglob("*.kvc"))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import importlib
 from typing import Callable
 
@@ -45,6 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
                              help="draft with this smaller model of the same vocabulary (a .gguf path or a "
                                   "known name) instead of prompt lookup")
 
+    caching = argparse.ArgumentParser(add_help=False)
+    caching.add_argument("--prompt-cache", default=None, metavar="DIR",
+                         help="keep the KV state of evaluated prompts in DIR: a later prompt -- in this process "
+                              "or another -- that shares a long prefix loads it instead of evaluating it")
+    caching.add_argument("--prompt-cache-size", type=_byte_size, default=None, metavar="SIZE",
+                         help="most bytes the prompt cache keeps, least recently used evicted first "
+                              "(e.g. 500M, 4G; default 2G)")
+
     generation = argparse.ArgumentParser(add_help=False)
     generation.add_argument("-n", "--max-tokens", type=_non_negative_int, default=None, metavar="N",
                             help="most tokens to generate (default: until the model stops or the context is full)")
@@ -58,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     generation.add_argument("--stats", action="store_true",
                             help="print token counts and speed to stderr after each answer")
 
-    run = commands.add_parser("run", parents=[common, model, speculation, generation],
+    run = commands.add_parser("run", parents=[common, model, speculation, caching, generation],
                               help="answer one prompt, streaming to stdout",
                               description="Answer PROMPT, streaming the text to stdout. Models with a chat "
                                           "template get the prompt as a user message; --raw continues the text.")
@@ -67,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--system", default=None, metavar="TEXT", help="a system message (chat template only)")
     run.set_defaults(handler=_command("run"), command_parser=run)
 
-    chat = commands.add_parser("chat", parents=[common, model, speculation, generation],
+    chat = commands.add_parser("chat", parents=[common, model, speculation, caching, generation],
                                help="talk with a model in the terminal",
                                description="An interactive chat. /reset starts over, /exit (or Ctrl-D) quits, "
                                            "Ctrl-C stops the current answer.")
@@ -92,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="machine-readable output")
     bench.set_defaults(handler=_command("bench"))
 
-    serve = commands.add_parser("serve", parents=[common, speculation],
+    serve = commands.add_parser("serve", parents=[common, speculation, caching],
                                 help="serve models over an OpenAI-compatible HTTP API",
                                 description="An OpenAI-compatible server (/v1/chat/completions, /v1/completions, "
                                             "/v1/models, /health, /metrics); needs pip install 'elelem[server]'.")
@@ -170,3 +179,19 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+_SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _byte_size(text: str) -> int:
+    """A size in bytes: a number with an optional K, M, G or T (binary units; a trailing B or iB is allowed)."""
+    cleaned = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = cleaned[-1:] if cleaned[-1:] in _SIZE_UNITS else ""
+    try:
+        value = float(cleaned[:len(cleaned) - len(unit)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 500M, 4G)") from None
+    if not (math.isfinite(value) and value * _SIZE_UNITS[unit] >= 1):
+        raise argparse.ArgumentTypeError(f"must be a positive size, got {text!r}")
+    return int(value * _SIZE_UNITS[unit])
