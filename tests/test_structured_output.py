@@ -20,8 +20,8 @@ CHAT = [{"role": "user", "content": "Describe a person as JSON."}]
 
 
 class Strict(BaseModel):
-    # additionalProperties: false, as OpenAI's strict mode asks; without it extra keys are valid JSON
-    # Schema, and a random model writes them without end.
+    # additionalProperties: false, as OpenAI's strict mode writes it.  Person leaves it out: the
+    # engine then closes the object itself (else a random model would add keys without end).
     model_config = ConfigDict(extra="forbid")
 
 
@@ -40,7 +40,7 @@ class Dog(Strict):
     good: bool
 
 
-class Person(Strict):
+class Person(BaseModel):
     """What pydantic's model_json_schema() emits: $defs/$ref, anyOf (Optional, unions), a discriminated
     oneOf, const, enum, bounds, lengths, patterns and formats."""
     id: uuid.UUID

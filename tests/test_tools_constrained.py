@@ -146,6 +146,16 @@ def test_rejects_what_the_schema_does_not_allow():
     assert accepts(schema, '{"city": "x", "n": 10}')
 
 
+def test_objects_are_closed_unless_the_schema_opens_them():
+    listed = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert accepts(listed, '{"a": 1}') and not accepts(listed, '{"a": 1, "b": 2}')  # as llama.cpp reads it
+    assert accepts({**listed, "additionalProperties": True}, '{"a": 1, "b": 2}')
+    assert not accepts({**listed, "additionalProperties": {"type": "string"}}, '{"a": 1, "b": 2}')
+    assert accepts({"type": "object"}, '{"b": 2}')  # no properties listed: any keys
+    both = {"allOf": [listed, {"properties": {"b": {"type": "integer"}}}]}  # closing a branch would forbid b
+    assert accepts(both, '{"a": 1, "b": 2}')
+
+
 def test_forced_phases_wrap_the_json():
     start, end = VOCAB.index(b"{"), VOCAB.index(b"}")
     grammar = json_schema_grammar({"type": "object", "properties": {}, "additionalProperties": False})

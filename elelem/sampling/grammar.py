@@ -20,7 +20,9 @@ recursive schemas or grammars.  xgrammar needs torch and transformers.
 Nothing is loosened: llguidance's ``lenient`` option (ignore unimplemented
 keywords) and ``coerce_one_of`` (read ``oneOf`` as ``anyOf``) are forced off,
 whatever a schema's ``x-guidance`` says; a keyword it cannot enforce raises
-:class:`~elelem.errors.UnsupportedSchemaError` naming it.
+:class:`~elelem.errors.UnsupportedSchemaError` naming it.  The one change
+made to a schema is a tightening: objects that list ``properties`` get no
+other keys unless the schema allows them (:func:`closed_objects`).
 """
 from __future__ import annotations
 
@@ -139,11 +141,50 @@ def json_schema_grammar(schema: Any, *, param: Optional[str] = "response_format"
     if not isinstance(schema, Mapping):
         raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}", param=param)
     try:
-        serialized = llguidance.LLMatcher.grammar_from_json_schema(dict(schema), defaults=_JSON_DEFAULTS,
+        schema = closed_objects(schema)
+    except RecursionError:
+        raise GrammarError("the JSON schema nests too deeply", param=param) from None
+    try:
+        serialized = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_DEFAULTS,
                                                                   overrides=_JSON_STRICT)
     except (ValueError, TypeError) as error:
         raise GrammarError(f"the JSON schema cannot be read: {error}", param=param) from None
     return Grammar(serialized, param, "json schema", schema=True)
+
+
+# Where subschemas sit: maps of them, lists of them, and single ones (draft 2020-12, and draft 4-7 names).
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SUBSCHEMA_ONE = ("items", "additionalItems", "additionalProperties", "unevaluatedItems", "unevaluatedProperties",
+                  "contains", "propertyNames", "not", "if", "then", "else")
+_OPENS_OBJECT = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf", "$ref")
+
+
+def closed_objects(schema: Mapping[str, Any], *, in_all_of: bool = False) -> dict:
+    """``schema`` with ``"additionalProperties": false`` on every object schema that lists
+    ``properties`` and says nothing about other keys, as llama.cpp's converter reads them.
+
+    Only a tightening: whatever matches the result matches ``schema``.  Without
+    it, a model may add keys of its own without end (small ones do).  Branches of
+    an ``allOf``, and schemas with a ``$ref`` beside their ``properties``, are
+    left open: closing them could forbid the keys the other part allows."""
+    out = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {name: _closed(sub) for name, sub in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_closed(sub, in_all_of=key == "allOf") for sub in out[key]]
+    for key in _SUBSCHEMA_ONE:
+        if isinstance(out.get(key), Mapping):
+            out[key] = _closed(out[key])
+    if "properties" in out and not in_all_of and not any(key in out for key in _OPENS_OBJECT):
+        out["additionalProperties"] = False
+    return out
+
+
+def _closed(schema: Any, *, in_all_of: bool = False) -> Any:
+    return closed_objects(schema, in_all_of=in_all_of) if isinstance(schema, Mapping) else schema
 
 
 def json_object_grammar(*, param: Optional[str] = "response_format") -> Grammar:
