@@ -18,10 +18,19 @@ import elelem
 from elelem.errors import VocabularyMismatchError
 from elelem.sampling.sampler import SamplingParams
 from synthetic import TinyConfig, write_model
-from test_speculative import CHI2_CRITICAL_5DOF, LIVE, N_NEW, PROMPTS, stream_ids
+from test_speculative import (LIVE, N_NEW, PROMPTS, assert_frequencies_match, assert_seeded_draws_match,
+                              stream_ids)
 
 CONFIG = TinyConfig()
 OTHER_WEIGHTS = CONFIG.but(seed=7, n_layer=1)  # same vocabulary, other predictions
+
+
+def _opened(path, *options):
+    """One f32 LLM over ``path`` per dict of options, yielded together, then closed."""
+    llms = [elelem.LLM(path, kv_type="f32", n_threads=1, **o) for o in options]
+    yield tuple(llms)
+    for llm in llms:
+        llm.close()
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +38,7 @@ def models(tiny_model):
     """The tiny model plain, drafting for itself, and drafted for by another model."""
     path, _ = tiny_model(CONFIG)
     other, _ = tiny_model(OTHER_WEIGHTS)
-    plain = elelem.LLM(path, kv_type="f32", n_threads=1, speculative=False)
-    itself = elelem.LLM(path, kv_type="f32", n_threads=1, draft_model=path)
-    drafted = elelem.LLM(path, kv_type="f32", n_threads=1, draft_model=other)
-    yield plain, itself, drafted
-    for llm in (plain, itself, drafted):
-        llm.close()
+    yield from _opened(path, dict(speculative=False), dict(draft_model=path), dict(draft_model=other))
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -100,11 +104,7 @@ SAMPLE_PROMPT = [int(t) for t in np.random.default_rng(5).integers(0, LIVE, 120)
 def small(tiny_model):
     path, _ = tiny_model(SMALL)
     draft, _ = tiny_model(SMALL_DRAFT)
-    plain = elelem.LLM(path, kv_type="f32", n_threads=1, speculative=False)
-    drafted = elelem.LLM(path, kv_type="f32", n_threads=1, draft_model=draft)
-    yield plain, drafted
-    plain.close()
-    drafted.close()
+    yield from _opened(path, dict(speculative=False), dict(draft_model=draft))
 
 
 def sampled(llm, seed, speculative):
@@ -112,35 +112,11 @@ def sampled(llm, seed, speculative):
 
 
 def test_a_seeded_sampler_draws_the_same_tokens_with_a_draft_model(small):
-    plain, drafted = small
-    accepted = rejected = 0
-    for seed in range(20):
-        want, _ = sampled(plain, seed, False)
-        got, stream = sampled(drafted, seed, True)
-        assert got == want
-        accepted += stream.accepted_tokens
-        rejected += stream.drafted_tokens - stream.accepted_tokens
-    assert accepted > 0 and rejected > 0
+    assert_seeded_draws_match(*small, sampled)
 
 
 def test_sampled_token_frequencies_match_plain_decoding(small):
-    plain, drafted = small
-    n_samples = 300
-    engine = drafted.engine
-    drafts, accepted = engine.drafted_tokens, engine.accepted_tokens
-    counts = np.zeros((2, N_NEW, LIVE))
-    for side, (llm, speculative, seeds) in enumerate(((plain, False, range(n_samples)),
-                                                        (drafted, True, range(10**6, 10**6 + n_samples)))):
-        for seed in seeds:
-            tokens, _ = sampled(llm, seed, speculative)
-            counts[side, np.arange(N_NEW), tokens] += 1
-    drafts, accepted = engine.drafted_tokens - drafts, engine.accepted_tokens - accepted
-    assert accepted > n_samples // 4 and drafts - accepted > n_samples // 4, (drafts, accepted)  # both, often
-    for position in range(N_NEW):
-        table = counts[:, position]
-        table = table[:, table.sum(axis=0) > 0]
-        expected = table.sum(axis=1, keepdims=True) * table.sum(axis=0, keepdims=True) / table.sum()
-        assert ((table - expected) ** 2 / expected).sum() < CHI2_CRITICAL_5DOF, (position, table)
+    assert_frequencies_match(*small, sampled, 300, min_rejected=300 // 4)
 
 
 def test_streams_report_the_draft_models_tokens(models):

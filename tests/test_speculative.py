@@ -143,16 +143,20 @@ def sampled(llm, seed, speculative):
     return stream_ids(llm, SAMPLE_PROMPT, SamplingParams(**SPREAD, seed=seed), N_NEW, speculative)
 
 
-def test_a_seeded_sampler_draws_the_same_tokens_with_drafts(pair):
-    plain, fast = pair
+def assert_seeded_draws_match(plain, fast, sample, seeds=range(20)) -> None:
+    """``sample(llm, seed, speculative)`` draws the same tokens on both, drafts both kept and rejected."""
     accepted = rejected = 0
-    for seed in range(20):
-        want, _ = sampled(plain, seed, False)
-        got, stream = sampled(fast, seed, True)
+    for seed in seeds:
+        want, _ = sample(plain, seed, False)
+        got, stream = sample(fast, seed, True)
         assert got == want
         accepted += stream.accepted_tokens
         rejected += stream.drafted_tokens - stream.accepted_tokens
     assert accepted > 0 and rejected > 0
+
+
+def test_a_seeded_sampler_draws_the_same_tokens_with_drafts(pair):
+    assert_seeded_draws_match(*pair, sampled)
 
 
 # Chi-square critical value for 5 degrees of freedom (6 tokens) at p = 0.001:
@@ -161,24 +165,29 @@ CHI2_CRITICAL_5DOF = 20.515
 N_SAMPLES = 400
 
 
-def test_sampled_token_frequencies_match_plain_decoding(pair):
-    plain, fast = pair
+def assert_frequencies_match(plain, fast, sample, n_samples: int, min_rejected: int) -> None:
+    """The N_NEW tokens ``sample`` draws (of LIVE) are distributed alike with and
+    without drafts (other seeds on each side), drafts being kept and rejected often."""
     drafted, accepted = fast.engine.drafted_tokens, fast.engine.accepted_tokens
     counts = np.zeros((2, N_NEW, LIVE))
-    for side, (llm, speculative, seeds) in enumerate(((plain, False, range(N_SAMPLES)),
-                                                        (fast, True, range(10**6, 10**6 + N_SAMPLES)))):
+    for side, (llm, speculative, seeds) in enumerate(((plain, False, range(n_samples)),
+                                                        (fast, True, range(10**6, 10**6 + n_samples)))):
         for seed in seeds:
-            tokens, _ = sampled(llm, seed, speculative)
+            tokens, _ = sample(llm, seed, speculative)
             assert len(tokens) == N_NEW
             counts[side, np.arange(N_NEW), tokens] += 1
     drafted, accepted = fast.engine.drafted_tokens - drafted, fast.engine.accepted_tokens - accepted
-    assert accepted > N_SAMPLES // 4 and drafted - accepted > N_SAMPLES  # both outcomes happen, often
+    assert accepted > n_samples // 4 and drafted - accepted > min_rejected, (drafted, accepted)
     for position in range(N_NEW):
         table = counts[:, position]
         table = table[:, table.sum(axis=0) > 0]
         expected = table.sum(axis=1, keepdims=True) * table.sum(axis=0, keepdims=True) / table.sum()
         statistic = ((table - expected) ** 2 / expected).sum()
         assert statistic < CHI2_CRITICAL_5DOF, (position, table)
+
+
+def test_sampled_token_frequencies_match_plain_decoding(pair):
+    assert_frequencies_match(*pair, sampled, N_SAMPLES, min_rejected=N_SAMPLES)
 
 
 def test_streams_count_their_drafts(pair):
