@@ -12,10 +12,11 @@ Why llguidance (1.9, Rust, abi3 wheel, no dependencies; llama.cpp's engine):
 it computes a mask over the vocabulary lazily (an Earley parser over a lexer,
 walking a token trie), in tens of microseconds on Qwen's 151k tokens, and
 supports recursion, ``$ref``, ``anyOf``, numeric bounds, ``pattern`` and
-formats, reporting every keyword it cannot enforce.  outlines-core (no
-dependencies either) compiles a schema to one regex and a full index over the
-vocabulary up front: seconds per schema on a large vocabulary, and no
-recursive schemas or grammars.  xgrammar needs torch and transformers.
+formats, reporting every keyword it cannot enforce.  outlines-core 0.2 (no
+dependencies either) compiles a schema to one regex (recursion unrolled to a
+fixed depth, no grammars) and indexes it over the whole vocabulary up front:
+13 s for a four-property schema on Qwen's vocabulary here.  xgrammar needs
+torch and transformers.
 
 Nothing is loosened: llguidance's ``lenient`` option (ignore unimplemented
 keywords) and ``coerce_one_of`` (read ``oneOf`` as ``anyOf``) are forced off,
