@@ -192,6 +192,11 @@ class Reference:
         return self._per_model("make_long_logits.py", "long_logits", name, model_path,
                                [FIXTURES / "make_greedy_fixtures.py"])
 
+    def logprobs(self, name: str, model_path: Path) -> dict:
+        """make_logprobs_fixtures.py's output for one model (a key of make_greedy_fixtures.MODELS)."""
+        return self._per_model("make_logprobs_fixtures.py", "logprobs", name, model_path,
+                               [FIXTURES / "make_greedy_fixtures.py"])
+
     def _per_model(self, script: str, stored_dir: str, name: str, model_path: Path,
                    extra_inputs: list[Path] = ()) -> dict:
         """The output <name>.json of a script that takes --out-dir, --models-dir and --only NAME."""

@@ -541,3 +541,22 @@ def test_a_restarted_server_loads_the_system_prompt_from_its_prompt_cache(smollm
             served.stop()
     assert loaded[0] == 0 and loaded[1] > 200
     assert list(tmp_path.rglob("*.kvc"))
+
+
+def test_logprobs_come_back_in_openais_shapes(client, model_id, server):
+    chat = client.chat.completions.create(model=model_id, messages=HI, max_tokens=4, temperature=0,
+                                          logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert "".join(item.token for item in content) == chat.choices[0].message.content
+    assert all(len(item.top_logprobs) == 2 and item.logprob <= 0 for item in content)
+    completion = client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=4,
+                                           temperature=0, logprobs=2)
+    logprobs = completion.choices[0].logprobs
+    assert "".join(logprobs.tokens) == completion.choices[0].text
+    assert logprobs.text_offset[0] == len("The capital of France is") and len(logprobs.top_logprobs) == 4
+    for body, param in [({"messages": HI, "logprobs": "yes"}, "logprobs"),
+                        ({"messages": HI, "top_logprobs": 3}, "top_logprobs"),
+                        ({"messages": HI, "logprobs": True, "top_logprobs": 50}, "top_logprobs")]:
+        assert error_of(post(server, "/v1/chat/completions", body), 400)["param"] == param
+    response = post(server, "/v1/completions", {"prompt": "Hi", "logprobs": 99})
+    assert error_of(response, 400)["type"] == "invalid_request_error"

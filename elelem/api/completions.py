@@ -15,7 +15,12 @@ so code written against it ports with an import change:
   ``{"role": "assistant"}``, then ``{"content": …}`` deltas, then ``{}`` with
   the ``finish_reason``.
 
-``logprobs`` is always None (elelem does not compute them).
+``logprobs`` is None unless asked for: for completions (``logprobs=N``)
+llama-cpp-python's ``{"tokens", "text_offset", "token_logprobs",
+"top_logprobs"}``, offsets counted from the start of the prompt's text as
+there; for chat (``logprobs=True``) OpenAI's ``{"content": [{"token",
+"logprob", "bytes", "top_logprobs"}], "refusal"}``.  A streamed chunk
+carries the entries of the tokens whose text it completes.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import time
 import uuid
 from typing import Any, Iterator
 
+from ..sampling.logprobs import TokenLogprob
 from .generation import TextStream
 
 
@@ -35,25 +41,81 @@ class _Envelope:
         self.created = int(time.time())
         self.model = model
 
-    def text_completion(self, text: str, finish_reason=None) -> dict[str, Any]:
+    def text_completion(self, text: str, finish_reason=None, logprobs=None) -> dict[str, Any]:
         """A ``text_completion`` object: a whole answer, or one streamed chunk of it."""
         return {
             "id": self.id,
             "object": "text_completion",
             "created": self.created,
             "model": self.model,
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}],
         }
 
-    def chat_chunk(self, delta: dict, finish_reason=None) -> dict[str, Any]:
+    def chat_chunk(self, delta: dict, finish_reason=None, logprobs=None) -> dict[str, Any]:
         """One ``chat.completion.chunk`` of a streamed chat completion."""
         return {
             "id": self.id,
             "model": self.model,
             "created": self.created,
             "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
         }
+
+
+class _LogprobCursor:
+    """Hands out a stream's token log-probabilities as the text they made is
+    released: up to a text length, each token once, in order."""
+
+    def __init__(self, stream: TextStream):
+        self.stream = stream
+        self.taken = 0
+        self.offset = 0          # text length of the tokens taken
+
+    def take(self, text_length: int) -> list[tuple[TokenLogprob, int]]:
+        """The tokens (with their text offsets) whose text starts before
+        ``text_length`` and has not been taken yet."""
+        entries, texts = self.stream.logprobs, self.stream.token_texts
+        out = []
+        while self.taken < min(len(entries), len(texts)) and self.offset < text_length:
+            out.append((entries[self.taken], self.offset))
+            self.offset += len(texts[self.taken])
+            self.taken += 1
+        return out
+
+
+def text_offset_base(prompt, detokenize) -> int:
+    """Where llama-cpp-python's logprobs text offsets start: after the prompt's text."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    return len(detokenize(list(prompt)).decode("utf-8", errors="ignore"))
+
+
+def _token_str(tokenizer, token: int) -> str:
+    return tokenizer.token_bytes(token).decode("utf-8", errors="ignore")
+
+
+def _completion_logprobs(stream: TextStream, taken, offset_base: int) -> dict[str, Any]:
+    tokenizer = stream.tokenizer
+    tokens, offsets, values, tops = [], [], [], []
+    for entry, offset in taken:
+        chosen = _token_str(tokenizer, entry.token)
+        tokens.append(chosen)
+        offsets.append(offset_base + offset)
+        values.append(entry.logprob)
+        top = {_token_str(tokenizer, i): lp for i, lp in entry.top}
+        top[chosen] = entry.logprob          # as llama-cpp-python: the chosen token is always listed
+        tops.append(top)
+    return {"tokens": tokens, "text_offset": offsets, "token_logprobs": values, "top_logprobs": tops}
+
+
+def _chat_logprobs(stream: TextStream, taken) -> dict[str, Any]:
+    tokenizer = stream.tokenizer
+
+    def item(token: int, logprob: float) -> dict[str, Any]:
+        return {"token": _token_str(tokenizer, token), "logprob": logprob, "bytes": list(tokenizer.token_bytes(token))}
+
+    return {"content": [{**item(e.token, e.logprob), "top_logprobs": [item(i, lp) for i, lp in e.top]}
+                        for e, _ in taken], "refusal": None}
 
 
 def _usage(stream: TextStream) -> dict[str, int]:
@@ -64,23 +126,32 @@ def _usage(stream: TextStream) -> dict[str, int]:
     }
 
 
-def completion(stream: TextStream, model: str) -> dict[str, Any]:
+def completion(stream: TextStream, model: str, offset_base: int = 0) -> dict[str, Any]:
     env = _Envelope(model, chat=False)
     text = stream.text()
-    return {**env.text_completion(text, stream.finish_reason), "usage": _usage(stream)}
+    logprobs = None
+    if stream.logprobs is not None:
+        logprobs = _completion_logprobs(stream, _LogprobCursor(stream).take(len(text)), offset_base)
+    return {**env.text_completion(text, stream.finish_reason, logprobs), "usage": _usage(stream)}
 
 
-def completion_chunks(stream: TextStream, model: str) -> Iterator[dict[str, Any]]:
+def completion_chunks(stream: TextStream, model: str, offset_base: int = 0) -> Iterator[dict[str, Any]]:
     env = _Envelope(model, chat=False)
+    cursor = _LogprobCursor(stream) if stream.logprobs is not None else None
+    emitted = 0
     with stream:  # closing this generator stops the generation
         for delta in stream:
-            yield env.text_completion(delta, None)
-        yield env.text_completion("", stream.finish_reason)
+            emitted += len(delta)
+            logprobs = None if cursor is None else _completion_logprobs(stream, cursor.take(emitted), offset_base)
+            yield env.text_completion(delta, None, logprobs)
+        yield env.text_completion("", stream.finish_reason, None if cursor is None else
+                                  _completion_logprobs(stream, cursor.take(emitted), offset_base))
 
 
 def chat_completion(stream: TextStream, model: str) -> dict[str, Any]:
     env = _Envelope(model, chat=True)
     text = stream.text()
+    logprobs = None if stream.logprobs is None else _chat_logprobs(stream, _LogprobCursor(stream).take(len(text)))
     return {
         "id": env.id,
         "object": "chat.completion",
@@ -89,7 +160,7 @@ def chat_completion(stream: TextStream, model: str) -> dict[str, Any]:
         "choices": [{
             "index": 0,
             "message": {"role": "assistant", "content": text},
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": stream.finish_reason,
         }],
         "usage": _usage(stream),
@@ -100,8 +171,11 @@ def chat_completion_chunks(stream: TextStream, model: str) -> Iterator[dict[str,
     env = _Envelope(model, chat=True)
     chunk = env.chat_chunk
 
+    cursor = _LogprobCursor(stream) if stream.logprobs is not None else None
+    emitted = 0
     with stream:
         yield chunk({"role": "assistant"}, None)
         for delta in stream:
-            yield chunk({"content": delta}, None)
-        yield chunk({}, stream.finish_reason)
+            emitted += len(delta)
+            yield chunk({"content": delta}, None, None if cursor is None else _chat_logprobs(stream, cursor.take(emitted)))
+        yield chunk({}, stream.finish_reason, None if cursor is None else _chat_logprobs(stream, cursor.take(emitted)))

@@ -25,6 +25,7 @@ from typing import Callable, Iterator, Optional
 
 from ..engine.engine import Engine
 from ..engine.request import Request
+from ..sampling.logprobs import TokenLogprob, checked_top_count, token_logprob
 from ..sampling.sampler import Sampler, SamplingParams
 from ..text.stop_strings import StopStringFilter
 from ..text.tokenizer import Tokenizer
@@ -45,6 +46,9 @@ class StreamStats:
         self.drafted_tokens = 0
         self.accepted_tokens = 0
         self.request: Optional[Request] = None   # while running: what cancel() stops
+        # With logprobs: one entry per generated token, and the text each added.
+        self.logprobs: Optional[list[TokenLogprob]] = None
+        self.token_texts: list[str] = []
 
 
 class GenerationTarget:
@@ -74,12 +78,17 @@ class TextStream:
     def __init__(self, target: GenerationTarget, tokenizer: Tokenizer, prompt_ids: list[int],
                  params: SamplingParams, max_tokens: int, stop: tuple[str, ...], constraint=None,
                  on_end: Optional[Callable[[], None]] = None,
-                 on_evaluated: Optional[Callable[[int], None]] = None, speculative: bool = False):
+                 on_evaluated: Optional[Callable[[int], None]] = None, speculative: bool = False,
+                 logprobs: Optional[int] = None):
         self._stats = StreamStats(len(prompt_ids))
         # Built now, so bad parameters fail before any compute.
         sampler = Sampler(params, n_vocab=target.n_vocab)
+        if logprobs is not None:
+            logprobs = checked_top_count(logprobs, "logprobs")
+            self._stats.logprobs = []
         self._steps = _run(self._stats, target, tokenizer, sampler, constraint, list(prompt_ids), max_tokens, stop,
-                           on_evaluated, speculative)
+                           on_evaluated, speculative, logprobs)
+        self.tokenizer = tokenizer
         # ``on_end`` (an LLM's lease on a session) runs once: when the stream
         # ends, is closed, or is dropped without ever being read.
         self._on_end = weakref.finalize(self, on_end) if on_end is not None else None
@@ -116,6 +125,18 @@ class TextStream:
     @property
     def accepted_tokens(self) -> int:
         return self._stats.accepted_tokens
+
+    @property
+    def logprobs(self) -> Optional[list[TokenLogprob]]:
+        """With ``logprobs=N``: each generated token's log-probability and its
+        N likeliest alternatives, so far (see :mod:`elelem.sampling.logprobs`)."""
+        return self._stats.logprobs
+
+    @property
+    def token_texts(self) -> list[str]:
+        """With ``logprobs``: the text each generated token added (whole
+        characters: a character split over tokens counts for the last one)."""
+        return self._stats.token_texts
 
     def __iter__(self) -> "TextStream":
         return self
@@ -155,7 +176,8 @@ class TextStream:
 
 def _run(stats: StreamStats, target: GenerationTarget, tokenizer: Tokenizer, sampler: Sampler, constraint,
          seq: list[int], max_tokens: int, stop: tuple[str, ...],
-         on_evaluated: Optional[Callable[[int], None]], speculative: bool) -> Iterator[str]:
+         on_evaluated: Optional[Callable[[int], None]], speculative: bool,
+         n_logprobs: Optional[int]) -> Iterator[str]:
     # A module function, not a method: the generator must not refer to its
     # TextStream, or an unread stream would be a reference cycle.
     if max_tokens == 0:
@@ -172,6 +194,8 @@ def _run(stats: StreamStats, target: GenerationTarget, tokenizer: Tokenizer, sam
         if token in eog_ids:
             reason[0] = "stop"
             return None, False
+        if n_logprobs is not None:
+            stats.logprobs.append(token_logprob(logits, token, n_logprobs))
         seq.append(token)
         picked[0] += 1
         if constraint is not None and constraint.complete:
@@ -203,7 +227,10 @@ def _run(stats: StreamStats, target: GenerationTarget, tokenizer: Tokenizer, sam
                     stats.finish_reason = reason[0]
                     break
                 stats.completion_tokens += 1
-                text = stops.push(decoder.feed(token))
+                piece = decoder.feed(token)
+                if n_logprobs is not None:
+                    stats.token_texts.append(piece)
+                text = stops.push(piece)
                 if text:
                     yield text
                 if stops.stopped:

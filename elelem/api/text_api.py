@@ -8,6 +8,12 @@ chat methods, as llama-cpp-python's ``create_chat_completion``; 0 is greedy),
 ``presence_penalty`` (0.0), ``logit_bias`` ({}), ``seed`` (None: fresh
 randomness; the same seed gives the same text).  ``speculative`` (None: the
 LLM's setting) turns speculative decoding on or off for one call.
+``logprobs`` (None: off; N in 0..20) records each generated token's
+log-probability and its N likeliest alternatives on the stream
+(``TextStream.logprobs``); the ``create_*`` methods report them in
+llama-cpp-python's and OpenAI's shapes.  A call with logprobs decodes
+token by token unless ``speculative=True`` is given: batched verification
+steps round differently, and the values would then differ from llama.cpp's.
 
 ``max_tokens`` is the most tokens to generate.  None (the default of
 ``generate``, ``stream``, ``chat`` and ``chat_stream``) means: until an
@@ -38,7 +44,8 @@ from .assets import ModelAssets
 from .generation import TextStream
 from .prompts import Prompt, chat_prompt_ids, completion_prompt_ids, token_budget
 from .structured import output_constraint, output_grammar
-from ..errors import GrammarError
+from ..errors import GrammarError, InvalidArgumentError
+from ..sampling.logprobs import chat_logprobs_count
 from ..sampling.grammar import Grammar
 from ..sampling.sampler import SamplingParams
 from ..text.stop_strings import StopArg, normalize_stop
@@ -117,19 +124,23 @@ class TextAPI:
 
     def create_completion(self, prompt: Prompt, *, max_tokens: Optional[int] = 16, stream: bool = False,
                           stop: StopArg = None, model: Optional[str] = None, grammar: Optional[str] = None,
-                          **sampling: Any) -> Union[dict, Iterator[dict]]:
+                          logprobs: Optional[int] = None, **sampling: Any) -> Union[dict, Iterator[dict]]:
         """llama-cpp-python's ``create_completion``: a ``text_completion`` dict, or its chunks.
 
         As there, ``max_tokens`` defaults to 16, and None or <= 0 means no limit
         but the context window.  ``grammar`` (GBNF text) constrains the text.
+        ``logprobs=N`` adds ``choices[0]["logprobs"]``: ``tokens``,
+        ``text_offset``, ``token_logprobs`` and ``top_logprobs`` (the N
+        likeliest tokens and the chosen one, by text).
         """
         with self._lock:
             text = self.stream(prompt, max_tokens=_unlimited_if_not_positive(max_tokens), stop=stop,
-                               grammar=grammar, **sampling)
+                               grammar=grammar, logprobs=logprobs, **sampling)
             name = model if model is not None else self.assets.model_name
+            base = 0 if logprobs is None else completions.text_offset_base(prompt, self.detokenize)
             if stream:
-                return completions.completion_chunks(text, name)
-            return completions.completion(text, name)
+                return completions.completion_chunks(text, name, base)
+            return completions.completion(text, name, base)
 
     __call__ = create_completion
 
@@ -137,7 +148,8 @@ class TextAPI:
                                max_tokens: Optional[int] = None, stop: StopArg = None,
                                tools: Optional[Sequence[Mapping[str, Any]]] = None, tool_choice: ToolChoice = None,
                                response_format: Optional[Mapping[str, Any]] = None, grammar: Optional[str] = None,
-                               model: Optional[str] = None, **sampling: Any) -> Union[dict, Iterator[dict]]:
+                               model: Optional[str] = None, logprobs: Optional[bool] = None,
+                               top_logprobs: Optional[int] = None, **sampling: Any) -> Union[dict, Iterator[dict]]:
         """llama-cpp-python's ``create_chat_completion``: a ``chat.completion`` dict, or its chunks.
 
         ``tools`` are OpenAI function tools, shown to the model through its
@@ -147,11 +159,18 @@ class TextAPI:
         ``"required"`` or ``{"type": "function", "function": {"name": ...}}``;
         the last two constrain the reply to one valid call (see :mod:`elelem.api.tools`).
         ``response_format`` and ``grammar`` constrain the reply's content (see
-        :mod:`elelem.api.structured`).
+        :mod:`elelem.api.structured`).  ``logprobs=True`` adds OpenAI's
+        ``choices[0]["logprobs"]["content"]``, with the ``top_logprobs``
+        (0..20) likeliest tokens of each step.
         """
         with self._lock:
             plan = plan_tools(tools, tool_choice, self.assets.chat_template.source)
             output = output_grammar(response_format, grammar)
+            n_top = chat_logprobs_count(logprobs, top_logprobs)
+            if n_top is not None and plan.parses_calls:
+                raise InvalidArgumentError("logprobs are not available for replies parsed into tool calls")
+            if n_top is not None:
+                sampling = {**sampling, "logprobs": n_top}
             text = self._chat_text_stream(messages, plan, _unlimited_if_not_positive(max_tokens), stop, sampling,
                                           output)
             name = model if model is not None else self.assets.model_name
@@ -178,13 +197,20 @@ class TextAPI:
                      sampling: dict, defaults: Mapping[str, Any], constraint=None) -> TextStream:
         sampling = dict(sampling)
         speculative = sampling.pop("speculative", None)
+        logprobs = sampling.pop("logprobs", None)
+        if logprobs is not None and speculative is None:
+            # Verified drafts come from batched steps, whose logits differ from one-token
+            # steps by rounding (up to ~0.1 in a logprob on SmolLM2): decode token by token
+            # so the values are llama.cpp's, unless speculation is asked for explicitly.
+            speculative = False
         unknown = sorted(set(sampling) - SAMPLING_NAMES)
         if unknown:
             raise TypeError(f"unexpected keyword argument {unknown[0]!r}; "
                             f"the sampling parameters are {', '.join(sorted(SAMPLING_NAMES))}")
         params = SamplingParams(**{**defaults, **sampling})
         budget = token_budget(len(ids), max_tokens, self.n_ctx)
-        return self._open_stream(ids, params, budget, normalize_stop(stop), constraint, speculative=speculative)
+        return self._open_stream(ids, params, budget, normalize_stop(stop), constraint, speculative=speculative,
+                                 logprobs=logprobs)
 
 
 def _unlimited_if_not_positive(max_tokens: Optional[int]) -> Optional[int]:

@@ -15,6 +15,7 @@ from ..api import completions as shapes
 from ..api.generation import TextStream
 from ..api.tools import responses as tool_shapes
 from ..api.tools.request import plan_tools
+from ..errors import InvalidArgumentError
 from .schema import Call
 
 
@@ -50,6 +51,9 @@ def _chat(session, call: Call, model_id: str) -> Answer:
     plan = plan_tools(call.tools, call.tool_choice, session.assets.chat_template.source)
     text = session.chat_stream(call.messages, tools=call.tools, tool_choice=call.tool_choice, **call.options)
     if plan.parses_calls:
+        if text.logprobs is not None:
+            text.close()
+            raise InvalidArgumentError("logprobs are not available for replies parsed into tool calls")
         return Answer(text, lambda: tool_shapes.chat_completion(text, model_id, plan.parser, plan.tool_names),
                       lambda: tool_shapes.chat_completion_chunks(text, model_id, plan.parser, plan.tool_names))
     return Answer(text, lambda: shapes.chat_completion(text, model_id),
@@ -59,8 +63,9 @@ def _chat(session, call: Call, model_id: str) -> Answer:
 def _completion(session, call: Call, model_id: str) -> Answer:
     text = session.stream(call.prompt, **call.options)
     if not call.echo:
-        return Answer(text, lambda: shapes.completion(text, model_id),
-                      lambda: shapes.completion_chunks(text, model_id))
+        base = 0 if text.logprobs is None else shapes.text_offset_base(call.prompt, session.detokenize)
+        return Answer(text, lambda: shapes.completion(text, model_id, base),
+                      lambda: shapes.completion_chunks(text, model_id, base))
     prompt = call.prompt if isinstance(call.prompt, str) else \
         session.detokenize(call.prompt).decode("utf-8", "replace")
 

@@ -1,8 +1,8 @@
 """Request bodies of ``/v1/chat/completions`` and ``/v1/completions``, checked field by field.
 
 Every field OpenAI defines for these endpoints is either used, accepted when
-it asks for the only behaviour there is (``n`` of 1, ``logprobs`` off), or
-refused with a 400 naming it; an unknown field is refused too, so a typo
+it asks for the only behaviour there is (``n`` of 1), or refused with a
+400 naming it; an unknown field is refused too, so a typo
 never passes silently.  llama.cpp's sampling extensions (``top_k``,
 ``min_p``, ``repeat_penalty``) and its ``grammar`` (GBNF text) are accepted
 as well.  ``response_format`` is passed to the library, which compiles it (a
@@ -16,6 +16,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..errors import InvalidArgumentError
+from ..sampling.logprobs import chat_logprobs_count
 from .config import ServerConfig
 from .errors import bad_request
 
@@ -63,8 +65,12 @@ def chat_call(body: Any, config: ServerConfig) -> Call:
         if not isinstance(response_format, dict):
             raise bad_request("response_format must be an object", "response_format")
         call.options["response_format"] = response_format
-    if body.get("top_logprobs") not in (None, 0):
-        raise bad_request("top_logprobs is not supported yet", "top_logprobs")
+    try:
+        n_top = chat_logprobs_count(body.get("logprobs"), body.get("top_logprobs"))
+    except InvalidArgumentError as error:
+        raise bad_request(str(error), "top_logprobs" if "top_logprobs" in str(error) else "logprobs") from None
+    if n_top is not None:
+        call.options["logprobs"] = n_top
     return call
 
 
@@ -75,6 +81,10 @@ def completion_call(body: Any, config: ServerConfig) -> Call:
     call.options.setdefault("max_tokens", 16)  # OpenAI's default for completions
     call.prompt = _prompt(body.get("prompt"))
     call.echo = _flag(body, "echo")
+    if body.get("logprobs") is not None:
+        if call.echo:
+            raise bad_request("logprobs together with echo are not supported", "logprobs")
+        call.options["logprobs"] = body["logprobs"]       # checked by the library (0..20)
     if body.get("suffix") not in (None, ""):
         raise bad_request("suffix is not supported", "suffix")
     if body.get("best_of") not in (None, 1):
@@ -88,8 +98,6 @@ def _common(body: dict, config: ServerConfig) -> dict:
         raise bad_request("model must be a string", "model")
     if body.get("n") not in (None, 1):
         raise bad_request("n must be 1: one choice per request", "n")
-    if body.get("logprobs") not in (None, False, 0):
-        raise bad_request("logprobs are not supported yet", "logprobs")
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise bad_request("user must be a string", "user")
     stream = _flag(body, "stream")

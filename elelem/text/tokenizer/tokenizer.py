@@ -122,6 +122,11 @@ class Tokenizer:
         """The raw vocabulary piece of ``token_id`` (e.g. ``"Ġhello"``, ``"▁the"``)."""
         return self._vocab.tokens[self._check_id(token_id)]
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes ``token_id`` stands for inside a text (its leading space
+        kept); b"" for a control token."""
+        return self._decode_continue([self._check_id(token_id)], False, [2])
+
     def decode(self, ids: Iterable[int], *, special: bool = False) -> bytes:
         """The bytes ``ids`` stand for: each token's piece, concatenated.
 
