@@ -11,7 +11,10 @@ Tokenization follows llama-cpp-python and llama.cpp:
   message whose text contains ``<|im_end|>`` produces that token.  Treat
   message content from untrusted sources accordingly;
 * when the model adds a BOS itself and the template also printed one, the
-  duplicate is dropped (llama.cpp strips the template's).
+  duplicate is dropped (llama.cpp strips the template's);
+* a message's content may be OpenAI's list of content parts: its text parts
+  are joined; any other part (an image, audio) is refused, since a text
+  model cannot be shown it.
 """
 from __future__ import annotations
 
@@ -40,7 +43,8 @@ def completion_prompt_ids(assets: ModelAssets, prompt: Prompt,
 
 def chat_prompt_ids(assets: ModelAssets, messages: Sequence[Mapping[str, Any]], *,
                     tools: Optional[Sequence[Mapping[str, Any]]] = None, **template_vars: Any) -> list[int]:
-    text = assets.chat_template.render(messages, add_generation_prompt=True, tools=tools, **template_vars)
+    text = assets.chat_template.render(text_messages(messages), add_generation_prompt=True, tools=tools,
+                                       **template_vars)
     ids = assets.tokenize(text, special=True)
     bos = assets.tokenizer.bos_id
     if bos is not None and ids[:2] == [bos, bos]:
@@ -48,6 +52,30 @@ def chat_prompt_ids(assets: ModelAssets, messages: Sequence[Mapping[str, Any]], 
     if not ids:
         raise InvalidArgumentError("the chat template rendered an empty prompt")
     return ids
+
+
+def text_messages(messages: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+    """``messages`` with every list of content parts joined into its text."""
+    if isinstance(messages, Sequence) and not isinstance(messages, (str, bytes)) and any(
+            isinstance(m, Mapping) and isinstance(m.get("content"), list) for m in messages):
+        return [{**m, "content": content_text(m["content"], f"messages[{i}].content")}
+                if isinstance(m, Mapping) and isinstance(m.get("content"), list) else m
+                for i, m in enumerate(messages)]
+    return messages
+
+
+def content_text(parts: list, where: str = "content") -> str:
+    """The text of OpenAI content parts (``[{"type": "text", "text": ...}, ...]``)."""
+    texts = []
+    for index, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind != "text":
+            raise InvalidArgumentError(f"{where}[{index}] is a {kind or type(part).__name__!r} part; "
+                                       f"this model reads text only: use {{'type': 'text', 'text': ...}} parts")
+        if not isinstance(part.get("text"), str):
+            raise InvalidArgumentError(f"{where}[{index}]['text'] must be a string")
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def token_budget(n_prompt: int, max_tokens: Optional[int], n_ctx: int) -> int:

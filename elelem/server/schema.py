@@ -16,6 +16,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..api.prompts import content_text
 from ..errors import InvalidArgumentError
 from ..sampling.logprobs import chat_logprobs_count
 from .config import ServerConfig
@@ -165,12 +166,10 @@ def _content(content: Any, message: dict, param: str) -> Optional[str]:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts: only text ones can be shown to a text model
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request(f"{param}: only text parts are supported", param)
-            texts.append(part["text"])
-        return "".join(texts)
+        try:
+            return content_text(content, param)
+        except InvalidArgumentError as error:
+            raise bad_request(str(error), param) from None
     raise bad_request(f"{param} must be a string or a list of text parts", param)
 
 
