@@ -32,9 +32,7 @@ import logging
 import re
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-import llguidance
 import numpy as np
-from llguidance.gbnf_to_lark import any_to_lark
 
 from ..errors import GrammarError, UnsupportedSchemaError
 from ..text.tokenizer.pieces import build_pieces
@@ -60,6 +58,12 @@ _UNSUPPORTED = (
 _CONTROL = b"\xff"  # llguidance's mark of a special token: no grammar text can produce it
 
 
+def _llguidance():
+    # Imported on first use: it costs ~50 ms, which programs that never constrain need not pay.
+    import llguidance
+    return llguidance
+
+
 class GrammarTokenizer:
     """llguidance's view of a vocabulary: the bytes of each token id.
 
@@ -79,6 +83,7 @@ class GrammarTokenizer:
         if not self.eog_ids:
             raise GrammarError("constrained decoding needs an end-of-generation token in the vocabulary")
         source = _Vocabulary(marked, sorted(special), min(self.eog_ids), bos_id, encode)
+        llguidance = _llguidance()
         self.ll = llguidance.LLTokenizer(llguidance.TokenizerWrapper(source), n_vocab=self.n_vocab,
                                          eos_token=sorted(self.eog_ids))
 
@@ -146,7 +151,7 @@ def json_schema_grammar(schema: Any, *, param: Optional[str] = "response_format"
     except RecursionError:
         raise GrammarError("the JSON schema nests too deeply", param=param) from None
     try:
-        serialized = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_DEFAULTS,
+        serialized = _llguidance().LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_DEFAULTS,
                                                                   overrides=_JSON_STRICT)
     except (ValueError, TypeError) as error:
         raise GrammarError(f"the JSON schema cannot be read: {error}", param=param) from None
@@ -199,11 +204,12 @@ def gbnf_grammar(text: Any, *, param: Optional[str] = "grammar") -> Grammar:
     llguidance's own Lark syntax (start rule ``start``) is accepted too."""
     if not isinstance(text, str) or not text.strip():
         raise GrammarError("a grammar must be non-empty GBNF text", param=param)
+    from llguidance.gbnf_to_lark import any_to_lark
     try:
         lark = any_to_lark(text)
     except Exception as error:  # its converter raises plain Exceptions for syntax errors
         raise GrammarError(f"the grammar is not valid GBNF: {error}", param=param) from None
-    return Grammar(llguidance.LLMatcher.grammar_from_lark(lark), param, "gbnf")
+    return Grammar(_llguidance().LLMatcher.grammar_from_lark(lark), param, "gbnf")
 
 
 def tool_call_grammar(functions: Sequence[Mapping[str, Any]]) -> Grammar:
@@ -228,7 +234,7 @@ class GrammarMatcher:
     """One generation's position in a grammar: the allowed-token mask, and each token taken."""
 
     def __init__(self, grammar: Grammar, tokenizer: GrammarTokenizer):
-        self._matcher = llguidance.LLMatcher(tokenizer.ll, grammar.serialized, log_level=0)
+        self._matcher = _llguidance().LLMatcher(tokenizer.ll, grammar.serialized, log_level=0)
         if self._matcher.is_error():
             raise grammar_error(self._matcher.get_error(), grammar)
         for warning in self._matcher.get_grammar_warnings():
