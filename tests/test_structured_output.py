@@ -121,6 +121,22 @@ def test_streamed_json_is_the_same_json(tiny):
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
+def test_batched_requests_keep_their_own_constraints(tiny):
+    # Sessions step together in the engine: each request's mask must follow its own grammar.
+    digits = tiny.new_session().stream("Q:", grammar='root ::= [0-9]{3,6} "."', max_tokens=20, temperature=1.0,
+                                       seed=1)
+    words = tiny.new_session().stream("Q:", grammar='root ::= ("ab" | "cd"){2,4} "!"', max_tokens=20,
+                                      temperature=1.0, seed=2)
+    texts = {"digits": [], "words": []}
+    for pair in zip(digits, words):  # interleaved: both are running in the same steps
+        texts["digits"].append(pair[0])
+        texts["words"].append(pair[1])
+    texts["digits"] += list(digits)
+    texts["words"] += list(words)
+    assert re.fullmatch(r"[0-9]{3,6}\.", "".join(texts["digits"])), texts
+    assert re.fullmatch(r"(ab|cd){2,4}!", "".join(texts["words"])), texts
+
+
 def test_gbnf_grammar_in_completions_and_chat(tiny):
     grammar = r'''root ::= answer " (" [0-9]{1,3} "%)"
 answer ::= "yes" | "no" | "maybe"
