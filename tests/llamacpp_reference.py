@@ -197,6 +197,11 @@ class Reference:
         return self._per_model("make_logprobs_fixtures.py", "logprobs", name, model_path,
                                [FIXTURES / "make_greedy_fixtures.py"])
 
+    def embeddings(self, name: str, model_path: Path) -> dict:
+        """make_embedding_fixtures.py's output for one model (a key of make_greedy_fixtures.MODELS)."""
+        return self._per_model("make_embedding_fixtures.py", "embeddings", name, model_path,
+                               [FIXTURES / "make_greedy_fixtures.py"])
+
     def _per_model(self, script: str, stored_dir: str, name: str, model_path: Path,
                    extra_inputs: list[Path] = ()) -> dict:
         """The output <name>.json of a script that takes --out-dir, --models-dir and --only NAME."""

@@ -159,15 +159,17 @@ cdef class Context:
         finally:
             ggml_free(st.ctx)
 
-    cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs) except NULL:
+    cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs, bint embeddings) except NULL:
         cdef Step * st = &self.graph_step
-        if self.graph_ready and st.n_tokens == n_tokens and st.n_kv == n_kv and st.n_outputs == n_outputs:
+        if self.graph_ready and st.n_tokens == n_tokens and st.n_kv == n_kv and st.n_outputs == n_outputs \
+                and st.embeddings == embeddings:
             return st
         self._drop_graph()
         memset(st, 0, sizeof(Step))
         st.n_tokens = n_tokens
         st.n_kv = n_kv
         st.n_outputs = n_outputs
+        st.embeddings = embeddings
         self._build(st)
         ggml_backend_sched_reset(self.sched)
         if not ggml_backend_sched_alloc_graph(self.sched, st.gf):
@@ -178,7 +180,7 @@ cdef class Context:
 
     # -- a step ----------------------------------------------------------------
 
-    def decode(self, tokens, seq_ids, outputs=None):
+    def decode(self, tokens, seq_ids, outputs=None, bint embeddings=False):
         """Evaluate one batch: ``tokens[i]`` goes to the next position of
         sequence ``seq_ids[i]`` (tokens of one sequence in order).
 
@@ -186,7 +188,9 @@ cdef class Context:
         token of each sequence in the batch; True, every row; or a flag per
         token.  Returns float32 logits ``(n_outputs, n_vocab)`` in row order.
         The batch holds 1 .. n_batch tokens.  Anything that fails (a full
-        cache, an abort, Ctrl-C) leaves the cache as it was.
+        cache, an abort, Ctrl-C) leaves the cache as it was.  With
+        ``embeddings``, the rows are the final normed hidden states
+        ``(n_outputs, n_embd)`` instead of logits.
         """
         self._check_open()
         if self.busy:
@@ -204,7 +208,7 @@ cdef class Context:
         cdef Step * st
         self.busy = True
         try:
-            st = self._graph_for(n, self.cache.n_kv(), n_outputs)
+            st = self._graph_for(n, self.cache.n_kv(), n_outputs, embeddings)
             _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0])
             self._compute()
         except BaseException:
@@ -212,7 +216,7 @@ cdef class Context:
             raise
         finally:
             self.busy = False
-        out = np.empty((n_outputs, self.model.hp.n_vocab), dtype=np.float32)
+        out = np.empty((n_outputs, self.model.hp.n_embd if embeddings else self.model.hp.n_vocab), dtype=np.float32)
         ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out), 0, ggml_nbytes(st.logits))
         self.n_evaluated += n
         return out

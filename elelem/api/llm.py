@@ -31,6 +31,7 @@ from ..model.architectures import ModelSpec, model_spec
 from ..model.hub import ProgressFn, resolve_model
 from .assets import ModelAssets
 from .draft import open_draft
+from .embeddings import embed, embedding_response, model_pooling
 from .session import Session
 from .states import open_prompt_cache
 
@@ -128,7 +129,8 @@ class LLM:
                  use_mmap: bool = True, n_seq_max: int = DEFAULT_N_SEQ_MAX, kv_size: Optional[int] = None,
                  type_k: Optional[str] = None, type_v: Optional[str] = None,
                  progress: Optional[ProgressFn] = None, speculative: bool = True, draft_model=None,
-                 prompt_cache: str | os.PathLike | None = None, prompt_cache_bytes: Optional[int] = None):
+                 prompt_cache: str | os.PathLike | None = None, prompt_cache_bytes: Optional[int] = None,
+                 embedding: bool = False, pooling: Optional[str] = None):
         t0 = time.perf_counter()
         self._engine: Optional[Engine] = None
         self._model = None
@@ -154,6 +156,9 @@ class LLM:
             self._engine = Engine(context, n_ctx=n_ctx if kv_size is None else min(n_ctx, context.kv_size),
                                   speculative=bool(speculative), draft=draft, prompt_cache=disk_cache)
             self.assets = ModelAssets(self.path, self.gguf, self.spec)
+            # embedding=True is llama-cpp-python's switch; here embeddings always work.
+            self.embedding = bool(embedding)
+            self.pooling = model_pooling(self.gguf, self.spec.arch.name, pooling)
             self._session = Session(self._engine, self.assets, n_ctx=self._engine.n_ctx)
         except BaseException:
             self.close()
@@ -223,6 +228,23 @@ class LLM:
         return self.assets.chat_template
 
     # -- sessions --------------------------------------------------------------
+
+    def embed(self, input, *, normalize: bool = False, truncate: bool = True, return_count: bool = False):
+        """Embeddings of a text or a list of texts, as llama-cpp-python's
+        ``Llama.embed``: one vector per text, or one per token when the
+        pooling is ``none`` (see :mod:`elelem.api.embeddings`); with
+        ``return_count``, ``(embeddings, tokens evaluated)``.  Texts longer
+        than n_ctx are cut to it (``truncate=False``: ContextLimitError)."""
+        embeddings, total = embed(self._engine_or_raise(), self.assets, input, pooling=self.pooling,
+                                  n_ctx=self._engine_or_raise().n_ctx, normalize=normalize, truncate=truncate)
+        if return_count:
+            return embeddings, total
+        return embeddings[0] if isinstance(input, str) else embeddings
+
+    def create_embedding(self, input, model: Optional[str] = None) -> dict:
+        """llama-cpp-python's (and OpenAI's) embeddings response for a text or a list of texts."""
+        embeddings, total = self.embed(input if isinstance(input, list) else [input], return_count=True)
+        return embedding_response(embeddings, total, model if model is not None else self.model_name)
 
     def new_session(self, *, n_ctx: Optional[int] = None, n_threads: Optional[int] = None) -> Session:
         """A new sequence over this model, with the full text API and a cache

@@ -36,7 +36,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..errors import CapacityError, ClosedError, ContextLimitError, KVCacheFullError
+from ..errors import CapacityError, ClosedError, ContextLimitError, InvalidArgumentError, KVCacheFullError
 from .prompt_cache import PromptCache
 from .request import Request
 from .speculative import PromptLookup
@@ -188,6 +188,35 @@ class Engine:
         if self.draft is not None:
             return self.draft.drafter(seq, history)
         return PromptLookup(history)
+
+    def embed(self, tokens: list[int]) -> np.ndarray:
+        """The final normed hidden state of each of ``tokens`` evaluated as a
+        sequence of their own, ``(len(tokens), n_embd)`` float32 (llama.cpp's
+        per-token embeddings).  The sequence is freed afterwards; the step is
+        the engine's alone while it runs (its graph's output is not logits)."""
+        if not tokens:
+            raise InvalidArgumentError("cannot embed an empty list of tokens")
+        seq = self.open_sequence()
+        try:
+            with self._cv:
+                self._wait_idle()
+                self._check_open()
+                if self._make_room(len(tokens), {seq} | set(self._seq_request)) < len(tokens):
+                    raise KVCacheFullError(f"embedding {len(tokens)} tokens needs as many free KV cells; "
+                                           f"{self._ctx.cache.n_free} of {self.kv_size} are free")
+                self._stepping = True
+            try:
+                step = self._ctx.n_batch
+                rows = [self._ctx.decode(tokens[i:i + step], seq, True, embeddings=True)
+                        for i in range(0, len(tokens), step)]
+            finally:
+                with self._cv:
+                    self._ctx.cache.seq_rm(seq, 0)
+                    self._stepping = False
+                    self._cv.notify_all()
+        finally:
+            self.close_sequence(seq)
+        return np.concatenate(rows, axis=0)
 
     # -- requests --------------------------------------------------------------
 

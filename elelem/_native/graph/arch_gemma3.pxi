@@ -37,7 +37,7 @@ cdef ggml_tensor * build_gemma3(Model m, KVCache cache, Step * st) except NULL:
         h = ffn_gated(st, lw, norm_rms(st, x, lw.ffn_norm), True)
         x = ggml_add(ctx, norm_rms(st, h, lw.ffn_post_norm), x)
     x = norm_rms(st, x, m.output_norm)
-    return ggml_mul_mat(ctx, m.output, x)   # (n_vocab, n_outputs)
+    return output_head(st, m, x)   # (n_vocab, n_outputs), or (n_embd, n_outputs)
 
 
 _register_builder("gemma3", build_gemma3)

@@ -31,7 +31,7 @@ cdef ggml_tensor * build_qwen2_family(Model m, KVCache cache, Step * st) except 
         h = ffn_gated(st, lw, norm_rms(st, x, lw.ffn_norm), False)
         x = ggml_add(ctx, h, x)
     x = norm_rms(st, x, m.output_norm)
-    return ggml_mul_mat(ctx, m.output, x)   # (n_vocab, n_outputs)
+    return output_head(st, m, x)   # (n_vocab, n_outputs), or (n_embd, n_outputs)
 
 
 _register_builder("qwen2_family", build_qwen2_family)

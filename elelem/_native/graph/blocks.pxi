@@ -11,6 +11,7 @@ cdef struct Step:
     int n_kv                # cells attended to (KVCache.n_kv: padded, masked)
     int kv_size             # cells in the cache
     bint flash_attn         # ggml_flash_attn_ext, else mul_mat + softmax (llama.cpp's default)
+    bint embeddings         # the output is the final normed hidden state (n_embd rows), not logits
     ggml_tensor * inp_tokens    # I32 (n_tokens)
     ggml_tensor * inp_pos       # I32 (n_tokens): each token's position in its sequence
     ggml_tensor * inp_mask      # (n_kv, n_tokens): 0 or -inf, from the cells; F16 for flash attention, else F32 (as llama.cpp)
@@ -18,7 +19,7 @@ cdef struct Step:
     ggml_tensor * inp_k_idx     # I64 (n_tokens): the cells this step's K (and V) go to
     ggml_tensor * inp_v_idx     # I64 (v_row * n_tokens): cache elements of transposed V; NULL with flash_attn
     ggml_tensor * inp_out_ids   # I32 (n_outputs): rows kept for the output; NULL when every row is
-    ggml_tensor * logits        # F32 (n_vocab, n_outputs)
+    ggml_tensor * logits        # F32 (n_vocab, n_outputs); (n_embd, n_outputs) for embeddings
 
 
 cdef void _make_inputs(Step * st) except *:
@@ -179,6 +180,12 @@ cdef inline ggml_tensor * select_outputs(Step * st, ggml_tensor * x) noexcept:
     the rows whose logits are wanted (as llama.cpp's inp_out_ids), so the FFN
     and the output projection run for those alone."""
     return ggml_get_rows(st.ctx, x, st.inp_out_ids) if st.inp_out_ids != NULL else x
+
+
+cdef inline ggml_tensor * output_head(Step * st, Model m, ggml_tensor * x) noexcept:
+    """The step's output from the final normed hidden state x (n_embd, n_outputs):
+    the logits, or x itself when embeddings are wanted (llama.cpp's t_embd)."""
+    return x if st.embeddings else ggml_mul_mat(st.ctx, m.output, x)
 
 
 cdef inline ggml_tensor * embed_tokens(Step * st, Model m) noexcept:
