@@ -15,7 +15,8 @@ so code written against it ports with an import change:
   ``{"role": "assistant"}``, then ``{"content": …}`` deltas, then ``{}`` with
   the ``finish_reason``.
 
-``logprobs`` is None unless asked for: for completions (``logprobs=N``)
+``echo`` puts the prompt's text in front of the answer (of the first chunk,
+streamed).  ``logprobs`` is None unless asked for: for completions (``logprobs=N``)
 llama-cpp-python's ``{"tokens", "text_offset", "token_logprobs",
 "top_logprobs"}``, offsets counted from the start of the prompt's text as
 there; for chat (``logprobs=True``) OpenAI's ``{"content": [{"token",
@@ -83,11 +84,18 @@ class _LogprobCursor:
         return out
 
 
+def prompt_text(prompt, detokenize) -> str:
+    """The prompt as text, as ``echo`` returns it: itself, or its token ids decoded."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, (bytes, bytearray)):
+        return bytes(prompt).decode("utf-8", "replace")
+    return detokenize(list(prompt)).decode("utf-8", errors="ignore")
+
+
 def text_offset_base(prompt, detokenize) -> int:
     """Where llama-cpp-python's logprobs text offsets start: after the prompt's text."""
-    if isinstance(prompt, str):
-        return len(prompt)
-    return len(detokenize(list(prompt)).decode("utf-8", errors="ignore"))
+    return len(prompt_text(prompt, detokenize))
 
 
 def _token_str(tokenizer, token: int) -> str:
@@ -126,16 +134,20 @@ def _usage(stream: TextStream) -> dict[str, int]:
     }
 
 
-def completion(stream: TextStream, model: str, offset_base: int = 0) -> dict[str, Any]:
+def completion(stream: TextStream, model: str, offset_base: int = 0, echo: str = "") -> dict[str, Any]:
+    """A ``text_completion`` dict; ``echo`` (the prompt's text, for ``echo=True``) comes before the answer."""
     env = _Envelope(model, chat=False)
     text = stream.text()
     logprobs = None
     if stream.logprobs is not None:
         logprobs = _completion_logprobs(stream, _LogprobCursor(stream).take(len(text)), offset_base)
-    return {**env.text_completion(text, stream.finish_reason, logprobs), "usage": _usage(stream)}
+    return {**env.text_completion(echo + text, stream.finish_reason, logprobs), "usage": _usage(stream)}
 
 
-def completion_chunks(stream: TextStream, model: str, offset_base: int = 0) -> Iterator[dict[str, Any]]:
+def completion_chunks(stream: TextStream, model: str, offset_base: int = 0,
+                      echo: str = "") -> Iterator[dict[str, Any]]:
+    """The chunks of a streamed completion; ``echo`` comes ahead of the first delta
+    (llama-cpp-python echoes only whole answers; OpenAI's streams echo too)."""
     env = _Envelope(model, chat=False)
     cursor = _LogprobCursor(stream) if stream.logprobs is not None else None
     emitted = 0
@@ -143,8 +155,9 @@ def completion_chunks(stream: TextStream, model: str, offset_base: int = 0) -> I
         for delta in stream:
             emitted += len(delta)
             logprobs = None if cursor is None else _completion_logprobs(stream, cursor.take(emitted), offset_base)
-            yield env.text_completion(delta, None, logprobs)
-        yield env.text_completion("", stream.finish_reason, None if cursor is None else
+            yield env.text_completion(echo + delta, None, logprobs)
+            echo = ""
+        yield env.text_completion(echo, stream.finish_reason, None if cursor is None else
                                   _completion_logprobs(stream, cursor.take(emitted), offset_base))
 
 

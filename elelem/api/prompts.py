@@ -12,6 +12,8 @@ Tokenization follows llama-cpp-python and llama.cpp:
   message content from untrusted sources accordingly;
 * when the model adds a BOS itself and the template also printed one, the
   duplicate is dropped (llama.cpp strips the template's);
+* a ``suffix`` makes a fill-in-the-middle prompt of a text prompt and the
+  suffix, as llama.cpp's infill does (:func:`infill_prompt_ids`);
 * a message's content may be OpenAI's list of content parts: its text parts
   are joined; any other part (an image, audio) is refused, since a text
   model cannot be shown it.
@@ -39,6 +41,44 @@ def completion_prompt_ids(assets: ModelAssets, prompt: Prompt,
             ids = [bos]  # as llama-cpp-python: an empty prompt starts from BOS
         return ids
     return check_ids(prompt, "prompt")
+
+
+#: The fill-in-the-middle tokens a suffix needs, by llama.cpp's names.
+FIM_TOKENS = ("fim_pre", "fim_suf", "fim_mid")
+
+
+def infill_prompt_ids(assets: ModelAssets, prefix: Prompt, suffix: str,
+                      check_ids: Callable[[Sequence[int], str], list[int]], *, suffix_first: bool = False) -> list[int]:
+    """The fill-in-the-middle prompt asking for the text between ``prefix`` and ``suffix``.
+
+    As llama.cpp builds it (its infill example and the server's ``/infill``,
+    without their repository-level context): ``[BOS] FIM_PRE prefix FIM_SUF
+    suffix FIM_MID``, BOS only where the model adds one, ``prefix`` (text or
+    token ids) and ``suffix`` tokenized as plain text; ``suffix_first`` is
+    llama.cpp's ``spm_infill`` order, ``FIM_SUF suffix FIM_PRE prefix FIM_MID``.
+    A model without the three FIM tokens raises :class:`InvalidArgumentError`.
+    """
+    if not isinstance(suffix, str):
+        raise InvalidArgumentError(f"suffix must be a string, got {type(suffix).__name__}")
+    tokenizer = assets.tokenizer
+    pre, suf, mid = (tokenizer.special_id(name) for name in FIM_TOKENS)
+    if pre is None or suf is None or mid is None:
+        raise InvalidArgumentError(
+            f"suffix asks for fill-in-the-middle, but {assets.path.name} has no FIM tokens (prefix, suffix and "
+            f"middle: tokenizer.ggml.fim_pre_token_id, fim_suf_token_id, fim_mid_token_id, or tokens such as "
+            f"<|fim_prefix|>); use a code model trained for it, e.g. qwen2.5-coder-0.5b")
+    if isinstance(prefix, (bytes, bytearray)):
+        prefix = bytes(prefix).decode("utf-8", "replace")
+    if isinstance(prefix, str):
+        prefix_ids = assets.tokenize(prefix, add_bos=False, special=False)
+    else:
+        prefix_ids = check_ids(prefix, "prompt")
+    suffix_ids = assets.tokenize(suffix, add_bos=False, special=False)
+    head, tail = [suf, *suffix_ids], [pre, *prefix_ids]
+    if not suffix_first:
+        head, tail = tail, head
+    bos = [tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else []
+    return bos + head + tail + [mid]
 
 
 def chat_prompt_ids(assets: ModelAssets, messages: Sequence[Mapping[str, Any]], *,

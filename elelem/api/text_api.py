@@ -42,7 +42,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 from . import completions
 from .assets import ModelAssets
 from .generation import TextStream
-from .prompts import Prompt, chat_prompt_ids, completion_prompt_ids, token_budget
+from .prompts import Prompt, chat_prompt_ids, completion_prompt_ids, infill_prompt_ids, token_budget
 from .structured import output_constraint, output_grammar
 from ..errors import GrammarError, InvalidArgumentError
 from ..sampling.logprobs import chat_logprobs_count
@@ -77,18 +77,29 @@ class TextAPI:
     # -- plain text ------------------------------------------------------------
 
     def stream(self, prompt: Prompt, *, max_tokens: Optional[int] = None, stop: StopArg = None,
-               grammar: Optional[str] = None, **sampling: Any) -> TextStream:
-        """An iterator of text deltas continuing ``prompt`` (text or token ids)."""
+               grammar: Optional[str] = None, suffix: Optional[str] = None,
+               suffix_first: bool = False, **sampling: Any) -> TextStream:
+        """An iterator of text deltas continuing ``prompt`` (text or token ids).
+
+        With ``suffix``, the text to go between ``prompt`` and ``suffix``
+        (fill-in-the-middle, for models with FIM tokens such as
+        Qwen2.5-Coder; see :func:`~elelem.api.prompts.infill_prompt_ids`,
+        whose order ``suffix_first`` chooses).
+        """
         with self._lock:
             output = output_grammar(grammar=grammar)
-            ids = completion_prompt_ids(self.assets, prompt, self._check_ids)
+            if suffix is None:
+                ids = completion_prompt_ids(self.assets, prompt, self._check_ids)
+            else:
+                ids = infill_prompt_ids(self.assets, prompt, suffix, self._check_ids, suffix_first=suffix_first)
             return self._text_stream(ids, max_tokens, stop, sampling, {}, output_constraint(self.assets, output))
 
     def generate(self, prompt: Prompt, *, max_tokens: Optional[int] = None, stop: StopArg = None,
-                 grammar: Optional[str] = None, **sampling: Any) -> str:
-        """The text continuing ``prompt``."""
+                 grammar: Optional[str] = None, suffix: Optional[str] = None, **sampling: Any) -> str:
+        """The text continuing ``prompt`` (or, with ``suffix``, filling the gap before it)."""
         with self._lock:  # the whole call, so concurrent calls are serialized
-            return self.stream(prompt, max_tokens=max_tokens, stop=stop, grammar=grammar, **sampling).text()
+            return self.stream(prompt, max_tokens=max_tokens, stop=stop, grammar=grammar, suffix=suffix,
+                               **sampling).text()
 
     # -- chat ------------------------------------------------------------------
 
@@ -124,23 +135,34 @@ class TextAPI:
 
     def create_completion(self, prompt: Prompt, *, max_tokens: Optional[int] = 16, stream: bool = False,
                           stop: StopArg = None, model: Optional[str] = None, grammar: Optional[str] = None,
-                          logprobs: Optional[int] = None, **sampling: Any) -> Union[dict, Iterator[dict]]:
+                          logprobs: Optional[int] = None, echo: bool = False, suffix: Optional[str] = None,
+                          **sampling: Any) -> Union[dict, Iterator[dict]]:
         """llama-cpp-python's ``create_completion``: a ``text_completion`` dict, or its chunks.
 
         As there, ``max_tokens`` defaults to 16, and None or <= 0 means no limit
         but the context window.  ``grammar`` (GBNF text) constrains the text.
         ``logprobs=N`` adds ``choices[0]["logprobs"]``: ``tokens``,
         ``text_offset``, ``token_logprobs`` and ``top_logprobs`` (the N
-        likeliest tokens and the chosen one, by text).
+        likeliest tokens and the chosen one, by text).  ``echo=True`` returns
+        the prompt's text followed by the answer (streamed: in the first
+        chunk); not with ``logprobs``, which would need the prompt's own.
+        ``suffix`` asks for the text between the prompt and it
+        (fill-in-the-middle; see :meth:`stream`).
         """
+        if echo not in (True, False):
+            raise InvalidArgumentError(f"echo must be a boolean, got {echo!r}")
+        if echo and logprobs is not None:
+            raise InvalidArgumentError("logprobs together with echo are not supported "
+                                       "(the prompt's tokens have no log-probabilities here)")
         with self._lock:
             text = self.stream(prompt, max_tokens=_unlimited_if_not_positive(max_tokens), stop=stop,
-                               grammar=grammar, logprobs=logprobs, **sampling)
+                               grammar=grammar, logprobs=logprobs, suffix=suffix, **sampling)
             name = model if model is not None else self.assets.model_name
             base = 0 if logprobs is None else completions.text_offset_base(prompt, self.detokenize)
+            echoed = completions.prompt_text(prompt, self.detokenize) if echo else ""
             if stream:
-                return completions.completion_chunks(text, name, base)
-            return completions.completion(text, name, base)
+                return completions.completion_chunks(text, name, base, echoed)
+            return completions.completion(text, name, base, echoed)
 
     __call__ = create_completion
 

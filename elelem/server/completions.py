@@ -8,7 +8,6 @@ library's own builders.
 """
 from __future__ import annotations
 
-from contextlib import closing
 from typing import Callable, Iterator
 
 from ..api import completions as shapes
@@ -62,24 +61,7 @@ def _chat(session, call: Call, model_id: str) -> Answer:
 
 def _completion(session, call: Call, model_id: str) -> Answer:
     text = session.stream(call.prompt, **call.options)
-    if not call.echo:
-        base = 0 if text.logprobs is None else shapes.text_offset_base(call.prompt, session.detokenize)
-        return Answer(text, lambda: shapes.completion(text, model_id, base),
-                      lambda: shapes.completion_chunks(text, model_id, base))
-    prompt = call.prompt if isinstance(call.prompt, str) else \
-        session.detokenize(call.prompt).decode("utf-8", "replace")
-
-    def whole() -> dict:
-        response = shapes.completion(text, model_id)
-        response["choices"][0]["text"] = prompt + response["choices"][0]["text"]
-        return response
-
-    def chunks() -> Iterator[dict]:
-        first = True
-        with closing(shapes.completion_chunks(text, model_id)) as inner:  # closed in this thread
-            for chunk in inner:
-                if first:  # the prompt comes back ahead of the first delta
-                    chunk["choices"][0]["text"] = prompt + chunk["choices"][0]["text"]
-                    first = False
-                yield chunk
-    return Answer(text, whole, chunks)
+    base = 0 if text.logprobs is None else shapes.text_offset_base(call.prompt, session.detokenize)
+    echo = shapes.prompt_text(call.prompt, session.detokenize) if call.echo else ""
+    return Answer(text, lambda: shapes.completion(text, model_id, base, echo),
+                  lambda: shapes.completion_chunks(text, model_id, base, echo))

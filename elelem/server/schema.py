@@ -86,8 +86,10 @@ def completion_call(body: Any, config: ServerConfig) -> Call:
         if call.echo:
             raise bad_request("logprobs together with echo are not supported", "logprobs")
         call.options["logprobs"] = body["logprobs"]       # checked by the library (0..20)
-    if body.get("suffix") not in (None, ""):
-        raise bad_request("suffix is not supported", "suffix")
+    if body.get("suffix") not in (None, ""):  # fill-in-the-middle; a model without FIM tokens refuses it
+        if not isinstance(body["suffix"], str):
+            raise bad_request("suffix must be a string", "suffix")
+        call.options["suffix"] = body["suffix"]
     if body.get("best_of") not in (None, 1):
         raise bad_request("best_of must be 1", "best_of")
     return call

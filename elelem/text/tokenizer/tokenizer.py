@@ -145,6 +145,12 @@ class Tokenizer:
     def is_eog(self, token_id: int) -> bool:
         return token_id in self.eog_ids
 
+    def special_id(self, name: str) -> Optional[int]:
+        """The id of the special token llama.cpp calls ``name`` (``"fim_pre"``,
+        ``"fim_suf"``, ``"fim_mid"``, ``"eot"``, ``"sep"``, ...), from the GGUF
+        metadata or recognized by its text; None when the vocabulary has none."""
+        return self._vocab.special_ids.get(name)
+
     # -------------------------------------------------------------- internals
 
     def _check_id(self, token_id: int) -> int:
