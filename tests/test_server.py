@@ -560,3 +560,26 @@ def test_logprobs_come_back_in_openais_shapes(client, model_id, server):
         assert error_of(post(server, "/v1/chat/completions", body), 400)["param"] == param
     response = post(server, "/v1/completions", {"prompt": "Hi", "logprobs": 99})
     assert error_of(response, 400)["type"] == "invalid_request_error"
+
+
+def test_embeddings_endpoint_serves_the_openai_client(client, model_id, server):
+    import base64
+
+    import numpy as np
+    response = client.embeddings.create(model=model_id, input=["a cat", "a kitten", "import numpy"])
+    vectors = np.array([d.embedding for d in response.data])
+    assert vectors.shape == (3, 576) and [d.index for d in response.data] == [0, 1, 2]
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]
+    assert response.usage.prompt_tokens > 3
+    # the mean-pooled, normalized vectors of the library itself
+    mean = np.array(server.model.llm.embed("a cat", return_count=False))
+    mean = mean.mean(axis=0) if mean.ndim == 2 else mean
+    np.testing.assert_allclose(vectors[0], mean / np.linalg.norm(mean), atol=1e-5)
+    raw = post(server, "/v1/embeddings", {"input": "a cat", "encoding_format": "base64"}).json()
+    decoded = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(decoded, vectors[0], atol=1e-6)
+    for body, param in [({"input": []}, "input"), ({"input": "x", "dimensions": 8}, "dimensions"),
+                        ({"input": "x", "encoding_format": "int8"}, "encoding_format"), ({"inputs": "x"}, "inputs")]:
+        assert error_of(post(server, "/v1/embeddings", body), 400)["param"] == param
+    assert client.chat.completions.create(model=model_id, messages=HI, max_tokens=2).choices  # still serving

@@ -38,9 +38,9 @@ def model_pooling(gguf, arch: str, override: Optional[str]) -> str:
 
 
 def embed(engine, assets, inputs: Input, *, pooling: str, n_ctx: int, normalize: bool = False,
-          truncate: bool = True) -> tuple[list, int]:
+          truncate: bool = True, seq: Optional[int] = None) -> tuple[list, int]:
     """``(embeddings, tokens evaluated)``: one per input (a vector, or a vector
-    per token with pooling none)."""
+    per token with pooling none), on a free sequence or on ``seq``."""
     texts = _texts(inputs)
     out, total = [], 0
     for text in texts:
@@ -52,7 +52,7 @@ def embed(engine, assets, inputs: Input, *, pooling: str, n_ctx: int, normalize:
                 raise ContextLimitError(f"the text has {len(ids)} tokens; n_ctx is {n_ctx} (truncate=True cuts it)")
             ids = ids[:n_ctx]
         total += len(ids)
-        rows = engine.embed(ids).astype(np.float64)
+        rows = engine.embed(ids, seq).astype(np.float64)
         vectors = _pool(rows, pooling)
         if normalize:
             vectors = _normalized(vectors)

@@ -57,6 +57,11 @@ class Session(TextAPI):
         return self.assets.n_vocab
 
     @property
+    def seq(self) -> int:
+        """The engine sequence this session holds."""
+        return self._seq
+
+    @property
     def n_past(self) -> int:
         """Positions the cache holds for this session."""
         self._check_open()

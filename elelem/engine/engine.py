@@ -189,18 +189,24 @@ class Engine:
             return self.draft.drafter(seq, history)
         return PromptLookup(history)
 
-    def embed(self, tokens: list[int]) -> np.ndarray:
+    def embed(self, tokens: list[int], seq: Optional[int] = None) -> np.ndarray:
         """The final normed hidden state of each of ``tokens`` evaluated as a
         sequence of their own, ``(len(tokens), n_embd)`` float32 (llama.cpp's
-        per-token embeddings).  The sequence is freed afterwards; the step is
-        the engine's alone while it runs (its graph's output is not logits)."""
+        per-token embeddings): on a free sequence, or on ``seq`` (an open one
+        with no request running, which is emptied).  The sequence holds
+        nothing afterwards; the step is the engine's alone while it runs (its
+        graph's output is not logits)."""
         if not tokens:
             raise InvalidArgumentError("cannot embed an empty list of tokens")
-        seq = self.open_sequence()
+        own = seq is None
+        seq = self.open_sequence() if own else seq
         try:
             with self._cv:
                 self._wait_idle()
                 self._check_open()
+                if seq in self._seq_request:
+                    raise InvalidArgumentError(f"sequence {seq} is running a request")
+                self._ctx.cache.seq_rm(seq, 0)
                 if self._make_room(len(tokens), {seq} | set(self._seq_request)) < len(tokens):
                     raise KVCacheFullError(f"embedding {len(tokens)} tokens needs as many free KV cells; "
                                            f"{self._ctx.cache.n_free} of {self.kv_size} are free")
@@ -215,7 +221,8 @@ class Engine:
                     self._stepping = False
                     self._cv.notify_all()
         finally:
-            self.close_sequence(seq)
+            if own:
+                self.close_sequence(seq)
         return np.concatenate(rows, axis=0)
 
     # -- requests --------------------------------------------------------------

@@ -19,6 +19,7 @@ from starlette.routing import Route
 from . import schema
 from .chat_page import chat_page
 from .config import ServerConfig
+from .embeddings import embedding_call, run_embedding
 from .errors import APIError, bad_request, from_exception
 from .generation import Generation
 from .metrics import Metrics
@@ -72,6 +73,7 @@ def create_app(config: ServerConfig, registry: Optional[ModelRegistry] = None) -
         Route("/v1/models/{model:path}", _endpoint(state, _model), methods=["GET"]),
         Route("/v1/chat/completions", _endpoint(state, _generation(schema.chat_call)), methods=["POST"]),
         Route("/v1/completions", _endpoint(state, _generation(schema.completion_call)), methods=["POST"]),
+        Route("/v1/embeddings", _endpoint(state, _embeddings), methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_exception, Exception: _unexpected})
@@ -145,6 +147,20 @@ def _generation(parse):
         return Generation(request.url.path, model, call, state.metrics, state.limiter,
                           state.config.retry_after_seconds, live=state.generations)
     return handler
+
+
+async def _embeddings(state: ServerState, request: Request) -> Response:
+    call = embedding_call(await _json_body(request, state.config.max_body_bytes))
+    model = state.registry.get(call.model)
+    await model.reserve()   # embeddings take a slot like any request
+
+    def work() -> dict:
+        with model.session() as session:
+            return run_embedding(session, model.load(), call, model.id)
+    try:
+        return JSONResponse(await anyio.to_thread.run_sync(work, limiter=state.limiter))
+    finally:
+        model.release()
 
 
 async def _json_body(request: Request, limit: int):
