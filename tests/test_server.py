@@ -241,6 +241,9 @@ def test_metrics_count_requests_and_tokens(server, client, model_id):
     assert re.search(r'elelem_requests_total\{endpoint="/v1/completions",status="200"\} [1-9]', text)
     assert int(re.search(r"^elelem_completion_tokens_total (\d+)$", text, re.M).group(1)) >= 2
     assert re.search(r'^elelem_engine_steps_total\{model="[^"]+"\} [1-9]', text, re.M)
+    steps = int(re.search(r'^elelem_engine_steps_total\{model="[^"]+"\} (\d+)', text, re.M).group(1))
+    seconds = float(re.search(r'^elelem_engine_step_seconds_total\{model="[^"]+"\} (\S+)', text, re.M).group(1))
+    assert 0 < seconds / steps < 5.0          # a mean step time, in seconds
     for family in ("elelem_queue_depth", "elelem_running_sequences", "elelem_token_interval_seconds_count",
                    "elelem_prompt_tokens_total", "elelem_kv_cells_used", "elelem_model_idle_sessions"):
         assert re.search(rf"^{family}[{{ ]", text, re.M), family
@@ -583,3 +586,21 @@ def test_embeddings_endpoint_serves_the_openai_client(client, model_id, server):
                         ({"input": "x", "encoding_format": "int8"}, "encoding_format"), ({"inputs": "x"}, "inputs")]:
         assert error_of(post(server, "/v1/embeddings", body), 400)["param"] == param
     assert client.chat.completions.create(model=model_id, messages=HI, max_tokens=2).choices  # still serving
+
+
+def test_requests_past_the_limit_get_openais_503_json(smollm_path):
+    small = InProcessServer(ServerConfig(models=[str(smollm_path)], parallel=1, n_ctx=N_CTX, keep_alive=None,
+                                         n_threads=THREADS, max_requests=1))
+    try:
+        url = small.url + "/v1/chat/completions"
+        with httpx.Client(timeout=60) as http:
+            body = {"messages": HI, "max_tokens": 300, "stream": True, "logit_bias": no_end(small)}
+            with http.stream("POST", url, json=body):      # held open: the one request allowed
+                wait_until(lambda: small.model.in_flight == 1)
+                over = httpx.get(small.url + "/v1/models")
+        error = error_of(over, 503)
+        assert error["type"] == "server_overloaded" and int(over.headers["retry-after"]) >= 1
+        wait_until(lambda: idle(small))
+        assert httpx.get(small.url + "/v1/models").status_code == 200      # and it serves again
+    finally:
+        small.stop()

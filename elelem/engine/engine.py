@@ -93,6 +93,7 @@ class Engine:
         self.steps = 0                      # statistics: steps run, tokens evaluated in them,
         self.batched_tokens = 0             # and steps that carried more than one sequence
         self.shared_steps = 0
+        self.step_seconds = 0.0             # wall time of the steps run (compute and settling)
         self.drafted_tokens = 0             # speculative decoding: draft tokens verified,
         self.accepted_tokens = 0            # and the ones kept
 
@@ -304,6 +305,7 @@ class Engine:
                         continue
                     raise RuntimeError("the engine has nothing to run for a request that is not done (a bug)")
                 self._stepping = True
+                t0 = time.perf_counter()
                 try:
                     self._cv.release()
                     try:
@@ -315,6 +317,7 @@ class Engine:
                         self._cv.acquire()
                     self._settle(plan, logits, error, own)
                 finally:
+                    self.step_seconds += time.perf_counter() - t0
                     self._stepping = False
                     self._cv.notify_all()
                 if self._interrupted is not None:  # Ctrl-C reached a draft model: the driver's own request ends

@@ -12,6 +12,7 @@ import anyio
 import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -23,6 +24,7 @@ from .embeddings import embedding_call, run_embedding
 from .errors import APIError, bad_request, from_exception
 from .generation import Generation
 from .metrics import Metrics
+from .limits import RequestLimit
 from .registry import ModelRegistry
 
 log = logging.getLogger("elelem.server")
@@ -76,7 +78,9 @@ def create_app(config: ServerConfig, registry: Optional[ModelRegistry] = None) -
         Route("/v1/embeddings", _endpoint(state, _embeddings), methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: _http_exception, Exception: _unexpected})
+                    exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
+                    middleware=[Middleware(RequestLimit, limit=config.max_requests,
+                                           retry_after=config.retry_after_seconds)])
     app.state.server = state
     return app
 

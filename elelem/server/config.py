@@ -39,6 +39,7 @@ class ServerConfig:
     max_queue: Optional[int] = None     # requests that may wait for a slot; None: 4 x parallel
     queue_timeout: float = 30.0         # how long one may wait
     retry_after_seconds: int = 1
+    max_requests: Optional[int] = None  # HTTP requests held at once (more get a 503); None: from the above
     llm_options: dict = field(default_factory=dict)  # passed to LLM() as they are (tests: n_batch, ...)
 
     def __post_init__(self) -> None:
@@ -48,6 +49,9 @@ class ServerConfig:
             raise InvalidArgumentError(f"parallel must be between 1 and 63, got {self.parallel}")
         if self.max_queue is None:
             self.max_queue = 4 * self.parallel
+        if self.max_requests is None:
+            # Running and queued generations, and room for cheap requests (/health, /v1/models).
+            self.max_requests = max(64, 4 * self.parallel * len(self.models) + self.max_queue * len(self.models))
 
 
 def parse_duration(text: str) -> Optional[float]:

@@ -1,8 +1,8 @@
 """``GET /metrics``: Prometheus' text format, from the server's counts and each engine's.
 
-Step time: the engine counts steps, not their duration, so the server
-reports the interval between a stream's tokens (``elelem_token_interval_seconds``),
-which is one engine step per token while decoding.
+Step time: ``elelem_engine_step_seconds_total`` over ``elelem_engine_steps_total``
+is the mean duration of an engine step; the interval between a stream's
+tokens (``elelem_token_interval_seconds``) is what one client sees.
 """
 from __future__ import annotations
 
@@ -96,6 +96,8 @@ def _engine_lines(models: list) -> list[str]:
          [(m, m.queued) for m in models]),
         ("elelem_engine_steps_total", "counter", "engine steps (batched graphs) run",
          [(m, e.steps) for m, e in engines]),
+        ("elelem_engine_step_seconds_total", "counter", "wall time of those steps (compute and sampling)",
+         [(m, float(e.step_seconds)) for m, e in engines]),
         ("elelem_engine_batched_tokens_total", "counter", "tokens evaluated in those steps",
          [(m, e.batched_tokens) for m, e in engines]),
         ("elelem_engine_shared_steps_total", "counter", "steps that carried more than one sequence",

@@ -27,8 +27,9 @@ class ElelemServer(uvicorn.Server):
 
     def __init__(self, app, *, host: str, port: int, grace: float):
         config = app.state.server.config
-        # Connections beyond this get uvicorn's own 503: idle or slow clients cannot pile up without bound.
-        connections = max(64, 4 * config.parallel * len(config.models) + config.max_queue * len(config.models))
+        # Requests past config.max_requests get OpenAI's 503 from the app (limits.py); connections
+        # past twice that get uvicorn's plain one, so idle clients cannot pile up without bound.
+        connections = 2 * config.max_requests
         super().__init__(uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
                                         lifespan="on", timeout_graceful_shutdown=grace + _BACKSTOP_SECONDS,
                                         limit_concurrency=connections))
