@@ -24,6 +24,24 @@ from ..errors import InvalidArgumentError
 from .grammar import Grammar, GrammarMatcher, GrammarTokenizer
 
 
+_BAN = np.array([-np.inf, 0.0], dtype=np.float32)  # added to a logit: indexed by "is it allowed"
+
+
+def _masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """A copy of ``logits`` with every token not ``allowed`` at ``-inf``.
+
+    Two ways, whichever is cheaper on 151k tokens: copy the few allowed logits
+    (the usual case between JSON values), or add -inf/0 by table look-up
+    (inside strings most tokens are allowed; np.where is slower on such masks)."""
+    allowed = allowed[:logits.size]
+    if np.count_nonzero(allowed) * 8 < allowed.size:
+        ids = np.flatnonzero(allowed)
+        masked = np.full_like(logits, -np.inf)
+        masked[ids] = logits[ids]
+        return masked
+    return logits + np.take(_BAN.astype(logits.dtype, copy=False), allowed.view(np.uint8))
+
+
 class Forced:
     """A phase that emits fixed tokens, whatever the logits say."""
 
@@ -61,9 +79,8 @@ class TokenConstraint:
             if self._forced_at == len(phase.token_ids):
                 self._next_phase()
             return token
-        allowed = phase.allowed()
-        masked = np.where(allowed[:logits.size], logits, -np.inf).astype(logits.dtype, copy=False)
-        if not np.isfinite(masked).any():
+        masked = _masked(logits, phase.allowed())
+        if masked.max() == -np.inf:
             raise InvalidArgumentError("no token the grammar allows next has a finite logit "
                                        "(logit_bias bans them all)")
         token = sampler.sample(masked, recent)
