@@ -195,12 +195,12 @@ class Reference:
     def logprobs(self, name: str, model_path: Path) -> dict:
         """make_logprobs_fixtures.py's output for one model (a key of make_greedy_fixtures.MODELS)."""
         return self._per_model("make_logprobs_fixtures.py", "logprobs", name, model_path,
-                               [FIXTURES / "make_greedy_fixtures.py"])
+                               [FIXTURES / "make_greedy_fixtures.py", FIXTURES / "per_model_fixture.py"])
 
     def embeddings(self, name: str, model_path: Path) -> dict:
         """make_embedding_fixtures.py's output for one model (a key of make_greedy_fixtures.MODELS)."""
         return self._per_model("make_embedding_fixtures.py", "embeddings", name, model_path,
-                               [FIXTURES / "make_greedy_fixtures.py"])
+                               [FIXTURES / "make_greedy_fixtures.py", FIXTURES / "per_model_fixture.py"])
 
     def _per_model(self, script: str, stored_dir: str, name: str, model_path: Path,
                    extra_inputs: list[Path] = ()) -> dict:
