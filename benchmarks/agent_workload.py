@@ -8,10 +8,10 @@
 
 Every figure is greedy (temperature 0), on the same GGUF file, the same prompt
 token ids (rendered once with elelem's chat template) and the same threads.
-Each engine configuration runs in a subprocess of its own that loads the
-model once, warms up, and runs the workload's tasks; elelem runs from this
-checkout, llama-cpp-python (0.3.36, the reference build) under
-``--llama-python``.  Timing is by wall clock around a streamed generation:
+Each task runs on each engine configuration in a subprocess of its own,
+which loads the model, warms up and runs the task; the engines take turns
+task by task.  elelem runs from this checkout, llama-cpp-python (0.3.36,
+the reference build) under ``--llama-python``.  Timing is by wall clock around a streamed generation:
 end-to-end (request to last token), time to first token, and decode tok/s
 = (tokens - 1) / (last token - first token).
 
@@ -393,16 +393,19 @@ class Bench:
         return chat_prompt_ids(self.llm.assets, messages)
 
     def run(self, engines: dict, tasks: list[dict], n_ctx: int) -> dict:
-        """{engine: [per task: the median run]}; engines run interleaved, repeat by repeat."""
-        runs = {name: [] for name in engines}
+        """{engine: [per task: the median run]}.  Engines take turns task by task
+        (a worker per engine and task), so that a change in the machine's load
+        falls on all of them alike."""
+        runs = {name: [[] for _ in tasks] for name in engines}
         for _ in range(self.args.repeats):
-            for name, (kind, options) in engines.items():
-                python = self.args.llama_python if kind == "llamacpp" else sys.executable
-                job = dict(model=self.path, n_ctx=n_ctx, threads=self.args.threads, options=options, tasks=tasks)
-                runs[name].append(run_worker(python, kind, job))
-                print(f"    {name}: done", file=sys.stderr, flush=True)
-        return {name: [_median_run([r[i] for r in repeats]) for i in range(len(tasks))]
-                for name, repeats in runs.items()}
+            for i, task in enumerate(tasks):
+                for name, (kind, options) in engines.items():
+                    python = self.args.llama_python if kind == "llamacpp" else sys.executable
+                    job = dict(model=self.path, n_ctx=n_ctx, threads=self.args.threads, options=options,
+                               tasks=[task])
+                    runs[name][i] += run_worker(python, kind, job)
+                    print(f"    {task['id']} {name}: done (load {_load():.2f})", file=sys.stderr, flush=True)
+        return {name: [_median_run(task_runs) for task_runs in per_task] for name, per_task in runs.items()}
 
 
 def _median_run(runs: list[dict]) -> dict:
@@ -566,10 +569,10 @@ def main() -> None:
             print(f"\n== {model}: {name} (load average {before:.2f} before)", flush=True)
             report[f"{model}/{name}"] = WORKLOADS[name](bench)
             print(f"  (load average {_load():.2f} after)", flush=True)
+            if args.json:  # after each workload: a long run on a busy machine keeps what it measured
+                with open(args.json, "w") as f:
+                    json.dump(report, f, indent=2)
         bench.llm.close()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
 
 
 if __name__ == "__main__":
