@@ -47,15 +47,10 @@ def test_the_fim_prompt_is_prefix_suffix_middle_as_llamacpp_builds_it(qwen):
 
 @pytest.mark.real_model
 def test_suffix_fills_the_middle_on_qwen_coder(qwen):
-    out = qwen.create_completion(PREFIX, suffix=SUFFIX, max_tokens=8, temperature=0, stop=["\n"])
+    out = qwen.create_completion(PREFIX, suffix=SUFFIX, max_tokens=4, temperature=0, stop=["\n"])
     assert out["choices"][0]["text"] == "a + b"
     ids = infill_prompt_ids(qwen.assets, PREFIX, SUFFIX, qwen._default()._check_ids)
     assert out["usage"]["prompt_tokens"] == len(ids)
-    # The same prompt given as ids gives the same text: the FIM prompt is all there is to it.
-    by_ids = qwen.create_completion(ids, max_tokens=8, temperature=0, stop=["\n"])
-    assert by_ids["choices"][0]["text"] == "a + b"
-    streamed = qwen.create_completion(PREFIX, suffix=SUFFIX, max_tokens=8, temperature=0, stop=["\n"], stream=True)
-    assert "".join(c["choices"][0]["text"] for c in streamed) == "a + b"
 
 
 @pytest.mark.real_model
@@ -80,9 +75,9 @@ def test_echo_puts_the_prompt_before_the_answer(smollm):
     assert chunks[0]["choices"][0]["text"].startswith(prompt + plain["choices"][0]["text"][:1])
     assert "".join(c["choices"][0]["text"] for c in chunks) == echoed["choices"][0]["text"]
     # Nothing generated: the prompt still comes back, in the last (only) chunk.
+    end_at_once = {min(smollm.eos_ids): 100.0}
     empty = list(smollm.create_completion(prompt, max_tokens=4, temperature=0, echo=True, stream=True,
-                                          logit_bias={t: float("-inf") for t in range(smollm.n_vocab)
-                                                      if t not in smollm.eos_ids}))
+                                          logit_bias=end_at_once))
     assert [c["choices"][0]["text"] for c in empty] == [prompt] and empty[-1]["choices"][0]["finish_reason"] == "stop"
 
 

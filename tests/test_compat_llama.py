@@ -18,7 +18,7 @@ from elelem.compat import Llama, LlamaState
 from elelem.compat import llama_options
 from elelem.errors import ContextLimitError, ElelemError, InvalidArgumentError
 from fixtures import make_compat_fixtures as ref_script
-from llamacpp_reference import FIXTURES, THREADS, file_sha256, kernel_mismatch, run_script, skip_or_fail
+from llamacpp_reference import FIXTURES, THREADS
 
 pytestmark = pytest.mark.real_model
 
@@ -34,23 +34,11 @@ def llm(smollm_path):
         yield llama
 
 
-def llamacpp_answers(name: str, path: Path) -> dict:
-    """make_compat_fixtures.py's output: live under the reference build, else a stored fixture made with
-    this machine's kernels (skipped, or failed under CI=true, otherwise)."""
-    options = ["--only", name]
-    live = run_script("make_compat_fixtures.py", ["--out-dir", "{out}", "--models-dir", str(Path(path).parent),
-                                                  *options],
-                      options, [Path(path), FIXTURES / "make_greedy_fixtures.py"], [f"{name}.json"])
-    if live is not None:
-        return live[f"{name}.json"]
-    stored = json.loads((FIXTURES / "compat" / f"{name}.json").read_text(encoding="utf-8"))
-    diffs = kernel_mismatch(stored["header"]["kernels"])
-    if stored["header"]["model_file_sha256"] != file_sha256(Path(path)):
-        diffs.append("the model file differs")
-    if diffs:
-        skip_or_fail("no llama.cpp reference build here, and the stored compat fixture does not match: "
-                     + "; ".join(diffs))
-    return stored
+def llamacpp_answers(llamacpp, name: str, path: Path) -> dict:
+    """make_compat_fixtures.py's output for one model: live under the reference build, else a stored
+    fixture made with this machine's kernels (tests/llamacpp_reference.py)."""
+    return llamacpp._per_model("make_compat_fixtures.py", "compat", name, path,
+                               [FIXTURES / "make_greedy_fixtures.py", FIXTURES / "per_model_fixture.py"])
 
 
 # -- the README's high-level API ---------------------------------------------------
@@ -72,8 +60,8 @@ def test_readme_completion_with_stop_and_echo(llm, smollm_path):
     assert output["choices"][0]["finish_reason"] in ("stop", "length")
 
 
-def test_readme_examples_give_llamacpp_python_s_greedy_answers(llm, smollm_path):
-    reference = llamacpp_answers("smollm2-135m", smollm_path)
+def test_readme_examples_give_llamacpp_python_s_greedy_answers(llm, smollm_path, llamacpp):
+    reference = llamacpp_answers(llamacpp, "smollm2-135m", smollm_path)
     for (prompt, options), theirs in zip(ref_script.COMPLETIONS, reference["completions"]):
         mine = llm(prompt, temperature=0.0, **options)["choices"][0]
         assert (mine["text"], mine["finish_reason"]) == (theirs["text"], theirs["finish_reason"]), prompt
@@ -87,8 +75,8 @@ def test_readme_examples_give_llamacpp_python_s_greedy_answers(llm, smollm_path)
         assert llm.tokenize(text.encode(), add_bos=add_bos, special=special) == theirs, text
 
 
-def test_fill_in_the_middle_matches_llamacpp_on_qwen_coder(qwen_path):
-    reference = llamacpp_answers("qwen2.5-coder-0.5b", qwen_path)["fim"]
+def test_fill_in_the_middle_matches_llamacpp_on_qwen_coder(qwen_path, llamacpp):
+    reference = llamacpp_answers(llamacpp, "qwen2.5-coder-0.5b", qwen_path)["fim"]
     with Llama(model_path=str(qwen_path), n_threads=THREADS, verbose=False) as qwen:
         out = qwen(ref_script.FIM_PREFIX, suffix=ref_script.FIM_SUFFIX, max_tokens=ref_script.FIM_MAX_TOKENS,
                    temperature=0.0)
@@ -100,13 +88,13 @@ def test_fill_in_the_middle_matches_llamacpp_on_qwen_coder(qwen_path):
 def test_readme_chat_completion(llm):
     messages = [{"role": "system", "content": "You are an assistant who perfectly describes images."},
                 {"role": "user", "content": "Describe this image in detail please."}]
-    reply = llm.create_chat_completion(messages=messages, max_tokens=16)
+    reply = llm.create_chat_completion(messages=messages, max_tokens=8)
     assert set(reply) == COMPLETION_KEYS and reply["object"] == "chat.completion"
     assert reply["id"].startswith("chatcmpl-")
     choice = reply["choices"][0]
     assert set(choice) == {"index", "message", "logprobs", "finish_reason"}
     assert choice["message"]["role"] == "assistant" and choice["message"]["content"]
-    assert reply["usage"]["completion_tokens"] <= 16
+    assert reply["usage"]["completion_tokens"] <= 8
 
 
 def test_readme_json_mode_and_json_schema_mode(llm):
@@ -120,7 +108,7 @@ def test_readme_json_mode_and_json_schema_mode(llm):
     value = json.loads(reply["choices"][0]["message"]["content"])
     assert set(value) == {"team_name"} and isinstance(value["team_name"], str)
     reply = llm.create_chat_completion(messages=messages, response_format={"type": "json_object"},
-                                       temperature=0.0, max_tokens=96)
+                                       temperature=0.0, max_tokens=32)
     if reply["choices"][0]["finish_reason"] == "stop":   # a long reply may be cut by max_tokens
         assert isinstance(json.loads(reply["choices"][0]["message"]["content"]), dict)
     assert reply["choices"][0]["message"]["content"].lstrip().startswith("{")
@@ -155,17 +143,17 @@ def test_grammar_takes_a_llamagrammar_or_its_text(llm):
 
 
 def test_max_tokens_is_clamped_to_the_context_as_llamacpp_python_does(smollm_path):
-    with Llama(model_path=str(smollm_path), n_ctx=32, n_threads=THREADS, verbose=False) as small:
+    with Llama(model_path=str(smollm_path), n_ctx=20, n_threads=THREADS, verbose=False) as small:
         prompt = "Count: one, two, three,"
         n_prompt = len(small.tokenize(prompt.encode()))
         no_end = {t: float("-inf") for t in small.llm.eos_ids}
-        for max_tokens in (100, None, 0, -1):
+        for max_tokens in (100, None, -1):
             out = small(prompt, max_tokens=max_tokens, temperature=0.0, logit_bias=no_end)
-            assert out["usage"]["completion_tokens"] == 32 - n_prompt, max_tokens
+            assert out["usage"]["completion_tokens"] == 20 - n_prompt, max_tokens
             assert out["choices"][0]["finish_reason"] == "length"
         assert small(prompt, max_tokens=3, temperature=0.0, logit_bias=no_end)["usage"]["completion_tokens"] == 3
         with pytest.raises(ValueError):  # the prompt alone fills the context: llama-cpp-python raises too
-            small("word " * 40, max_tokens=4)
+            small("word " * 30, max_tokens=4)
         with pytest.raises(ContextLimitError):
             small.llm.create_completion(prompt, max_tokens=100)  # elelem's own API stays strict
 
@@ -269,9 +257,16 @@ def test_logits_all_keeps_every_row_of_eval(smollm_path):
         full.eval(tokens)
         with elelem.LLM(smollm_path, n_ctx=64, n_threads=THREADS) as plain:
             rows = plain.eval(tokens, all_logits=True)
+            greedy = plain.generate_tokens(tokens, 3)
         np.testing.assert_allclose(full.scores[:len(tokens)], rows, atol=1e-4)
         assert full.sample(temp=0) == int(np.argmax(rows[-1]))
         assert full.sample(temp=0, idx=1) == int(np.argmax(rows[1]))
+        full.eval([])  # nothing to evaluate: a no-op, as in llama-cpp-python
+        assert full.n_tokens == len(tokens)
+        generator = full.generate(tokens, temp=0)  # one token per step: one row each
+        assert [next(generator) for _ in range(3)] == greedy
+        generator.close()
+        assert full.scores[len(tokens) + 1].any() and not full.scores[len(tokens) + 2].any()
 
 
 # -- the constructor ------------------------------------------------------------------

@@ -219,11 +219,14 @@ class Llama:
     def eval(self, tokens: Sequence[int]) -> None:
         """Evaluate ``tokens`` after the cached ones."""
         tokens = list(tokens)
+        if not tokens:
+            return  # as llama-cpp-python: nothing to do
         start = self._llm.n_past
         logits = self._llm.eval(tokens, all_logits=self._logits_all)
         if self._logits_all:
-            self.scores[start:start + len(tokens)] = logits
-            logits = logits[-1]
+            rows = logits.reshape(len(tokens), -1)
+            self.scores[start:start + len(tokens)] = rows
+            logits = rows[-1]
         self._last_logits = logits
 
     def save_state(self) -> LlamaState:
@@ -265,7 +268,7 @@ class Llama:
         sampler = Sampler(self._sampling_params(temp, top_k, top_p, min_p, typical_p, repeat_penalty,
                                                 frequency_penalty, presence_penalty, self._generate_seed()),
                           n_vocab=self.n_vocab())
-        row = _processed(logits, logits_processor, self._input_ids)
+        row = _processed(logits, logits_processor, lambda: self._input_ids)
         constraint = self._constraint(grammar)
         return sampler.sample(row) if constraint is None else constraint.sample(sampler, row, [])
 
@@ -300,7 +303,7 @@ class Llama:
         generated: list[int] = []
         eog = sorted(self._llm.tokenizer.eog_ids)
         while True:
-            row = _processed(self._last_logits, logits_processor, self._input_ids)
+            row = _processed(self._last_logits, logits_processor, lambda: self._input_ids)
             if constraint is not None and constraint.complete:  # the grammar is done: only an end may follow
                 row = np.where(np.isin(np.arange(row.size), eog), row, -np.inf).astype(row.dtype)
                 token = sampler.sample(row, generated)
@@ -448,12 +451,14 @@ def _grammar_text(grammar) -> Optional[str]:
     raise InvalidArgumentError(f"grammar must be GBNF text or a LlamaGrammar, got {type(grammar).__name__}")
 
 
-def _processed(logits: np.ndarray, logits_processor, input_ids: np.ndarray) -> np.ndarray:
+def _processed(logits: np.ndarray, logits_processor, input_ids) -> np.ndarray:
+    """``logits`` through llama-cpp-python's logits processors, called as ``processor(input_ids(), row)``."""
     if logits_processor is None:
         return logits
     row = np.array(logits, dtype=np.float32)
+    ids = input_ids()
     for processor in logits_processor:
-        row = np.asarray(processor(input_ids, row), dtype=np.float32)
+        row = np.asarray(processor(ids, row), dtype=np.float32)
     return row
 
 
