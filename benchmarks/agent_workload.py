@@ -403,8 +403,12 @@ class Bench:
                     python = self.args.llama_python if kind == "llamacpp" else sys.executable
                     job = dict(model=self.path, n_ctx=n_ctx, threads=self.args.threads, options=options,
                                tasks=[task])
-                    runs[name][i] += run_worker(python, kind, job)
-                    print(f"    {task['id']} {name}: done (load {_load():.2f})", file=sys.stderr, flush=True)
+                    [result] = run_worker(python, kind, job)
+                    runs[name][i].append(result)
+                    # As each ends (stderr): a run cut short on a busy machine keeps what it measured.
+                    print(f"    {task['id']} {name}: {result['tokens']} tokens, decode {result['decode_tok_s']:.1f} "
+                          f"tok/s, {result['total_s']:.1f} s end to end (load {_load():.2f})",
+                          file=sys.stderr, flush=True)
         return {name: [_median_run(task_runs) for task_runs in per_task] for name, per_task in runs.items()}
 
 
