@@ -421,7 +421,7 @@ def _median_run(runs: list[dict]) -> dict:
 
 def workload_code_edit(bench: Bench) -> dict:
     tasks = []
-    for name, source, change, marker in CODE_EDITS:
+    for name, source, change, marker in CODE_EDITS[:bench.args.code_edits]:
         ids = bench.chat_ids(code_edit_messages(name, source, change))
         n_file = len(bench.llm.tokenize(source, add_bos=False))
         tasks.append(dict(id=name, prompt_ids=ids, max_tokens=n_file + 96, marker=marker))
@@ -549,6 +549,8 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--code-edits", type=int, default=len(CODE_EDITS), metavar="N",
+                    help=f"run the first N of the {len(CODE_EDITS)} code-edit tasks (a quick look)")
     ap.add_argument("--llama-python", required=False, default=None,
                     help="a Python that imports llama_cpp: python scripts/reference_llamacpp.py --check")
     ap.add_argument("--max-load", type=float, default=1.5, help="wait for the 1-minute load average to be below this")
