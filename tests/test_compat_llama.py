@@ -18,7 +18,7 @@ from elelem.compat import Llama, LlamaState
 from elelem.compat import llama_options
 from elelem.errors import ContextLimitError, ElelemError, InvalidArgumentError
 from fixtures import make_compat_fixtures as ref_script
-from llamacpp_reference import FIXTURES, THREADS
+from llamacpp_reference import FIXTURES, THREADS, elelem_kernel_options
 
 pytestmark = pytest.mark.real_model
 
@@ -30,7 +30,9 @@ USAGE_KEYS = {"prompt_tokens", "completion_tokens", "total_tokens"}
 
 @pytest.fixture(scope="module")
 def llm(smollm_path):
-    with Llama(model_path=str(smollm_path), n_threads=THREADS, verbose=False) as llama:
+    # elelem_kernel_options: the reference's kernels (no AMX) on a CPU with AMX.
+    with Llama(model_path=str(smollm_path), n_threads=THREADS, verbose=False,
+               elelem_options=elelem_kernel_options()) as llama:
         yield llama
 
 
@@ -77,7 +79,8 @@ def test_readme_examples_give_llamacpp_python_s_greedy_answers(llm, smollm_path,
 
 def test_fill_in_the_middle_matches_llamacpp_on_qwen_coder(qwen_path, llamacpp):
     reference = llamacpp_answers(llamacpp, "qwen2.5-coder-0.5b", qwen_path)["fim"]
-    with Llama(model_path=str(qwen_path), n_threads=THREADS, verbose=False) as qwen:
+    with Llama(model_path=str(qwen_path), n_threads=THREADS, verbose=False,
+               elelem_options=elelem_kernel_options()) as qwen:
         out = qwen(ref_script.FIM_PREFIX, suffix=ref_script.FIM_SUFFIX, max_tokens=ref_script.FIM_MAX_TOKENS,
                    temperature=0.0)
         assert out["usage"]["prompt_tokens"] == len(reference["prompt_ids"])
@@ -289,7 +292,8 @@ def test_every_keyword_is_accepted_and_those_without_effect_are_logged_once(smol
 
 def test_the_keywords_that_map(smollm_path):
     with Llama(model_path=str(smollm_path), n_ctx=0, n_batch=4096, n_threads=1, type_k=8, type_v="f16",
-               use_mmap=False, verbose=False) as made:
+               use_mmap=False, verbose=False, elelem_options={"speculative": False}) as made:
+        assert not made.llm.engine.speculative
         assert made.n_ctx() == 8192 == made.llm.hparams["n_ctx_train"]   # 0: the trained context
         assert made.n_batch == 4096 and made.n_threads == 1
         cache = made.llm.engine.context.cache

@@ -17,6 +17,7 @@ stays as strict as it is.  What it adapts:
   window), ``logits_all`` (``eval`` keeps every row in ``scores``),
   ``spm_infill``, ``embedding``/``pooling_type``; the rest are accepted and,
   where they would change something in llama.cpp, logged once;
+  ``elelem_options`` passes more keywords to ``elelem.LLM``;
 * ``max_tokens``: None or <= 0 means up to the end of the context, and a
   ``max_tokens`` that does not fit after the prompt is cut to what does, as
   llama-cpp-python does (elelem itself raises ``ContextLimitError``);
@@ -83,7 +84,10 @@ class Llama:
                  seed: int = LLAMA_DEFAULT_SEED, use_mmap: bool = True, flash_attn: bool = False,
                  type_k: Any = None, type_v: Any = None, logits_all: bool = False, embedding: bool = False,
                  pooling_type: int = -1, last_n_tokens_size: int = 64, spm_infill: bool = False,
-                 chat_format: Optional[str] = None, verbose: bool = True, **kwargs: Any):
+                 chat_format: Optional[str] = None, verbose: bool = True,
+                 elelem_options: Optional[dict] = None, **kwargs: Any):
+        """``elelem_options`` (not a llama-cpp-python keyword) are more keywords for
+        :class:`elelem.LLM`: ``{"prompt_cache": DIR}``, ``{"repack": False}``, ..."""
         options.check_ignored({"chat_format": chat_format, **kwargs})
         self.model_path = str(model_path)
         self.verbose = verbose      # elelem never prints: it logs to logging.getLogger("elelem")
@@ -99,7 +103,7 @@ class Llama:
         self._llm = LLM(path, n_ctx=n_ctx, n_batch=self.n_batch, n_threads=n_threads, use_mmap=use_mmap,
                         flash_attn=flash_attn, type_k=options.kv_type_name("type_k", type_k),
                         type_v=options.kv_type_name("type_v", type_v),
-                        **options.embedding_options(LLM, embedding, pooling_type))
+                        **options.embedding_options(LLM, embedding, pooling_type), **(elelem_options or {}))
         self.n_threads = self._llm.n_threads
         self.n_threads_batch = self.n_threads
         if n_threads_batch is not None and n_threads_batch != self.n_threads:
