@@ -504,16 +504,24 @@ def workload_long_context(bench: Bench) -> dict:
 
 
 def workload_prompt_cache(bench: Bench) -> dict:
-    """(d) ---- HOOK for issue 15 part 2 (the persistent prompt cache) ----
-
-    To measure: a fresh process under a 1,500-token system prompt reaches its
-    first token in at most 0.25x the time of a cold one, with the same greedy
-    answer; and the cache's size on disk per 1,000 tokens.  Build the tasks
-    and engines here as the other workloads do (``bench.run``), e.g. elelem
-    with ``{"prompt_cache": DIR}`` run twice (cold, then warm) beside
-    llama-cpp-python; return a dict of results."""
-    print("  not measured yet: the prompt cache (issue 15 part 2) adds this workload")
-    return {}
+    """(d) the persistent prompt cache: fresh processes under a 1,500-token
+    system prompt, cold and warm, elelem's ``prompt_cache=`` beside
+    llama-cpp-python's ``LlamaDiskCache`` (benchmarks/prompt_cache.py does
+    the measuring; goal: warm TTFT <= 0.25x cold, the same greedy answer)."""
+    import types
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import prompt_cache
+    options = types.SimpleNamespace(threads=bench.args.threads, rules=0)
+    options.rules = prompt_cache._rules_for(bench.llm, 1500)
+    n_tokens = len(bench.llm.tokenize(prompt_cache.system_prompt(options.rules)))
+    results = {}
+    print(f"  {'engine':<18}{'cold TTFT s':>12}{'warm TTFT s':>12}{'warm/cold':>10}{'same':>6}{'MiB/1k':>8}")
+    for label, kind, python in (("elelem", "elelem", sys.executable),
+                                ("llama-cpp-python", "llamacpp", bench.args.llama_python)):
+        r = results[label] = prompt_cache.measure(kind, python, bench.path, n_tokens, options)
+        print(f"  {label:<18}{r['cold_ttft_s']:>12.3f}{r['warm_ttft_s']:>12.3f}{r['ratio']:>10.3f}"
+              f"{str(r['same_answer']):>6}{r['disk_mib_per_1k']:>8.1f}")
+    return dict(system_tokens=n_tokens, results=results)
 
 
 WORKLOADS = {"code-edit": workload_code_edit, "free-text": workload_free_text,

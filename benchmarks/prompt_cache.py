@@ -11,9 +11,10 @@ prompt.  For each engine, each in fresh subprocesses (greedy, 32 tokens):
 * prime: another fresh process asks question A (the cache gets the system prompt);
 * warm:  a fresh process asks question B again, over the primed folder.
 
-Reported: time to first token (from the request, the model already loaded),
-warm / cold (goal for elelem: <= 0.25), whether warm gives cold's greedy
-answer, and the cache's size on disk per 1,000 tokens.  llama-cpp-python
+Reported: time to first token (from the request, the model loaded and its
+tokenizer and template built: elelem builds them on first use, llama.cpp at
+load), warm / cold (goal for elelem: <= 0.25), the load time, whether warm
+gives cold's greedy answer, and the cache's size on disk per 1,000 tokens.  llama-cpp-python
 runs with ``Llama.set_cache(LlamaDiskCache(folder))``, its documented disk
 cache.  Its reference build: ``python scripts/reference_llamacpp.py --check``.
 """
@@ -49,7 +50,11 @@ def system_prompt(n_rules: int) -> str:
 
 def worker_elelem(model: str, folder: str, question: str, threads: int, n_rules: int) -> dict:
     import elelem
+    t0 = time.perf_counter()
     llm = elelem.LLM(model, n_ctx=4096, n_threads=threads, prompt_cache=folder)
+    llm.detokenize(llm.tokenize("warm up"))       # the tokenizer and its decode table, built on first use
+    llm.assets.chat_template
+    load = time.perf_counter() - t0
     messages = [{"role": "system", "content": system_prompt(n_rules)}, {"role": "user", "content": QUESTIONS[question]}]
     t0 = time.perf_counter()
     stream = llm.chat_stream(messages, max_tokens=N_NEW, temperature=0.0)
@@ -63,12 +68,14 @@ def worker_elelem(model: str, folder: str, question: str, threads: int, n_rules:
     cache = llm.engine.prompt_cache
     loaded = cache.loaded_tokens
     llm.close()                      # waits for the cache's write
-    return dict(ttft_s=ttft, total_s=total, text="".join(pieces), loaded_tokens=loaded)
+    return dict(ttft_s=ttft, total_s=total, text="".join(pieces), loaded_tokens=loaded, load_s=load)
 
 
 def worker_llamacpp(model: str, folder: str, question: str, threads: int, n_rules: int) -> dict:
     from llama_cpp import Llama, LlamaDiskCache
+    t0 = time.perf_counter()
     llm = Llama(model, n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False)
+    load = time.perf_counter() - t0
     llm.set_cache(LlamaDiskCache(cache_dir=folder))
     messages = [{"role": "system", "content": system_prompt(n_rules)}, {"role": "user", "content": QUESTIONS[question]}]
     t0 = time.perf_counter()
@@ -81,7 +88,7 @@ def worker_llamacpp(model: str, folder: str, question: str, threads: int, n_rule
                 ttft = time.perf_counter() - t0
             pieces.append(piece)
     total = time.perf_counter() - t0
-    return dict(ttft_s=ttft, total_s=total, text="".join(pieces), loaded_tokens=None)
+    return dict(ttft_s=ttft, total_s=total, text="".join(pieces), loaded_tokens=None, load_s=load)
 
 
 # -- the driver ----------------------------------------------------------------------------------
@@ -108,7 +115,7 @@ def measure(engine: str, python: str, model: str, n_tokens: int, args) -> dict:
     stored = n_tokens + N_NEW      # the primed sequence: system prompt, question A and its answer
     return dict(cold_ttft_s=cold["ttft_s"], warm_ttft_s=warm["ttft_s"], ratio=warm["ttft_s"] / cold["ttft_s"],
                 same_answer=warm["text"] == cold["text"], loaded_tokens=warm["loaded_tokens"],
-                disk_mib_per_1k=size / 2**20 / (stored / 1000), prime_ttft_s=prime["ttft_s"])
+                disk_mib_per_1k=size / 2**20 / (stored / 1000), prime_ttft_s=prime["ttft_s"], load_s=warm["load_s"])
 
 
 def main() -> None:
@@ -134,7 +141,7 @@ def main() -> None:
     print(f"# load average {os.getloadavg()[0]:.2f}; {args.threads} threads; {N_NEW} greedy tokens; "
           f"llama-cpp-python: {llama_python or 'not found (elelem only)'}")
     print(f"{'model':22} {'engine':16} {'sys tok':>7} {'cold TTFT':>10} {'warm TTFT':>10} {'warm/cold':>9} "
-          f"{'same':>5} {'MiB/1k tok':>10}")
+          f"{'same':>5} {'MiB/1k tok':>10} {'load':>7}")
     for name in args.models:
         path = str(resolve_model(name))
         with elelem.LLM(path, n_ctx=4096) as llm:
@@ -144,7 +151,8 @@ def main() -> None:
         for label, python in engines:
             r = measure("elelem" if label == "elelem" else "llamacpp", python, path, n_tokens, args)
             print(f"{name:22} {label:16} {n_tokens:7d} {r['cold_ttft_s']:9.3f}s {r['warm_ttft_s']:9.3f}s "
-                  f"{r['ratio']:9.3f} {str(r['same_answer']):>5} {r['disk_mib_per_1k']:10.1f}", flush=True)
+                  f"{r['ratio']:9.3f} {str(r['same_answer']):>5} {r['disk_mib_per_1k']:10.1f} {r['load_s']:6.2f}s",
+                  flush=True)
 
 
 def _rules_for(llm, target_tokens: int) -> int:
