@@ -304,8 +304,10 @@ class Engine:
                         self._cv.wait(timeout=0.05)
                         continue
                     raise RuntimeError("the engine has nothing to run for a request that is not done (a bug)")
-                self._stepping = True
                 t0 = time.perf_counter()
+                # Nothing between setting _stepping and the try: a Ctrl-C landing there
+                # would leave it set, and every later wait for an idle engine would hang.
+                self._stepping = True
                 try:
                     self._cv.release()
                     try:
