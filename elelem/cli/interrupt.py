@@ -50,8 +50,10 @@ class AnswerInterrupts:
         session: Optional[object] = self._session
         if session is None:
             raise KeyboardInterrupt
+        # Only record it: the watcher thread cancels.  Cancelling here, in the main
+        # thread, deadlocked when the signal landed while this thread held the
+        # engine's lock (planning a step, drafting tokens): cancel() takes that lock.
         self.interrupted = True
-        session.cancel()  # covers a step that is in Python code, not native compute
 
     def _watch(self, read_fd: int) -> None:
         while True:
