@@ -182,6 +182,24 @@ class Reference:
 
         return self._once("arch", make)
 
+    def bert_embeddings(self, models_dir: Path, names: list[str]) -> dict:
+        """make_bert_fixtures.py's output for the <name>.gguf encoders in models_dir."""
+        files = [models_dir / f"{n}.gguf" for n in names]
+
+        def same_models(stored):
+            return [f"{n}: model file differs" for n, f in zip(names, files)
+                    if stored["configs"].get(n, {}).get("model_sha256") != file_sha256(f)]
+
+        def make():
+            live = run_script("make_bert_fixtures.py",
+                              ["--out", "{out}/bert_embeddings.json", "--models-dir", str(models_dir)],
+                              [], files, ["bert_embeddings.json"])
+            if live is None:
+                return self._stored(FIXTURES / "bert_embeddings.json", same_models)
+            return live["bert_embeddings.json"]
+
+        return self._once("bert", make)
+
     def greedy(self, name: str, model_path: Path) -> dict:
         """make_greedy_fixtures.py's output for one model (a key of its MODELS)."""
         return self._per_model("make_greedy_fixtures.py", "greedy", name, model_path)
@@ -201,6 +219,23 @@ class Reference:
         """make_embedding_fixtures.py's output for one model (a key of make_greedy_fixtures.MODELS)."""
         return self._per_model("make_embedding_fixtures.py", "embeddings", name, model_path,
                                [FIXTURES / "make_greedy_fixtures.py", FIXTURES / "per_model_fixture.py"])
+
+    def wordpiece(self) -> dict:
+        """make_wpm_fixtures.py's output: llama.cpp's ids and text for the vocabularies of tests/wpm_vocabs.py."""
+        import wpm_vocabs
+
+        def same_vocabs(stored):
+            digests = stored["header"].get("vocab_digests", {})
+            return [f"vocabulary {n} differs" for n in wpm_vocabs.VOCABS if digests.get(n) != wpm_vocabs.digest(n)]
+
+        def make():
+            live = run_script("make_wpm_fixtures.py", ["--out", "{out}/tokenize_wpm.json"], [],
+                              [ROOT / "tests" / "wpm_vocabs.py"], ["tokenize_wpm.json"])
+            if live is None:
+                return self._stored(FIXTURES / "tokenize_wpm.json", same_vocabs)
+            return live["tokenize_wpm.json"]
+
+        return self._once("wordpiece", make)
 
     def _per_model(self, script: str, stored_dir: str, name: str, model_path: Path,
                    extra_inputs: list[Path] = ()) -> dict:

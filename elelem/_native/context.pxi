@@ -200,6 +200,10 @@ cdef class Context:
         if n > self.n_batch:
             raise errors.InvalidArgumentError(f"a step takes at most n_batch={self.n_batch} tokens, got {n}")
         cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] seqs = _checked_seq_ids(seq_ids, n, self.cache.n_seq_max)
+        if self.model.hp.encoder and not embeddings:
+            raise errors.InvalidArgumentError("this model is an encoder (BERT family): it gives embeddings, not logits")
+        if not self.model.hp.causal:
+            _check_whole_sequences(self.cache, seqs)
         cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] rows = _output_rows(outputs, seqs)
         cdef int n_outputs = rows.shape[0]
         cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] cells = np.empty(n, dtype=np.int32)
@@ -262,6 +266,16 @@ cdef class Context:
         if status == GGML_STATUS_ABORTED:
             PyErr_CheckSignals()  # raises the pending KeyboardInterrupt, if Ctrl-C was the cause
         _check_status(status, "computing a step")
+
+
+cdef void _check_whole_sequences(KVCache cache, cnp.ndarray seqs) except *:
+    # Without a causal mask a token sees its whole sequence, later tokens too,
+    # so a sequence is evaluated in one step from an empty start.
+    for s in np.unique(seqs).tolist():
+        if cache.seq_length[s] != 0:
+            raise errors.InvalidArgumentError(
+                f"an encoder evaluates a sequence in one step; sequence {s} already holds "
+                f"{cache.seq_length[s]} positions")
 
 
 cdef cnp.ndarray _checked_ids(tokens, int n_vocab):

@@ -93,6 +93,8 @@ cdef extern from "ggml.h" nogil:
     ggml_tensor * ggml_scale(ggml_context * ctx, ggml_tensor * a, float s)
     ggml_tensor * ggml_mul_mat(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     ggml_tensor * ggml_rms_norm(ggml_context * ctx, ggml_tensor * a, float eps)
+    ggml_tensor * ggml_norm(ggml_context * ctx, ggml_tensor * a, float eps)
+    ggml_tensor * ggml_gelu(ggml_context * ctx, ggml_tensor * a)
     ggml_tensor * ggml_get_rows(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     ggml_tensor * ggml_cpy(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     ggml_tensor * ggml_set_rows(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, ggml_tensor * c)

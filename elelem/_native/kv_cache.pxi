@@ -204,8 +204,8 @@ cdef class KVCache:
         return min(self.kv_size, ((self.used_end + KV_PAD - 1) // KV_PAD) * KV_PAD)
 
     cdef void fill_mask(self, void * out, int n_tokens, int n_kv, const int32_t * seqs, const int32_t * positions,
-                        int n_swa, bint f16) noexcept nogil:
-        _fill_mask(out, n_tokens, n_kv, self.cell_pos, self.cell_seqs, seqs, positions, n_swa, f16)
+                        int n_swa, bint f16, bint causal) noexcept nogil:
+        _fill_mask(out, n_tokens, n_kv, self.cell_pos, self.cell_seqs, seqs, positions, n_swa, f16, causal)
 
 
 cdef uint16_t F16_ZERO = 0x0000
@@ -259,10 +259,13 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
 
 
 cdef void _fill_mask(void * out, int n_tokens, int n_kv, const int32_t * cell_pos, const uint64_t * cell_seqs,
-                     const int32_t * seqs, const int32_t * positions, int n_swa, bint f16) noexcept nogil:
+                     const int32_t * seqs, const int32_t * positions, int n_swa, bint f16,
+                     bint causal) noexcept nogil:
     """Row i (a token of sequence s at position p) may see cell j iff s sees j
     and j's position is <= p, and, with a sliding window, p - pos < n_swa.
-    Written as float16 (flash attention wants it) or float32 (softmax)."""
+    Without ``causal`` (an encoder: BERT) the position test is dropped: every
+    token sees every cell of its sequence.  Written as float16 (flash
+    attention wants it) or float32 (softmax)."""
     cdef int i, j, p
     cdef uint64_t bit
     cdef bint visible
@@ -273,7 +276,8 @@ cdef void _fill_mask(void * out, int n_tokens, int n_kv, const int32_t * cell_po
         p = positions[i]
         bit = (<uint64_t> 1) << seqs[i]
         for j in range(n_kv):
-            visible = (cell_seqs[j] & bit) != 0 and cell_pos[j] <= p and (n_swa == 0 or p - cell_pos[j] < n_swa)
+            visible = (cell_seqs[j] & bit) != 0 and (cell_pos[j] <= p or not causal) \
+                and (n_swa == 0 or p - cell_pos[j] < n_swa)
             at = <size_t> i * n_kv + j
             if f16:
                 h[at] = F16_ZERO if visible else F16_NEG_INF
@@ -281,7 +285,7 @@ cdef void _fill_mask(void * out, int n_tokens, int n_kv, const int32_t * cell_po
                 f[at] = 0.0 if visible else -INFINITY
 
 
-def attention_mask(cell_pos, cell_seqs, seqs, positions, int n_swa=0):
+def attention_mask(cell_pos, cell_seqs, seqs, positions, int n_swa=0, bint causal=True):
     """The mask the cache builds for a batch, as float32 ``(n_tokens, n_cells)``
     (0 or -inf): ``cell_pos``/``cell_seqs`` describe the cells (position, -1
     when free; bitmask of sequences), ``seqs``/``positions`` the batch's tokens."""
@@ -295,7 +299,7 @@ def attention_mask(cell_pos, cell_seqs, seqs, positions, int n_swa=0):
         raise ValueError(f"need n_swa >= 0 and sequence ids in [0, {MAX_SEQ})")
     out = np.empty((ts.shape[0], cp.shape[0]), dtype=np.float32)
     cdef float[:, ::1] view = out
-    _fill_mask(&view[0, 0], ts.shape[0], cp.shape[0], &cp[0], &cs[0], &ts[0], &tp[0], n_swa, False)
+    _fill_mask(&view[0, 0], ts.shape[0], cp.shape[0], &cp[0], &cs[0], &ts[0], &tp[0], n_swa, False, causal)
     return out
 
 

@@ -25,6 +25,9 @@ cdef struct HParams:
     float attn_scale      # multiplies Q.K
     float embd_scale      # multiplies the token embeddings (1 for most)
     int n_swa             # sliding window width, 0 if none
+    float norm_eps        # LayerNorm's epsilon (BERT)
+    bint causal           # a token sees only earlier positions; else its whole sequence (BERT's default)
+    bint encoder          # no output head: the output is the last hidden state (BERT family)
 
 cdef struct LayerWeights:
     ggml_tensor * attn_norm       # (n_embd)
@@ -44,10 +47,21 @@ cdef struct LayerWeights:
     ggml_tensor * ffn_up          # (n_embd, n_ff)
     ggml_tensor * ffn_down        # (n_ff, n_embd)
     ggml_tensor * ffn_post_norm   # optional norm after the FFN (n_embd)
+    # BERT-family encoders: post-norm LayerNorms with biases, biased FFN, fused QKV.
+    ggml_tensor * wqkv            # (n_embd, Q + K + V widths); wq/wk/wv are NULL with it
+    ggml_tensor * bqkv
+    ggml_tensor * attn_out_norm   # LayerNorm after attention + residual (n_embd)
+    ggml_tensor * attn_out_norm_b
+    ggml_tensor * ffn_up_b        # (n_ff)
+    ggml_tensor * ffn_down_b      # (n_embd)
+    ggml_tensor * layer_out_norm  # LayerNorm after the FFN + residual (n_embd)
+    ggml_tensor * layer_out_norm_b
 
 # Python-side role names, in the order of LayerWeights' fields.
 LAYER_ROLES = ("attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo", "q_norm", "k_norm",
-               "attn_post_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "ffn_post_norm")
+               "attn_post_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "ffn_post_norm",
+               "wqkv", "bqkv", "attn_out_norm", "attn_out_norm_b", "ffn_up_b", "ffn_down_b",
+               "layer_out_norm", "layer_out_norm_b")
 
 cdef inline ggml_tensor ** _role_slot(LayerWeights * lw, int i) noexcept:
     return (<ggml_tensor **> lw) + i
@@ -90,6 +104,11 @@ cdef class Model:
     cdef ggml_tensor * output_norm      # (n_embd)
     cdef ggml_tensor * output           # (n_embd, n_vocab); tok_embd when tied
     cdef ggml_tensor * rope_freqs       # optional (n_rot / 2) frequency factors
+    # Encoder inputs (BERT): absolute positions, token type 0, the LayerNorm of the sum.
+    cdef ggml_tensor * pos_embd         # optional (n_embd, n_ctx_train)
+    cdef ggml_tensor * type_embd        # optional (n_embd, n_token_types)
+    cdef ggml_tensor * tok_norm         # optional (n_embd), with tok_norm_b
+    cdef ggml_tensor * tok_norm_b
     cdef readonly object path
     cdef readonly dict hparams
     cdef readonly str description
@@ -109,6 +128,7 @@ cdef class Model:
         self.n_repacked = 0
         self.repacked = {}
         self.tok_embd = self.output_norm = self.output = self.rope_freqs = NULL
+        self.pos_embd = self.type_embd = self.tok_norm = self.tok_norm_b = NULL
         self.closed = True
 
     def __init__(self, *args, **kwargs):
@@ -170,6 +190,16 @@ cdef class Model:
     def n_layer(self):
         return self.hp.n_layer
 
+    @property
+    def causal(self):
+        """False where tokens attend to their whole sequence (BERT)."""
+        return bool(self.hp.causal)
+
+    @property
+    def encoder(self):
+        """True for an encoder (BERT family): embeddings, but no logits."""
+        return bool(self.hp.encoder)
+
     cdef ggml_tensor * _tensor(self, name, bint required) except? NULL:
         cdef bytes b = name.encode()
         cdef ggml_tensor * t = NULL
@@ -225,12 +255,17 @@ def open_model(path, str builder, dict hparams, dict global_tensors, list layer_
                         None if amx_types is None else frozenset(amx_types))
 
     m.tok_embd = m._tensor(global_tensors["tok_embd"], True)
-    m.output_norm = m._tensor(global_tensors["output_norm"], True)
+    on = global_tensors.get("output_norm")   # an encoder has none
+    m.output_norm = m._tensor(on, True) if on else NULL
     m.output = m._tensor(global_tensors.get("output") or TIED_OUTPUT_NAME.decode(), False)
     if m.output == NULL:
         m.output = m.tok_embd  # tied output, not repacked
     rf = global_tensors.get("rope_freqs")
     m.rope_freqs = m._tensor(rf, False) if rf else NULL
+    m.pos_embd = _optional_tensor(m, global_tensors, "pos_embd")
+    m.type_embd = _optional_tensor(m, global_tensors, "type_embd")
+    m.tok_norm = _optional_tensor(m, global_tensors, "tok_norm")
+    m.tok_norm_b = _optional_tensor(m, global_tensors, "tok_norm_b")
 
     m.layers = <LayerWeights *> calloc(m.hp.n_layer, sizeof(LayerWeights))
     m.swa_layers = <unsigned char *> calloc(m.hp.n_layer, 1)
@@ -249,6 +284,11 @@ def open_model(path, str builder, dict hparams, dict global_tensors, list layer_
                 _role_slot(&m.layers[il], ir)[0] = m._tensor(name, True)
     m.closed = False
     return m
+
+
+cdef ggml_tensor * _optional_tensor(Model m, dict global_tensors, str role) except? NULL:
+    name = global_tensors.get(role)
+    return m._tensor(name, True) if name else NULL
 
 
 cdef void _fill_hparams(HParams * hp, dict h) except *:
@@ -271,6 +311,9 @@ cdef void _fill_hparams(HParams * hp, dict h) except *:
     hp.attn_scale = h["attn_scale"]
     hp.embd_scale = h.get("embd_scale", 1.0)
     hp.n_swa = h.get("n_swa", 0)
+    hp.norm_eps = h.get("norm_eps", 1e-12)
+    hp.causal = h.get("causal", True)
+    hp.encoder = h.get("encoder", False)
 
 
 cdef void _map_weights(Model m, bytes bpath, bint use_mmap) except *:

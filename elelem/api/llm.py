@@ -80,7 +80,8 @@ class LLM:
     ``n_ctx``), and ``n_seq_max`` how many sequences -- sessions, and calls
     running at once -- it can hold (default 16, at most 64).
     ``kv_type`` is the type of the cached keys and values: ``"f16"`` (as
-    llama.cpp), ``"f32"``, or the quantized ``"q8_0"`` (half of f16's memory)
+    llama.cpp; ``"f32"`` for an encoder, whose K and V llama.cpp never
+    rounds since it keeps no cache for them), ``"f32"``, or the quantized ``"q8_0"`` (half of f16's memory)
     and ``"q4_0"`` (under a third); ``type_k`` and ``type_v`` set K and V
     apart, as llama.cpp's options of those names.  A quantized V needs flash
     attention, which is then turned on.  ``flash_attn``
@@ -124,7 +125,7 @@ class LLM:
     """
 
     def __init__(self, model_path: str | os.PathLike | None = None, *, n_ctx: Optional[int] = None,
-                 n_threads: Optional[int] = None, n_batch: int = 512, kv_type: str = "f16",
+                 n_threads: Optional[int] = None, n_batch: int = 512, kv_type: Optional[str] = None,
                  flash_attn: bool = False, repack: bool = True, amx: Optional[bool] = None,
                  use_mmap: bool = True, n_seq_max: int = DEFAULT_N_SEQ_MAX, kv_size: Optional[int] = None,
                  type_k: Optional[str] = None, type_v: Optional[str] = None,
@@ -140,6 +141,12 @@ class LLM:
         self.spec: ModelSpec = model_spec(self.gguf)
         n_ctx_train = self.spec.hparams["n_ctx_train"]
         n_ctx = min(n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else _checked_n_ctx(n_ctx)
+        if self.spec.arch.encoder:
+            # An encoder evaluates each text in one step (its tokens see each other), and
+            # llama.cpp keeps its K and V in float32.
+            n_batch = max(n_batch, n_ctx) if isinstance(n_batch, int) else n_batch
+            kv_type = kv_type or "f32"
+        kv_type = kv_type or "f16"
         self._model = open_model(self.path, self.spec.arch.builder, self.spec.hparams,
                                        self.spec.global_tensors, self.spec.layer_tensors,
                                        self.spec.description, self.spec.matmul_weights(), repack,

@@ -199,6 +199,10 @@ class Engine:
         graph's output is not logits)."""
         if not tokens:
             raise InvalidArgumentError("cannot embed an empty list of tokens")
+        if not self._ctx.model.causal and len(tokens) > self._ctx.n_batch:
+            # Its tokens see the whole sequence, so it is one step (as in llama.cpp, whose n_ubatch must hold it).
+            raise ContextLimitError(f"this model's tokens attend to their whole sequence, which must fit one "
+                                    f"step: {len(tokens)} tokens, n_batch is {self._ctx.n_batch}")
         own = seq is None
         seq = self.open_sequence() if own else seq
         try:
@@ -283,6 +287,9 @@ class Engine:
         with self._cv:
             if not own.done and own not in self._active:
                 self._check_open()
+                if self._ctx.model.encoder:
+                    raise InvalidArgumentError("this model is an encoder (BERT family): it gives embeddings "
+                                               "(embed, create_embedding), not generated text")
                 self._active.append(own)
                 self._seq_request[own.seq] = own
             while not ready():

@@ -40,12 +40,25 @@ LAYER_TENSOR_NAMES = {
     "ffn_up": "blk.{i}.ffn_up.weight",
     "ffn_down": "blk.{i}.ffn_down.weight",
     "ffn_post_norm": "blk.{i}.post_ffw_norm.weight",
+    # BERT-family encoders
+    "wqkv": "blk.{i}.attn_qkv.weight",
+    "bqkv": "blk.{i}.attn_qkv.bias",
+    "attn_out_norm": "blk.{i}.attn_output_norm.weight",
+    "attn_out_norm_b": "blk.{i}.attn_output_norm.bias",
+    "ffn_up_b": "blk.{i}.ffn_up.bias",
+    "ffn_down_b": "blk.{i}.ffn_down.bias",
+    "layer_out_norm": "blk.{i}.layer_output_norm.weight",
+    "layer_out_norm_b": "blk.{i}.layer_output_norm.bias",
 }
 GLOBAL_TENSOR_NAMES = {
     "tok_embd": "token_embd.weight",
     "output_norm": "output_norm.weight",
     "output": "output.weight",
     "rope_freqs": "rope_freqs.weight",
+    "pos_embd": "position_embd.weight",
+    "type_embd": "token_types.weight",
+    "tok_norm": "token_embd_norm.weight",
+    "tok_norm_b": "token_embd_norm.bias",
 }
 
 # ggml types the CPU backend can multiply (as the weight of a mul_mat) and
@@ -62,8 +75,13 @@ _VECTOR_TYPES = frozenset({"F32"})
 MAX_LAYERS = 1024
 MAX_WIDTH = 1 << 20
 
-_MATMUL_ROLES = frozenset({"wq", "wk", "wv", "wo", "ffn_gate", "ffn_up", "ffn_down"})
+_MATMUL_ROLES = frozenset({"wq", "wk", "wv", "wqkv", "wo", "ffn_gate", "ffn_up", "ffn_down"})
 _ATTN_FFN = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+_DECODER_GLOBALS = ("tok_embd", "output_norm")
+# BERT-family blocks: post-norm LayerNorms with biases; Q/K/V separate or fused.
+_ENCODER_BLOCK = ("wo", "attn_out_norm", "attn_out_norm_b", "ffn_up", "ffn_down",
+                  "layer_out_norm", "layer_out_norm_b")
+_ENCODER_OPTIONAL = ("wq", "wk", "wv", "bq", "bk", "bv", "wqkv", "bqkv", "bo", "ffn_up_b", "ffn_down_b")
 
 
 @dataclass(frozen=True)
@@ -75,11 +93,14 @@ class Architecture:
     optional: tuple[str, ...] = ()    # per-layer roles used when present
     activation: str = "silu"          # gated FFN activation: "silu" or "gelu"
     # hyperparameter hooks: derive what is special to this architecture
-    derive: Optional[Callable[[dict, Callable[[str, Any], Any]], None]] = None
+    derive: Optional[Callable[[dict, Callable[[str, Any], Any], GGUFFile], None]] = None
     description: str = ""
+    global_required: tuple[str, ...] = _DECODER_GLOBALS   # model-wide roles that must exist
+    global_optional: tuple[str, ...] = ("output", "rope_freqs")
+    encoder: bool = False             # no output head: embeddings only (BERT family)
 
 
-def _gemma3(h: dict, key: Callable[[str, Any], Any]) -> None:
+def _gemma3(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
     # Gemma 3 scales embeddings by sqrt(n_embd).  With a sliding window, layer
     # il attends over the window unless il % pattern == pattern - 1 (pattern 6:
     # five local layers, then one global); local layers use rope.freq_base_swa
@@ -98,6 +119,26 @@ def _gemma3(h: dict, key: Callable[[str, Any], Any]) -> None:
     h["attn_scale"] = 1.0 / math.sqrt(width)
 
 
+def _encoder(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
+    # As llama.cpp reads a BERT-family file: LayerNorm's epsilon is required,
+    # attention is causal unless the file says otherwise (converters write
+    # false), and the token-type table's height is the tokenizer's count.
+    h["encoder"] = True
+    h["norm_eps"] = float(key("attention.layer_norm_epsilon"))
+    causal_key = gguf.get("general.architecture") + ".attention.causal"
+    causal = gguf.get(causal_key, True)
+    if not isinstance(causal, bool):
+        raise ModelShapeError(f"{causal_key} = {causal!r} must be a boolean")
+    h["causal"] = causal
+    types = gguf.get("tokenizer.ggml.token_type_count", 0)
+    if isinstance(types, bool) or not isinstance(types, int) or not 0 < types <= 1024:
+        raise ModelShapeError(f"tokenizer.ggml.token_type_count = {types!r}: a BERT-family model needs "
+                              f"a token type count in 1..1024")
+    h["n_token_types"] = types
+    if not (h["norm_eps"] > 0 and math.isfinite(h["norm_eps"])):
+        raise ModelShapeError(f"attention.layer_norm_epsilon = {h['norm_eps']} must be positive")
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
@@ -110,6 +151,15 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("gemma3", "gemma3", "neox",
                      _ATTN_FFN + ("q_norm", "k_norm", "attn_post_norm", "ffn_post_norm"),
                      activation="gelu", derive=_gemma3, description="Gemma 3"),
+        Architecture("bert", "bert", "neox", _ENCODER_BLOCK, optional=_ENCODER_OPTIONAL,
+                     activation="gelu", derive=_encoder, encoder=True,
+                     global_required=("tok_embd", "pos_embd", "tok_norm", "tok_norm_b"),
+                     global_optional=("type_embd",),
+                     description="BERT encoders (embedding models: MiniLM, BGE, E5, ...)"),
+        Architecture("nomic-bert", "bert", "neox", _ENCODER_BLOCK + ("ffn_gate",), optional=_ENCODER_OPTIONAL,
+                     derive=_encoder, encoder=True,
+                     global_required=("tok_embd", "tok_norm", "tok_norm_b"), global_optional=("type_embd",),
+                     description="Nomic BERT encoders (nomic-embed-text)"),
     )
 }
 
@@ -129,7 +179,8 @@ class ModelSpec:
     def matmul_weights(self) -> list[str]:
         """Tensors used as the weight operand of a matrix multiplication."""
         names = [n for table in self.layer_tensors for role, n in table.items() if role in _MATMUL_ROLES]
-        names.append(self.global_tensors["output"] or self.global_tensors["tok_embd"])
+        if not self.arch.encoder:  # an encoder has no output projection
+            names.append(self.global_tensors["output"] or self.global_tensors["tok_embd"])
         return names
 
     @property
@@ -184,7 +235,8 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
     for name in ("n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_ctx_train", "n_vocab"):
         if not 0 < h[name] < 2**31:
             raise ModelShapeError(f"hyperparameter {name} = {h[name]} is out of range")
-    if h["n_layer"] > MAX_LAYERS or f"blk.{h['n_layer'] - 1}.attn_norm.weight" not in gguf.tensors:
+    last_layer = f"blk.{h['n_layer'] - 1}."
+    if h["n_layer"] > MAX_LAYERS or not any(name.startswith(last_layer) for name in gguf.tensors):
         raise ModelShapeError(f"block_count = {h['n_layer']} does not match the file's layers")
     for name in ("n_embd", "n_head", "n_head_kv", "n_ff"):
         if h[name] > MAX_WIDTH:
@@ -200,7 +252,7 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
     h["rope_scale"] = _rope_freq_scale(gguf, prefix, key)
     h["attn_scale"] = 1.0 / math.sqrt(h["head_dim_k"])
     if arch.derive is not None:
-        arch.derive(h, key)
+        arch.derive(h, key, gguf)
 
     if h["n_head"] % h["n_head_kv"] != 0:
         raise ModelShapeError(f"n_head_kv = {h['n_head_kv']} does not divide n_head = {h['n_head']}")
@@ -257,12 +309,18 @@ def _expected_shapes(h: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         "ffn_gate": (e, h["n_ff"]), "ffn_up": (e, h["n_ff"]), "ffn_down": (h["n_ff"], e),
         "tok_embd": (e, h["n_vocab"]), "output": (e, h["n_vocab"]), "output_norm": (e,),
         "rope_freqs": (h["n_rot"] // 2,),
+        "wqkv": (e, q + kv_k + kv_v), "bqkv": (q + kv_k + kv_v,),
+        "attn_out_norm": (e,), "attn_out_norm_b": (e,), "layer_out_norm": (e,), "layer_out_norm_b": (e,),
+        "ffn_up_b": (h["n_ff"],), "ffn_down_b": (e,),
+        "pos_embd": (e, h["n_ctx_train"]), "type_embd": (e, h.get("n_token_types", 0)),
+        "tok_norm": (e,), "tok_norm_b": (e,),
     }
 
 
 def _check_shape(gguf: GGUFFile, role: str, name: str, want: tuple[int, ...]) -> None:
     info = gguf.tensors[name]
-    allowed = _VECTOR_TYPES if len(want) == 1 else _MATRIX_TYPES
+    # The token-type table is added as a vector (its row 0), so it is F32 too.
+    allowed = _VECTOR_TYPES if len(want) == 1 or role == "type_embd" else _MATRIX_TYPES
     if info.type_name not in allowed:
         raise ModelShapeError(f"tensor {name!r} ({role}) has type {info.type_name}, which elelem cannot "
                               f"compute with here; expected one of {', '.join(sorted(allowed))}")
@@ -276,10 +334,11 @@ def _check_shape(gguf: GGUFFile, role: str, name: str, want: tuple[int, ...]) ->
 
 def _tensor_tables(gguf: GGUFFile, arch: Architecture, h: dict[str, Any]):
     shapes = _expected_shapes(h)
-    globals_: dict[str, Optional[str]] = {}
-    for role, name in GLOBAL_TENSOR_NAMES.items():
+    globals_: dict[str, Optional[str]] = {role: None for role in GLOBAL_TENSOR_NAMES}
+    for role in arch.global_required + arch.global_optional:
+        name = GLOBAL_TENSOR_NAMES[role]
         present = name in gguf.tensors
-        if not present and role in ("tok_embd", "output_norm"):
+        if not present and role in arch.global_required:
             raise ModelShapeError(f"required tensor {name!r} is missing")
         if present:
             _check_shape(gguf, role, name, shapes[role])
@@ -298,5 +357,21 @@ def _tensor_tables(gguf: GGUFFile, arch: Architecture, h: dict[str, Any]):
             table[role] = name
         if ("bq" in table) != ("bk" in table) or ("q_norm" in table) != ("k_norm" in table):
             raise ModelShapeError(f"layer {i}: Q and K must both have, or both lack, biases and norms")
+        if arch.encoder:
+            _check_encoder_projections(i, table)
         layers.append(table)
     return globals_, layers
+
+
+def _check_encoder_projections(i: int, table: dict[str, Optional[str]]) -> None:
+    """An encoder layer projects Q, K and V separately or through one fused
+    matrix (nomic-bert), never both, and its biases go with its matrices."""
+    separate = [r for r in ("wq", "wk", "wv") if r in table]
+    if "wqkv" in table:
+        stray = separate + [r for r in ("bq", "bk", "bv") if r in table]
+        if stray:
+            raise ModelShapeError(f"layer {i} has a fused attn_qkv and also {', '.join(stray)}")
+    elif len(separate) != 3:
+        raise ModelShapeError(f"layer {i} needs attn_q, attn_k and attn_v (or a fused attn_qkv)")
+    elif "bqkv" in table or ("bq" in table) != ("bv" in table):
+        raise ModelShapeError(f"layer {i}: Q, K and V must all have, or all lack, biases")

@@ -85,11 +85,12 @@ cdef void _set_inputs(Step * st, KVCache cache, const int32_t * tokens, const in
                     idx[c + i * v_row] = c * st.kv_size + cells[i]
             _set_input(st.inp_v_idx, idx, n_idx * sizeof(int64_t))
         with nogil:
-            cache.fill_mask(mask, st.n_tokens, st.n_kv, seqs, positions, 0, st.flash_attn)
+            cache.fill_mask(mask, st.n_tokens, st.n_kv, seqs, positions, 0, st.flash_attn, st.hp.causal)
         _set_input(st.inp_mask, mask, n_mask * mask_el)
         if st.inp_mask_swa != NULL:
             with nogil:
-                cache.fill_mask(mask, st.n_tokens, st.n_kv, seqs, positions, st.hp.n_swa, st.flash_attn)
+                cache.fill_mask(mask, st.n_tokens, st.n_kv, seqs, positions, st.hp.n_swa, st.flash_attn,
+                                st.hp.causal)
             _set_input(st.inp_mask_swa, mask, n_mask * mask_el)
     finally:
         free(mask)
@@ -100,6 +101,14 @@ cdef inline ggml_tensor * norm_rms(Step * st, ggml_tensor * x, ggml_tensor * wei
     """RMSNorm over the first dimension, then the learned scale."""
     x = ggml_rms_norm(st.ctx, x, st.hp.rms_eps)
     return ggml_mul(st.ctx, x, weight) if weight != NULL else x
+
+
+cdef inline ggml_tensor * norm_layer(Step * st, ggml_tensor * x, ggml_tensor * weight, ggml_tensor * bias) noexcept:
+    """LayerNorm over the first dimension, then the learned scale and shift."""
+    x = ggml_norm(st.ctx, x, st.hp.norm_eps)
+    if weight != NULL:
+        x = ggml_mul(st.ctx, x, weight)
+    return ggml_add(st.ctx, x, bias) if bias != NULL else x
 
 
 cdef inline ggml_tensor * linear(Step * st, ggml_tensor * w, ggml_tensor * b, ggml_tensor * x) noexcept:

@@ -1,0 +1,184 @@
+"""BERT-family encoders (``bert``, ``nomic-bert``) on tiny synthetic models:
+against the NumPy reference (tests/synthetic_bert.py) and against llama.cpp's
+embeddings of the same files (tests/fixtures/make_bert_fixtures.py, run live
+under this machine's reference build, or its stored fixture where the kernel
+fingerprint matches).
+
+Against llama.cpp the rows agree to ~7e-7 (measured): the same ggml ops, with
+K and V read from an F32 cache where llama.cpp reads them from the step, which
+can change a float32 summation order but not the values' precision.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import elelem
+from elelem.errors import ContextLimitError, InvalidArgumentError, ModelShapeError
+from llamacpp_reference import THREADS
+from synthetic_bert import BertConfig, reference_hidden, write_bert
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from make_bert_fixtures import CONFIGS, TOKEN_IDS  # noqa: E402  (importable without llama_cpp)
+
+LLAMACPP_ATOL = 1e-5
+# ggml's GELU reads a float16 table indexed by its input rounded to float16,
+# which the reference reproduces; but an input within float32 rounding of a
+# float16 boundary can pick the neighbouring entry (a ~1e-3 relative step),
+# seen as up to 2.6e-4 after three layers.  A wrong op is off by O(0.1).
+REFERENCE_ATOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def bert_models(tmp_path_factory) -> Path:
+    """The directory with <name>.gguf for every config of make_bert_fixtures.py."""
+    tmp = tmp_path_factory.mktemp("bert")
+    for name, cfg in CONFIGS.items():
+        write_bert(tmp / f"{name}.gguf", cfg)
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def llamacpp_bert(llamacpp, bert_models) -> dict:
+    out = llamacpp.bert_embeddings(bert_models, list(CONFIGS))
+    assert out["header"]["token_ids"] == TOKEN_IDS
+    return out["configs"]
+
+
+def _open(path, **kw):
+    return elelem.LLM(path, n_threads=THREADS, **kw)
+
+
+@pytest.mark.parametrize("cfg", [
+    BertConfig(),
+    BertConfig(arch="nomic-bert"),
+    BertConfig(fused_qkv=True, n_layer=3, seed=3),
+    BertConfig(arch="nomic-bert", fused_qkv=False, n_head=2, seed=4),
+    BertConfig(causal=None, seed=5),          # no attention.causal key: causal, as llama.cpp assumes
+    BertConfig(n_token_types=1, seed=6),
+], ids=["bert", "nomic", "bert_fused", "nomic_separate", "bert_causal", "one_token_type"])
+def test_hidden_states_match_the_numpy_reference(tmp_path, cfg):
+    weights = write_bert(tmp_path / "m.gguf", cfg)
+    tokens = [2, 18, 20, 19, 21, 5, 6, 7, 3]
+    with _open(tmp_path / "m.gguf") as llm:
+        got = llm.engine.embed(tokens)
+    want = reference_hidden(weights, cfg, tokens)
+    assert got.shape == (len(tokens), cfg.n_embd) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=REFERENCE_ATOL, rtol=0)
+
+
+def test_a_causal_bert_differs_from_the_bidirectional_one(tmp_path):
+    # The mask is what makes an encoder: the same weights read causally give other states
+    # (and the reference above checks each against its own mask).
+    write_bert(tmp_path / "bi.gguf", BertConfig())
+    write_bert(tmp_path / "causal.gguf", BertConfig(causal=True))
+    with _open(tmp_path / "bi.gguf") as a, _open(tmp_path / "causal.gguf") as b:
+        bi, causal = a.engine.embed(TOKEN_IDS), b.engine.embed(TOKEN_IDS)
+    assert (np.abs(bi - causal).max(axis=1) > 1e-2).all()
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_per_token_embeddings_match_llamacpp(bert_models, llamacpp_bert, name):
+    with _open(bert_models / f"{name}.gguf") as llm:
+        got = llm.engine.embed(TOKEN_IDS)
+    want = np.array(llamacpp_bert[name]["per_token"], dtype=np.float32)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=LLAMACPP_ATOL, rtol=0)
+
+
+def test_sequences_in_one_step_see_only_themselves(tmp_path):
+    """Two texts batched into one step give each one's states alone: the
+    bidirectional mask still keeps sequences apart."""
+    write_bert(tmp_path / "m.gguf", BertConfig(arch="nomic-bert"))
+    a, b = [2, 5, 6, 7, 3], [2, 18, 20, 19, 21, 14, 3]
+    with _open(tmp_path / "m.gguf") as llm:
+        alone_a, alone_b = llm.engine.embed(a), llm.engine.embed(b)
+        ctx = llm.engine.context
+        s, t = llm.engine.open_sequence(), llm.engine.open_sequence()
+        rows = ctx.decode(a + b, [s] * len(a) + [t] * len(b), True, embeddings=True)
+        ctx.cache.seq_rm(s, 0)
+        ctx.cache.seq_rm(t, 0)
+    np.testing.assert_allclose(rows[:len(a)], alone_a, atol=1e-5)
+    np.testing.assert_allclose(rows[len(a):], alone_b, atol=1e-5)
+
+
+def test_an_encoder_refuses_generation_and_logits(tmp_path):
+    write_bert(tmp_path / "m.gguf", BertConfig())
+    with _open(tmp_path / "m.gguf") as llm:
+        with pytest.raises(InvalidArgumentError, match="encoder"):
+            llm.generate_tokens([2, 5, 6], max_tokens=2)
+        with pytest.raises(InvalidArgumentError, match="encoder"):
+            llm.engine.context.decode([2, 5, 6], 0)
+        ctx = llm.engine.context
+        seq = llm.engine.open_sequence()
+        ctx.decode([2, 5], seq, True, embeddings=True)
+        with pytest.raises(InvalidArgumentError, match="one step"):
+            ctx.decode([6], seq, True, embeddings=True)   # would see only half its sequence
+        ctx.cache.seq_rm(seq, 0)
+        np.testing.assert_allclose(llm.engine.embed(TOKEN_IDS), llm.engine.embed(TOKEN_IDS))  # still serves
+
+
+def test_a_sequence_longer_than_a_step_is_a_clear_error(tmp_path):
+    write_bert(tmp_path / "m.gguf", BertConfig())
+    with _open(tmp_path / "m.gguf", n_ctx=64, n_batch=16) as llm:
+        assert llm.engine.n_batch == 64   # an encoder's step holds its whole context
+        with pytest.raises(ContextLimitError):
+            llm.engine.embed([5] * 65)
+        assert llm.engine.embed([5] * 64).shape == (64, 32)
+
+
+def test_the_cache_is_float32_unless_asked(tmp_path):
+    write_bert(tmp_path / "m.gguf", BertConfig())
+    with _open(tmp_path / "m.gguf") as llm:
+        assert llm.engine.context.cache.type_k == "f32"
+    with _open(tmp_path / "m.gguf", kv_type="f16") as llm:
+        assert llm.engine.context.cache.type_k == "f16"
+
+
+def _drop(*names):
+    def edit(w):
+        for n in names:
+            del w[n]
+    return edit
+
+
+@pytest.mark.parametrize("cfg, edit, match", [
+    (BertConfig(), _drop("token_embd_norm.bias"), "token_embd_norm.bias"),
+    (BertConfig(), _drop("position_embd.weight"), "position_embd.weight"),
+    (BertConfig(), _drop("blk.1.layer_output_norm.weight"), "layer_output_norm"),
+    (BertConfig(), _drop("blk.0.attn_k.weight"), "attn_q, attn_k and attn_v"),
+    (BertConfig(), _drop("blk.0.attn_v.bias"), "biases"),
+    (BertConfig(arch="nomic-bert"), _drop("blk.0.ffn_gate.weight"), "ffn_gate"),
+    (BertConfig(arch="nomic-bert"),
+     lambda w: w.__setitem__("blk.0.attn_q.weight", np.zeros((32, 32), np.float32)), "fused attn_qkv and also"),
+    (BertConfig(), lambda w: w.__setitem__("token_types.weight", np.zeros((3, 32), np.float32)), "token_types"),
+])
+def test_malformed_encoders_are_refused_with_the_tensor_named(tmp_path, cfg, edit, match):
+    write_bert(tmp_path / "m.gguf", cfg, edit=edit)
+    with pytest.raises(ModelShapeError, match=match):
+        elelem.LLM(tmp_path / "m.gguf")
+
+
+def test_missing_encoder_hyperparameters_are_refused(tmp_path):
+    import gguf
+
+    from synthetic_bert import make_weights
+    cfg = BertConfig()
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "bert")
+    writer.add_context_length(cfg.n_ctx_train)
+    writer.add_embedding_length(cfg.n_embd)
+    writer.add_block_count(cfg.n_layer)
+    writer.add_feed_forward_length(cfg.n_ff)
+    writer.add_head_count(cfg.n_head)
+    for name, arr in make_weights(cfg).items():
+        writer.add_tensor(name, arr)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelShapeError, match="layer_norm_epsilon"):
+        elelem.LLM(tmp_path / "m.gguf")
