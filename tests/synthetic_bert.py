@@ -130,8 +130,7 @@ def write_bert(path: Path, cfg: BertConfig,
     # As llama.cpp's converter writes BERT's: [CLS] is the BOS token, [SEP] the separator.
     for key, token in (("unk", "[UNK]"), ("bos", "[CLS]"), ("sep", "[SEP]"), ("pad", "[PAD]"), ("mask", "[MASK]")):
         getattr(writer, f"add_{key}_token_id")(vocab.index(token))
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(True)
+    writer.add_add_bos_token(True)   # [CLS] first; llama.cpp's WordPiece adds [SEP] last by default
     for name, arr in weights.items():
         if cfg.wtype != "f32" and arr.ndim == 2 and name.startswith("blk."):
             qtype = numerics_qtype(cfg.wtype)
