@@ -247,6 +247,18 @@ def test_info(smollm_path):
     assert facts["tensor_types"]["Q4_1"] > 0
 
 
+def test_an_encoder_is_described_and_refuses_generation(tmp_path):
+    from synthetic_bert import BertConfig, write_bert
+    write_bert(tmp_path / "bert.gguf", BertConfig())
+    text = cli("info", tmp_path / "bert.gguf")
+    assert text.returncode == 0 and "embeddings only: an encoder (pooling mean)" in text.stdout
+    assert "chat template" not in text.stdout
+    assert json.loads(cli("info", tmp_path / "bert.gguf", "--json").stdout)["encoder"] is True
+    result = cli("run", "-m", tmp_path / "bert.gguf", "hello")
+    assert_clean_failure(result, 1)
+    assert "encoder" in result.stderr
+
+
 @pytest.mark.real_model
 def test_bench_json(smollm_path):
     result = cli("bench", "-m", smollm_path, "-t", 1, "-p", 32, "-g", 4, "--json")

@@ -6,6 +6,7 @@ import json
 import sys
 from collections import Counter
 
+from ..api.embeddings import POOLING_TYPES
 from ..errors import ElelemError
 from ..gguf.reader import read_gguf
 from ..model.hub import KNOWN_MODELS, cached_path, is_cached
@@ -49,6 +50,8 @@ def describe(path) -> dict:
         "tensor_count": len(gguf.tensors),
         "tensor_types": dict(Counter(t.type_name for t in gguf.tensors.values()).most_common()),
         "chat_template": bool(meta.get("tokenizer.chat_template")),
+        "encoder": bool(hparams.get("encoder")),
+        "pooling": POOLING_TYPES.get(meta.get(f"{arch}.pooling_type", 0), meta.get(f"{arch}.pooling_type")),
         "file_size": gguf.file_size,
         "gguf_version": gguf.version,
     }
@@ -79,7 +82,9 @@ def main(args: argparse.Namespace) -> int:
         ("vocabulary", f"{facts['vocab_size']} tokens ({facts['tokenizer']})"),
         ("quantization", f"{facts['file_type'] or '-'}; tensors: {types}"),
         ("tensors", str(facts["tensor_count"])),
-        ("chat template", "yes" if facts["chat_template"] else "no (ChatML is used)"),
+        ("use", f"embeddings only: an encoder (pooling {facts['pooling']})" if facts["encoder"]
+         else "text generation and embeddings"),
+        *([] if facts["encoder"] else [("chat template", "yes" if facts["chat_template"] else "no (ChatML is used)")]),
         ("file size", f"{facts['file_size'] / 1e6:.1f} MB ({facts['file_size']} bytes)"),
     ]
     width = max(len(key) for key, _ in rows)
