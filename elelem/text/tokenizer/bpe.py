@@ -72,15 +72,7 @@ class ByteLevelBPE:
 
     def encode(self, text: str, out: list[int]) -> None:
         """Append the ids of ``text`` (a fragment with no special tokens) to ``out``."""
-        cache = self._cache
-        get = cache.get
-        for word in self.pretokenizer.split(text):
-            ids = get(word)
-            if ids is None:
-                ids = self._encode_word(word)
-                if len(word) <= self.CACHE_MAX_WORD:
-                    cache.put(word, ids)
-            out += ids
+        self._cache.extend_encoded(out, self.pretokenizer.split(text), self._encode_word, self.CACHE_MAX_WORD)
 
     def _encode_word(self, word: str) -> tuple[int, ...]:
         encoded = byte_encode(word)

@@ -1,7 +1,7 @@
 """A size-bounded dictionary for per-word tokenization results."""
 from __future__ import annotations
 
-from typing import Generic, Hashable, TypeVar
+from typing import Callable, Generic, Hashable, Iterable, TypeVar
 
 V = TypeVar("V")
 
@@ -27,6 +27,18 @@ class BoundedCache(Generic[V]):
             for old in list(data)[:drop]:  # dicts keep insertion order
                 data.pop(old, None)  # another thread may have dropped it already
         data[key] = value
+
+    def extend_encoded(self, out: list, parts: Iterable[str], encode: Callable[[str], V], max_len: int) -> None:
+        """``out += encode(part)`` for each part, from the cache where it is there;
+        parts longer than ``max_len`` characters are encoded but not kept."""
+        get = self._data.get
+        for part in parts:
+            value = get(part)
+            if value is None:
+                value = encode(part)
+                if len(part) <= max_len:
+                    self.put(part, value)
+            out += value
 
     def __len__(self) -> int:
         return len(self._data)

@@ -57,14 +57,7 @@ class SentencePieceBPE:
         if not escaped.isascii() and _RAW_BYTE.search(escaped):
             out += self._encode_symbols(_byte_rule_symbols(escaped))
             return
-        get = self._cache.get
-        for chunk in self._chunks(escaped):
-            ids = get(chunk)
-            if ids is None:
-                ids = self._encode_chunk(chunk)
-                if len(chunk) <= self.CACHE_MAX_CHUNK:
-                    self._cache.put(chunk, ids)
-            out += ids
+        self._cache.extend_encoded(out, self._chunks(escaped), self._encode_chunk, self.CACHE_MAX_CHUNK)
 
     def _chunks(self, text: str) -> list[str]:
         occurrences = []
