@@ -755,7 +755,8 @@ def _pad(n: int, alignment: int) -> int:
 _SPECIAL_TOKEN_KEY = re.compile(r"tokenizer\.ggml\.\w+_token_id")
 # The tokenizer's flags; llama.cpp refuses a file where one is not a BOOL.
 _TOKENIZER_FLAGS = ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
-                    "tokenizer.ggml.add_space_prefix")
+                    "tokenizer.ggml.add_sep_token", "tokenizer.ggml.add_space_prefix",
+                    "tokenizer.ggml.normalizer.lowercase", "tokenizer.ggml.normalizer.strip_accents")
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 TOKEN_TYPE_BYTE = 6  # llama_token_type LLAMA_TOKEN_TYPE_BYTE
 
@@ -768,8 +769,9 @@ def validate_tokenizer_metadata(gguf: GGUFFile) -> None:
     token_type INT32 and merges STRING arrays; scores and token_type have one
     entry per token; every ``tokenizer.ggml.*_token_id`` is a UINT32 (as
     llama.cpp requires) in ``[0, n_vocab)``; ``tokenizer.ggml.pre`` is a
-    STRING and the ``add_bos_token``/``add_eos_token``/``add_space_prefix``
-    flags are BOOLs, as llama.cpp requires; every BYTE-type token reads
+    STRING and the ``add_bos_token``/``add_eos_token``/``add_sep_token``/``add_space_prefix``
+    flags and the WordPiece ``normalizer.lowercase``/``normalizer.strip_accents``
+    options are BOOLs, as llama.cpp requires; every BYTE-type token reads
     ``<0xNN>`` with two hex digits; and for a ``gpt2`` (byte-level BPE)
     vocabulary every merge is ``"A B"`` with A, B and AB in the vocabulary.
     A file without ``tokenizer.ggml.tokens`` passes only if its tokenizer

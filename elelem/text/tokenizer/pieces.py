@@ -3,7 +3,8 @@
 * control and unknown tokens: nothing, or their text when ``special=True``;
 * user-defined tokens: their text, always;
 * normal tokens: the piece with GPT-2 byte characters turned back into bytes
-  (byte-level BPE), or with ``▁`` turned back into spaces (SentencePiece);
+  (byte-level BPE), or with ``▁`` turned back into spaces (SentencePiece,
+  WordPiece);
 * byte tokens ``<0xNN>``: that byte;
 * anything else (unused, undefined): nothing.
 """

@@ -29,8 +29,9 @@ from ._unicode_classes import LETTER as _L, NUMBER as _N, PUNCTUATION as _P
 
 log = logging.getLogger("elelem")
 
-# White_Space code points, as llama.cpp's unicode tables list them.
-_W = r"\t\n\x0b\x0c\r\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+# White_Space code points, as llama.cpp's unicode tables list them (a class body).
+WHITESPACE = r"\t\n\x0b\x0c\r\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_W = WHITESPACE
 
 _CONTRACTIONS_ANY_CASE = r"'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]"
 _CONTRACTIONS_LOWER = r"'s|'t|'re|'ve|'m|'ll|'d"

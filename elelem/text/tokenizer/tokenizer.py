@@ -12,7 +12,9 @@ from .special import SpecialTokenSplitter
 from .spm import SentencePieceBPE
 from .stream import StreamDecoder
 from .text_input import normalize_input
-from .vocab import ATTR_CONTROL, ATTR_UNKNOWN, ATTR_USER_DEFINED, Vocab, load_vocab
+from .vocab import (ATTR_CONTROL, ATTR_UNKNOWN, ATTR_USER_DEFINED, Vocab, load_vocab, unsupported_model,
+                    wordpiece_options)
+from .wpm import WordPiece, check_wordpiece_vocab
 
 TextInput = Union[str, bytes, bytearray, memoryview]
 
@@ -21,13 +23,15 @@ class Tokenizer:
     """Encode and decode text exactly as llama.cpp does for the same GGUF.
 
     Build one with :meth:`from_metadata`.  Supports byte-level BPE
-    (``tokenizer.ggml.model = "gpt2"``) and SentencePiece BPE (``"llama"``).
+    (``tokenizer.ggml.model = "gpt2"``), SentencePiece BPE (``"llama"``) and
+    WordPiece (``"bert"``).
     """
 
-    def __init__(self, vocab: Vocab, model: Union[ByteLevelBPE, SentencePieceBPE]):
+    def __init__(self, vocab: Vocab, model: Union[ByteLevelBPE, SentencePieceBPE, WordPiece]):
         self._vocab = vocab
         self._model = model
         self._spm = isinstance(model, SentencePieceBPE)
+        self._wpm = isinstance(model, WordPiece)
         attrs = vocab.attrs
         cached = [(vocab.tokens[i], i) for i in range(vocab.n_vocab)
                   if attrs[i] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]
@@ -45,6 +49,13 @@ class Tokenizer:
         self.eog_ids: frozenset[int] = vocab.eog_ids
         self.add_bos: bool = vocab.add_bos
         self.add_eos: bool = vocab.add_eos
+        # What add_eos appends: EOS, or for WordPiece [SEP].
+        self._end_id: Optional[int] = vocab.eos_id
+        if self._wpm:
+            # llama.cpp's WPM tokenize adds [CLS] and [SEP] whenever it adds
+            # special tokens at all: the GGUF's add_bos/add_eos flags play no part.
+            self.add_bos = self.add_eos = True
+            self._end_id = vocab.special_ids["sep"]
 
     # ------------------------------------------------------------------ build
 
@@ -63,7 +74,13 @@ class Tokenizer:
         if model_type == "llama":
             vocab = load_vocab(meta)
             return cls(vocab, SentencePieceBPE(vocab))
-        raise GGUFError(f"unsupported tokenizer.ggml.model {model_type!r} (elelem reads 'gpt2' and 'llama')")
+        if model_type == "bert":
+            vocab = load_vocab(meta)
+            check_wordpiece_vocab(vocab)
+            lowercase, strip_accents = wordpiece_options(meta)
+            return cls(vocab, WordPiece(vocab.token_to_id, vocab.unk_id, lowercase=lowercase,
+                                        strip_accents=strip_accents))
+        raise unsupported_model(model_type)
 
     # ----------------------------------------------------------------- encode
 
@@ -82,12 +99,15 @@ class Tokenizer:
         ``add_bos`` / ``add_eos`` default to the model's own settings.  With
         ``special=True`` the text of control tokens (``<|im_start|>``,
         ``<start_of_turn>``, ...) becomes those tokens; otherwise it is plain text.
+        For WordPiece, ``add_bos`` adds [CLS] and ``add_eos`` [SEP]; ``add_eos``
+        then defaults to ``add_bos``, as llama.cpp adds both or neither.
         """
         add_bos = self.add_bos if add_bos is None else add_bos
-        add_eos = self.add_eos if add_eos is None else add_eos
+        if add_eos is None:
+            add_eos = add_bos if self._wpm else self.add_eos
         if add_bos and self.bos_id is None:
             raise InvalidArgumentError("add_bos=True, but this model has no BOS token")
-        if add_eos and self.eos_id is None:
+        if add_eos and self._end_id is None:
             raise InvalidArgumentError("add_eos=True, but this model has no EOS token")
         raw = normalize_input(text, keep_raw_bytes=self._spm)
 
@@ -113,7 +133,7 @@ class Tokenizer:
                 else:
                     model.encode(fragment, out)
         if add_eos:
-            out.append(self.eos_id)
+            out.append(self._end_id)
         return out
 
     # ----------------------------------------------------------------- decode
@@ -133,7 +153,9 @@ class Tokenizer:
         Control tokens give their text only with ``special=True``.  For a
         vocabulary with ``add_space_prefix``, the space that :meth:`encode` puts
         in front of the text is dropped again (from the first piece after an
-        optional leading BOS).  Raises :class:`InvalidTokenError` for an id
+        optional leading BOS).  For WordPiece, as llama-cpp-python's
+        ``detokenize``: when ``ids`` start with [CLS] (BOS), a space that the
+        text then starts with is dropped.  Raises :class:`InvalidTokenError` for an id
         outside ``[0, n_vocab)``.
         """
         return self._decode_continue(ids, special, self._leading_space_state())
@@ -163,8 +185,9 @@ class Tokenizer:
         return index
 
     def _leading_space_state(self) -> list[int]:
-        # [0]: 0 = nothing decoded yet, 1 = only a BOS so far, 2 = past the start.
-        return [0 if self._vocab.add_space_prefix else 2]
+        # [0]: 0 = nothing decoded yet, 1 = only a BOS so far (WordPiece: the
+        # ids began with BOS and no text came yet), 2 = past the start.
+        return [0 if self._vocab.add_space_prefix or self._wpm else 2]
 
     def _decode_continue(self, ids: Iterable[int], special: bool, state: list[int]) -> bytes:
         if self._pieces is None:
@@ -187,7 +210,7 @@ class Tokenizer:
                 self._check_id(token_id)
             raise InvalidTokenError(f"invalid token ids: {ids!r}")  # pragma: no cover
         if state[0] != 2:
-            self._strip_leading_space(ids, pieces, state)
+            (self._strip_text_leading_space if self._wpm else self._strip_leading_space)(ids, pieces, state)
         return b"".join(pieces)
 
     def _strip_leading_space(self, ids: list[int], pieces: list[bytes], state: list[int]) -> None:
@@ -200,3 +223,17 @@ class Tokenizer:
             if pieces[k].startswith(b" "):
                 pieces[k] = pieces[k][1:]
             return
+
+    def _strip_text_leading_space(self, ids: list[int], pieces: list[bytes], state: list[int]) -> None:
+        """llama-cpp-python's rule: ids that start with BOS lose the space their text starts with."""
+        for k, token_id in enumerate(ids):
+            if state[0] == 0:
+                if token_id != self.bos_id:
+                    state[0] = 2
+                    return
+                state[0] = 1
+            if pieces[k]:  # the first byte of the text
+                state[0] = 2
+                if pieces[k].startswith(b" "):
+                    pieces[k] = pieces[k][1:]
+                return

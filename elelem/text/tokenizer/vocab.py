@@ -65,13 +65,15 @@ _FIM_TEXTS = {
 _FORCED_USER_DEFINED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 _KEY = "tokenizer.ggml."
+#: the tokenizer.ggml.model values elelem reads
+MODELS = ("gpt2", "llama", "bert")
 
 
 @dataclass
 class Vocab:
     """Token pieces and what llama.cpp derives from them."""
 
-    model: str                      # tokenizer.ggml.model: "gpt2" or "llama"
+    model: str                      # tokenizer.ggml.model: "gpt2", "llama" or "bert"
     tokens: list[str]
     attrs: list[int]
     scores: Optional[list[float]]
@@ -112,8 +114,8 @@ def load_vocab(meta: Mapping[str, Any], *, pre_add_bos: bool = False) -> Vocab:
     tokenizers add BOS when the GGUF does not say).
     """
     model = meta.get(_KEY + "model")
-    if model not in ("gpt2", "llama"):
-        raise GGUFError(f"unsupported tokenizer.ggml.model {model!r} (elelem reads 'gpt2' and 'llama')")
+    if model not in MODELS:
+        raise unsupported_model(model)
     raw_tokens = meta.get(_KEY + "tokens")
     if raw_tokens is None or len(raw_tokens) == 0:
         raise GGUFError("GGUF has no tokenizer.ggml.tokens")
@@ -146,6 +148,10 @@ def load_vocab(meta: Mapping[str, Any], *, pre_add_bos: bool = False) -> Vocab:
     if spm:
         ids: dict[str, Optional[int]] = {"bos": 1, "eos": 2, "unk": 0}
         add_bos, add_eos, add_space_prefix = True, False, True
+    elif model == "bert":
+        # bert-base's [CLS], [UNK], [SEP], [PAD], [MASK] ids are llama.cpp's defaults.
+        ids = {"bos": 101, "eos": None, "unk": 100, "sep": 102, "pad": 0, "mask": 103}
+        add_bos, add_eos, add_space_prefix = True, False, False
     else:
         ids = {"bos": 11, "eos": 11, "unk": None}
         add_bos, add_eos, add_space_prefix = pre_add_bos, False, False
@@ -202,6 +208,20 @@ def load_vocab(meta: Mapping[str, Any], *, pre_add_bos: bool = False) -> Vocab:
         bos_id=ids["bos"], eos_id=ids["eos"], unk_id=ids["unk"], eog_ids=frozenset(eog),
         add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix, special_ids=ids,
     )
+
+
+def unsupported_model(model: Any) -> GGUFError:
+    return GGUFError(f"unsupported tokenizer.ggml.model {model!r} (elelem reads "
+                     + ", ".join(repr(m) for m in MODELS) + ")")
+
+
+def wordpiece_options(meta: Mapping[str, Any]) -> tuple[bool, bool]:
+    """llama.cpp's BertNormalizer options ``(lowercase, strip_accents)``: lowercase
+    unless the GGUF says not, accents stripped by default when lowercasing."""
+    lowercase = _get_bool(meta, "normalizer.lowercase")
+    lowercase = True if lowercase is None else lowercase
+    strip_accents = _get_bool(meta, "normalizer.strip_accents")
+    return lowercase, lowercase if strip_accents is None else strip_accents
 
 
 def _force_control(attrs: list[int], token_id: int) -> None:
