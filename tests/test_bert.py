@@ -202,3 +202,19 @@ def test_texts_tokenize_and_pool_as_llamacpp(bert_models, llamacpp_bert, name):
     np.testing.assert_allclose(np.array(normalized), np.array(ref["pooled_normalized"]), atol=LLAMACPP_ATOL, rtol=0)
     assert [d["embedding"] for d in response["data"]] == pooled
     assert response["usage"]["prompt_tokens"] == sum(len(ids) for ids in ref["text_ids"])
+
+
+def test_positions_past_the_learned_table_are_refused(tmp_path):
+    """BERT's positions are rows of a table of n_ctx_train: a longer context
+    is refused when the model opens, and a step past it before it computes."""
+    write_bert(tmp_path / "m.gguf", BertConfig(causal=True))   # causal: a sequence may grow step by step
+    with pytest.raises(ContextLimitError, match="learned positions"):
+        elelem.LLM(tmp_path / "m.gguf", n_ctx=129)
+    with _open(tmp_path / "m.gguf", kv_size=256) as llm:
+        ctx = llm.engine.context
+        seq = llm.engine.open_sequence()
+        ctx.decode([5] * 100, seq, True, embeddings=True)
+        with pytest.raises(ContextLimitError, match="position table"):
+            ctx.decode([6] * 40, seq, True, embeddings=True)
+        assert llm.engine.length(seq) == 100   # the refused step left the cache as it was
+        ctx.decode([6] * 28, seq, True, embeddings=True)   # up to the last learned position

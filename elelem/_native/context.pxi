@@ -209,6 +209,11 @@ cdef class Context:
         cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] cells = np.empty(n, dtype=np.int32)
         cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] positions = np.empty(n, dtype=np.int32)
         self.cache.place(n, &ids[0], &seqs[0], &cells[0], &positions[0])
+        if self.model.pos_embd != NULL and positions.max() >= self.model.hp.n_ctx_train:
+            # A learned position table (BERT) has a row per trained position and no more.
+            self.cache.unplace(n, &seqs[0], &cells[0])
+            raise errors.ContextLimitError(f"this model's position table holds {self.model.hp.n_ctx_train} "
+                                           f"positions; the step reaches position {positions.max()}")
         cdef Step * st
         self.busy = True
         try:

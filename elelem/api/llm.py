@@ -25,7 +25,7 @@ from typing import Optional
 from .._core import new_context, open_model  # the names, not `from .. import _core` (the package)
 from ..cpu import amx_types
 from ..engine.engine import Engine
-from ..errors import ClosedError, InvalidArgumentError
+from ..errors import ClosedError, ContextLimitError, InvalidArgumentError
 from ..gguf.reader import GGUFFile, read_gguf
 from ..model.architectures import ModelSpec, model_spec
 from ..model.hub import ProgressFn, resolve_model
@@ -141,6 +141,8 @@ class LLM:
         self.spec: ModelSpec = model_spec(self.gguf)
         n_ctx_train = self.spec.hparams["n_ctx_train"]
         n_ctx = min(n_ctx_train, DEFAULT_N_CTX) if n_ctx is None else _checked_n_ctx(n_ctx)
+        if self.spec.global_tensors.get("pos_embd") and n_ctx > n_ctx_train:
+            raise ContextLimitError(f"n_ctx {n_ctx} is past this model's {n_ctx_train} learned positions")
         if self.spec.arch.encoder:
             # An encoder evaluates each text in one step (its tokens see each other), and
             # llama.cpp keeps its K and V in float32.
