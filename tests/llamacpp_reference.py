@@ -226,7 +226,8 @@ class Reference:
 
         def same_vocabs(stored):
             digests = stored["header"].get("vocab_digests", {})
-            return [f"vocabulary {n} differs" for n in wpm_vocabs.VOCABS if digests.get(n) != wpm_vocabs.digest(n)]
+            return [f"vocabulary {n} differs" for n in (*wpm_vocabs.VOCABS, *wpm_vocabs.PROBES)
+                    if digests.get(n) != wpm_vocabs.digest(n)]
 
         def make():
             live = run_script("make_wpm_fixtures.py", ["--out", "{out}/tokenize_wpm.json"], [],

@@ -164,3 +164,16 @@ def test_special_ids_match_llama_cpp(reference, name):
     # WordPiece tokenize adds [CLS] and [SEP] with add_special; so does encode() by default.
     assert tok.add_bos and tok.add_eos
     assert facts["add_bos"] == (name != "defaults")
+
+
+@pytest.mark.parametrize("name", list(wpm_vocabs.PROBES))
+def test_every_code_point_matches_llama_cpp(reference, name):
+    """Each code point of the BMP (and a sample of the others) between two letters: dropped,
+    a separator, a word of its own or part of the word, and the character it becomes."""
+    meta = wpm_vocabs.metadata(name)
+    tok = Tokenizer.from_metadata(meta)
+    ours = wpm_vocabs.probe_summary(meta["tokenizer.ggml.tokens"], lambda text: tok.encode(text, add_bos=False))
+    theirs = reference["probes"][name]
+    assert len(theirs) > 300
+    bad = [(a, b) for a, b in zip(ours, theirs) if a != b]
+    assert ours == theirs, f"{len(bad)} runs differ, first (elelem, llama.cpp): {bad[:3]}"

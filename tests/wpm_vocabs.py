@@ -8,6 +8,7 @@ continuation ("##ing" in vocab.txt) bare, special tokens as they are.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import string
@@ -83,14 +84,79 @@ VOCABS: dict[str, dict] = {
 }
 
 
+# ------------------------------------------------------------------ probes: one code point at a time
+
+#: normalizer options (lowercase, strip_accents) of the probe vocabularies
+# (Lowercasing alone is left out to keep the test short: probe_uncased lowercases too.)
+PROBES = {"probe_uncased": (True, True), "probe_cased": (False, False)}
+# llama.cpp's CJK ranges end and begin here; a code point on each side of each edge is probed.
+_CJK_EDGES = (0x3400, 0x4DBF, 0x4E00, 0x9FFF, 0xF900, 0xFAFF, 0x20000, 0x2A6DF, 0x2A700, 0x2B73F, 0x2B740,
+              0x2B81F, 0x2B920, 0x2CEAF, 0x2F800, 0x2FA1F)
+
+
+@functools.cache
+def probe_code_points() -> tuple[int, ...]:
+    """Every code point of the BMP but the surrogates, and of the others every 61st, a few
+    chosen ones (a mark, a tag, emoji, private use) and the CJK range edges."""
+    cps = {cp for cp in range(0x10000) if not 0xD800 <= cp <= 0xDFFF}
+    cps.update(range(0x10000, 0x110000, 61))
+    cps.update((0x1D165, 0x1F3FB, 0x1F600, 0xE0001, 0xE0041, 0xF0000, 0x10FFFD))
+    cps.update(cp + d for cp in _CJK_EDGES for d in (-1, 0, 1))
+    return tuple(sorted(cps))
+
+
+def probe_text(cp: int) -> str:
+    return "a" + chr(cp) + "a"
+
+
+@functools.cache
+def _probe_spec(name: str) -> dict:
+    """[UNK], [CLS], [SEP], "▁" and every probed character as a piece of its own."""
+    lowercase, strip_accents = PROBES[name]
+    tokens = [("[UNK]", CONTROL), ("[CLS]", CONTROL), ("[SEP]", CONTROL), (SPACE_MARK, NORMAL)]
+    tokens += [(chr(cp), NORMAL) for cp in probe_code_points() if chr(cp) != SPACE_MARK]
+    return _spec(tokens, unknown_token_id=0, bos_token_id=1, seperator_token_id=2,
+                 **{"normalizer.lowercase": lowercase, "normalizer.strip_accents": strip_accents})
+
+
+def probe_summary(tokens: list[str], encode) -> list[list]:
+    """What ``encode(probe_text(cp))`` gives for every probed cp, as runs ``[first, last, kind, arg]``
+    of consecutive probed code points alike: kind "drop" (the character is removed), "space"
+    (it separates words), "alone" (a word of its own) or "join" (part of the word), arg the
+    offset from cp of the character it became; anything else is kind "ids" with the token texts."""
+    runs: list[list] = []
+    for cp in probe_code_points():
+        texts = [tokens[i] for i in encode(probe_text(cp))]
+        if texts == [SPACE_MARK, "a", "a"]:
+            kind, arg = "drop", 0
+        elif texts == [SPACE_MARK, "a", SPACE_MARK, "a"]:
+            kind, arg = "space", 0
+        elif len(texts) == 6 and texts[:3] == [SPACE_MARK, "a", SPACE_MARK] and texts[4:] == [SPACE_MARK, "a"] \
+                and len(texts[3]) == 1:
+            kind, arg = "alone", ord(texts[3]) - cp
+        elif len(texts) == 4 and texts[:2] == [SPACE_MARK, "a"] and texts[3] == "a" and len(texts[2]) == 1:
+            kind, arg = "join", ord(texts[2]) - cp
+        else:
+            kind, arg = "ids", "|".join(texts)
+        if runs and runs[-1][2:] == [kind, arg]:
+            runs[-1][1] = cp
+        else:
+            runs.append([cp, cp, kind, arg])
+    return runs
+
+
+def _spec_of(name: str) -> dict:
+    return _probe_spec(name) if name in PROBES else VOCABS[name]
+
+
 def digest(name: str) -> str:
     """What a stored fixture records of the vocabulary it was made on."""
-    return hashlib.sha256(json.dumps(VOCABS[name], sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(_spec_of(name), sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
 def metadata(name: str) -> dict[str, Any]:
     """The vocabulary as the ``key -> value`` dict ``Tokenizer.from_metadata`` reads."""
-    spec = VOCABS[name]
+    spec = _spec_of(name)
     meta = {KEY + "model": "bert", KEY + "pre": "default", KEY + "tokens": list(spec["tokens"]),
             KEY + "token_type": list(spec["token_type"])}
     meta.update({KEY + k: v for k, v in spec["keys"].items()})

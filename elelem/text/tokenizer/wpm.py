@@ -140,6 +140,9 @@ class WordPiece:
         """The longest token at each position, as llama.cpp's longest-first search finds it:
         scanning forward while the text read so far begins some token gives the same one."""
         word = SPACE_MARK + word
+        whole = self._token_to_id.get(word)  # the common case: the longest match at 0 is all of it
+        if whole is not None:
+            return (whole,)
         lookup = self.prefixes.get
         n = len(word)
         ids = []
