@@ -59,6 +59,28 @@ def test_a_new_llm_loads_the_shared_prefix_and_gives_the_same_tokens(model_path,
     assert evaluated <= len(QUESTION_B) + 12
 
 
+def test_the_file_is_read_outside_the_engine_lock(model_path, tmp_path):
+    """The submitting thread reads a hit's file before it takes the engine's
+    lock, so streams stepping meanwhile do not wait for the disk."""
+    with open_llm(model_path, tmp_path) as first:
+        first.generate_tokens(SYSTEM + QUESTION_A, 4)
+    with open_llm(model_path, tmp_path) as second:
+        cache, engine_lock = second.engine.prompt_cache, second.engine._cv._lock
+        reads = []
+        original = cache.read
+
+        def read(hit):
+            reads.append(engine_lock.locked())
+            return original(hit)
+
+        cache.read = read
+        second.generate_tokens(SYSTEM + QUESTION_B, 4)
+        assert reads == [False] and cache.hits == 1
+        reads.clear()
+        second.generate_tokens(SYSTEM + QUESTION_B + [5], 4)   # memory holds it: no file is read
+        assert reads == [] and cache.hits == 1
+
+
 def test_nothing_is_loaded_for_a_prompt_sharing_too_little(model_path, tmp_path):
     with open_llm(model_path, tmp_path) as first:
         first.generate_tokens(SYSTEM + QUESTION_A, 4)

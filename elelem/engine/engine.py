@@ -284,6 +284,8 @@ class Engine:
     # -- driving ---------------------------------------------------------------
 
     def _drive(self, own: Request, ready: Callable[[], bool]) -> None:
+        if not own.prefetch_tried:
+            self._prefetch_cached_prefix(own)
         with self._cv:
             if not own.done and own not in self._active:
                 self._check_open()
@@ -413,14 +415,8 @@ class Engine:
             # token with other kernels than a batch (gemv, not gemm), and a prompt whose
             # last token alone were re-evaluated could get other logits -- and at a
             # near-tie another greedy answer -- than the prompt evaluated afresh.
-            limit = max(0, len(prompt) - 2)
-            own = min(_common_prefix(cache.seq_tokens(request.seq), prompt), limit)
-            donor, shared = None, own
-            for seq in self._last_used:
-                if seq != request.seq:
-                    n = min(_common_prefix(cache.seq_tokens(seq), prompt), limit)
-                    if n > shared:
-                        donor, shared = seq, n
+            limit = _reuse_limit(prompt)
+            own, donor, shared = self._prefix_in_memory(request.seq, prompt, limit)
             loaded = self._load_cached_prefix(request, prompt, limit, shared)
             if loaded:
                 shared = loaded
@@ -455,17 +451,56 @@ class Engine:
             return
         request.admitted = False  # wait: cells come back as the others end
 
+    def _prefix_in_memory(self, seq: int, prompt: list[int], limit: int) -> tuple[int, Optional[int], int]:
+        """``(own, donor, shared)``: the prefix of ``prompt`` sequence ``seq``
+        holds, and the longest one any sequence holds (``donor``: which other
+        one, or None), at most ``limit`` positions.  Under the lock."""
+        cache = self._ctx.cache
+        own = min(_common_prefix(cache.seq_tokens(seq), prompt), limit)
+        donor, shared = None, own
+        for other in self._last_used:
+            if other != seq:
+                n = min(_common_prefix(cache.seq_tokens(other), prompt), limit)
+                if n > shared:
+                    donor, shared = other, n
+        return own, donor, shared
+
+    def _prefetch_cached_prefix(self, request: Request) -> None:
+        """Read the prompt cache's best entry for a new request's prompt, in
+        the caller's thread and outside the engine's lock, so that the other
+        streams do not stall on the disk (tens of ms for a long prompt).
+        Whether it is used is decided at admission (_load_cached_prefix)."""
+        request.prefetch_tried = True
+        disk = self.prompt_cache
+        if disk is None or request.prompt is None or request.admitted:
+            return
+        limit = _reuse_limit(request.prompt)
+        hit = disk.lookup(request.prompt, limit)   # the index: in memory, under the cache's own lock
+        if hit is None:
+            return
+        with self._cv:  # brief: what memory offers (a chat's next turn holds its prefix already)
+            held = self._prefix_in_memory(request.seq, request.prompt, limit)[2]
+        if hit.n - held < disk.min_tokens:
+            return
+        entry = disk.read(hit)
+        request.prefetched = (hit, entry) if entry is not None else None
+
     def _load_cached_prefix(self, request: Request, prompt: list[int], limit: int, held: int) -> int:
         """Load the longest prefix of ``prompt`` the prompt cache holds, when
         it beats the ``held`` positions the cache in memory offers by at
         least ``min_tokens``; returns the positions loaded (0: none)."""
         disk = self.prompt_cache
+        prefetched, request.prefetched = request.prefetched, None
         if disk is None or limit - held < disk.min_tokens:
             return 0
-        hit = disk.lookup(prompt, limit)
+        if prefetched is not None:
+            hit, entry = prefetched
+        else:  # not prefetched (a request driven by another thread's call): read it here
+            hit = disk.lookup(prompt, limit)
+            entry = None
         if hit is None or hit.n - held < disk.min_tokens:
             return 0
-        entry = disk.read(hit)
+        entry = entry if entry is not None else disk.read(hit)
         if entry is None:
             return 0
         cache = self._ctx.cache
@@ -639,3 +674,8 @@ def _common_prefix(a, b) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def _reuse_limit(prompt) -> int:
+    """The most positions of ``prompt`` that may come from a cache (see _admit)."""
+    return max(0, len(prompt) - 2)

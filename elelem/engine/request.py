@@ -60,6 +60,10 @@ class Request:
         self.drafted = 0                          # draft tokens verified
         self.accepted = 0                         # of those, the ones kept
         self.reused = 0                           # prompt tokens found in the cache
+        # The prompt cache's best entry for the prompt, read from disk by the
+        # submitting thread before it takes the engine's lock: (hit, entry) or None.
+        self.prefetched = None
+        self.prefetch_tried = False
         self.admitted = False
         self.admitted_at = 0                      # admission order (the newest yields first when cells run out)
         self.done = False
