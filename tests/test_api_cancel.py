@@ -106,3 +106,39 @@ def test_keyboard_interrupt_in_the_consumer_leaves_the_llm_usable(llm, reference
                 raise KeyboardInterrupt  # as Ctrl-C would, between two steps
     assert_consistent(llm)
     assert llm.generate(PROMPT, max_tokens=8, temperature=0) == reference
+
+
+def test_cancel_while_this_thread_holds_the_engine_lock_is_deferred(llm, reference, monkeypatch):
+    """What a signal handler's llm.cancel() meets when the signal lands while
+    the main thread plans a step (prompt-lookup drafting runs under the
+    engine's lock): it used to deadlock; now the cancel is recorded and
+    applied at the driver's next safe point."""
+    from elelem.engine.speculative import PromptLookup
+    propose = PromptLookup.propose
+    calls = []
+
+    def propose_then_cancel(self, limit):
+        calls.append(llm.engine._cv._is_owned())
+        if len(calls) == 3:
+            llm.cancel()          # as a handler would, with the lock held by this very thread
+        return propose(self, limit)
+
+    monkeypatch.setattr(PromptLookup, "propose", propose_then_cancel)
+    never_end = {t: -math.inf for t in llm.tokenizer.eog_ids}
+    outcome = []
+
+    def generate():
+        try:
+            llm.generate(PROMPT, max_tokens=200, temperature=0, logit_bias=never_end, speculative=True)
+            outcome.append("finished")
+        except KeyboardInterrupt:
+            outcome.append("cancelled")
+
+    worker = threading.Thread(target=generate, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "deadlocked"
+    assert calls[2] is True and outcome == ["cancelled"] and len(calls) < 50
+    monkeypatch.undo()
+    assert_consistent(llm)
+    assert llm.generate(PROMPT, max_tokens=8, temperature=0) == reference

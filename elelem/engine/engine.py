@@ -28,6 +28,7 @@ the others go on.  Nothing is truncated silently.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -80,7 +81,10 @@ class Engine:
         self.speculative = speculative
         self.draft = draft
         self._interrupted: Optional[BaseException] = None  # Ctrl-C while a draft model computed
-        self._cv = threading.Condition(threading.Lock())
+        # Reentrant only so that cancel() can tell that its own thread holds it
+        # (a signal handler that interrupted the engine); nothing re-enters it.
+        self._cv = threading.Condition(threading.RLock())
+        self._deferred_cancels: collections.deque = collections.deque()
         self._stepping = False
         self._active: list[Request] = []
         self._free_seqs = list(range(context.n_seq_max))
@@ -253,19 +257,30 @@ class Engine:
     def cancel(self, request: Request, error: Optional[BaseException] = None) -> None:
         """Stop ``request``: at once if no step runs it, else when the step
         ends.  ``error`` is what its consumer then sees (None: it just ends);
-        with an error, a running step is aborted (and re-run for the others)."""
+        with an error, a running step is aborted (and re-run for the others).
+
+        Safe from a signal handler: one that interrupts this thread while it
+        holds the engine's lock only records the cancel (the interrupted code
+        may be halfway through the engine's bookkeeping), and the driver
+        applies it at its next safe point."""
+        if self._cv._is_owned():
+            self._deferred_cancels.append((request, error))
+            return
         with self._cv:
-            if request.done:
-                return
-            request.cancelled = True
-            if request.in_step:
-                request.cancel_error = error
-                if error is not None:  # the caller is told at once: stop the step itself
-                    self._abort_for_cancel = True
-                    self._ctx.request_abort()
-            else:
-                self._drop(request, error)
-            self._cv.notify_all()
+            self._cancel_locked(request, error)
+
+    def _cancel_locked(self, request: Request, error: Optional[BaseException]) -> None:
+        if request.done:
+            return
+        request.cancelled = True
+        if request.in_step:
+            request.cancel_error = error
+            if error is not None:  # the caller is told at once: stop the step itself
+                self._abort_for_cancel = True
+                self._ctx.request_abort()
+        else:
+            self._drop(request, error)
+        self._cv.notify_all()
 
     def close(self) -> None:
         """Fail every request, then free the native context (waits for a running step)."""
@@ -295,6 +310,10 @@ class Engine:
                 self._active.append(own)
                 self._seq_request[own.seq] = own
             while not ready():
+                while self._deferred_cancels:   # recorded by a signal handler (see cancel)
+                    self._cancel_locked(*self._deferred_cancels.popleft())
+                if ready():
+                    break
                 if self._stepping or self._idle_waiters:
                     self._cv.wait()
                     continue
