@@ -218,3 +218,21 @@ def test_positions_past_the_learned_table_are_refused(tmp_path):
             ctx.decode([6] * 40, seq, True, embeddings=True)
         assert llm.engine.length(seq) == 100   # the refused step left the cache as it was
         ctx.decode([6] * 28, seq, True, embeddings=True)   # up to the last learned position
+
+
+@pytest.mark.real_model
+def test_the_compat_shim_embeds_an_encoder_as_llama_cpp_python(bert_models, llamacpp_bert):
+    """llama-cpp-python's own calls, unchanged: its default n_ctx=512 is past
+    the model's 128 learned positions, so the shim clamps it (elelem.LLM refuses)."""
+    from elelem.compat import Llama
+    from make_bert_fixtures import TEXTS
+    llm = Llama(model_path=str(bert_models / "bert.gguf"), embedding=True, n_threads=THREADS, verbose=False)
+    try:
+        assert llm.n_ctx() == 128
+        np.testing.assert_allclose(np.array(llm.embed(TEXTS)), np.array(llamacpp_bert["bert"]["pooled"]),
+                                   atol=LLAMACPP_ATOL, rtol=0)
+        assert llm.tokenize(TEXTS[0].encode()) == llamacpp_bert["bert"]["text_ids"][0]
+        with pytest.raises(InvalidArgumentError, match="encoder"):
+            llm("the cat", max_tokens=2)
+    finally:
+        llm.close()

@@ -37,6 +37,7 @@ calls (``generate`` takes both).
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections import deque
 from dataclasses import dataclass
@@ -54,6 +55,8 @@ from ..model.hub import resolve_model
 from ..sampling.sampler import Sampler, SamplingParams
 from . import llama_options as options
 from .llama_options import LLAMA_DEFAULT_SEED
+
+log = logging.getLogger("elelem")
 
 
 @dataclass(frozen=True)
@@ -97,8 +100,15 @@ class Llama:
         self._logits_all = bool(logits_all)
         self._seed = seed
         path = resolve_model(model_path)
+        spec = model_spec(read_gguf(path))
+        n_ctx_train = spec.hparams["n_ctx_train"]
         if n_ctx == 0:  # llama-cpp-python: the model's trained context
-            n_ctx = model_spec(read_gguf(path)).hparams["n_ctx_train"]
+            n_ctx = n_ctx_train
+        elif spec.global_tensors.get("pos_embd") and isinstance(n_ctx, int) and n_ctx > n_ctx_train:
+            # llama.cpp runs past a learned position table (BERT) until a text reaches
+            # its end; elelem refuses such an n_ctx, so the shim clamps it.
+            log.info("n_ctx=%d clamped to this model's %d learned positions", n_ctx, n_ctx_train)
+            n_ctx = n_ctx_train
         self.n_batch = min(n_ctx, n_batch) if isinstance(n_ctx, int) and isinstance(n_batch, int) else n_batch
         self._llm = LLM(path, n_ctx=n_ctx, n_batch=self.n_batch, n_threads=n_threads, use_mmap=use_mmap,
                         flash_attn=flash_attn, type_k=options.kv_type_name("type_k", type_k),
