@@ -165,25 +165,18 @@ class Reference:
 
     def arch_logits(self, models_dir: Path, names: list[str], smollm: Path) -> dict:
         """make_arch_fixtures.py's output for the <name>.gguf files in models_dir."""
-        files = [models_dir / f"{n}.gguf" for n in names]
-
-        def same_models(stored):
-            return [f"{n}: model file differs" for n, f in zip(names, files)
-                    if stored["configs"].get(n, {}).get("model_sha256") != file_sha256(f)]
-
-        def make():
-            live = run_script("make_arch_fixtures.py",
-                              ["--out", "{out}/arch_logits.json", "--models-dir", str(models_dir),
-                               "--smollm", str(smollm)],
-                              [], files, ["arch_logits.json"])
-            if live is None:
-                return self._stored(FIXTURES / "arch_logits.json", same_models)
-            return live["arch_logits.json"]
-
-        return self._once("arch", make)
+        return self._synthetic("make_arch_fixtures.py", "arch_logits.json", models_dir, names,
+                               ["--smollm", str(smollm)])
 
     def bert_embeddings(self, models_dir: Path, names: list[str]) -> dict:
         """make_bert_fixtures.py's output for the <name>.gguf encoders in models_dir."""
+        return self._synthetic("make_bert_fixtures.py", "bert_embeddings.json", models_dir, names)
+
+    def _synthetic(self, script: str, output: str, models_dir: Path, names: list[str],
+                   extra_args: list[str] = ()) -> dict:
+        """The output of a script that reads the synthetic <name>.gguf files of
+        models_dir (--models-dir) and writes one JSON file (--out) with, per
+        name, a "model_sha256" that a stored fixture must match."""
         files = [models_dir / f"{n}.gguf" for n in names]
 
         def same_models(stored):
@@ -191,14 +184,13 @@ class Reference:
                     if stored["configs"].get(n, {}).get("model_sha256") != file_sha256(f)]
 
         def make():
-            live = run_script("make_bert_fixtures.py",
-                              ["--out", "{out}/bert_embeddings.json", "--models-dir", str(models_dir)],
-                              [], files, ["bert_embeddings.json"])
+            live = run_script(script, ["--out", "{out}/" + output, "--models-dir", str(models_dir), *extra_args],
+                              [], files, [output])
             if live is None:
-                return self._stored(FIXTURES / "bert_embeddings.json", same_models)
-            return live["bert_embeddings.json"]
+                return self._stored(FIXTURES / output, same_models)
+            return live[output]
 
-        return self._once("bert", make)
+        return self._once(script, make)
 
     def greedy(self, name: str, model_path: Path) -> dict:
         """make_greedy_fixtures.py's output for one model (a key of its MODELS)."""

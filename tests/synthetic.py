@@ -152,11 +152,7 @@ def write_model(path: Path, cfg: TinyConfig,
     weights = make_weights(cfg)
     writer = gguf.GGUFWriter(str(path), cfg.arch)
     a = cfg.arch
-    writer.add_context_length(cfg.n_ctx_train)
-    writer.add_embedding_length(cfg.n_embd)
-    writer.add_block_count(cfg.n_layer)
-    writer.add_feed_forward_length(cfg.n_ff)
-    writer.add_head_count(cfg.n_head)
+    add_shape_keys(writer, cfg)
     writer.add_head_count_kv(cfg.n_head_kv)
     writer.add_layer_norm_rms_eps(cfg.rms_eps)
     writer.add_rope_freq_base(cfg.rope_base)
@@ -197,6 +193,15 @@ def write_model(path: Path, cfg: TinyConfig,
     writer.write_tensors_to_file()
     writer.close()
     return stored
+
+
+def add_shape_keys(writer: gguf.GGUFWriter, cfg) -> None:
+    """The hyperparameters every architecture has, from ``cfg``'s fields of those names."""
+    writer.add_context_length(cfg.n_ctx_train)
+    writer.add_embedding_length(cfg.n_embd)
+    writer.add_block_count(cfg.n_layer)
+    writer.add_feed_forward_length(cfg.n_ff)
+    writer.add_head_count(cfg.n_head)
 
 
 # --------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import gguf
 import numpy as np
 
 import ggml_numerics as numerics
-from synthetic import _rope, _silu
+from synthetic import _rope, _silu, add_shape_keys
 
 # A WordPiece vocabulary as GGUF stores BERT's: word-initial pieces carry
 # U+2581, continuations are bare (the converter's rewrite of "##x").
@@ -47,7 +47,7 @@ class BertConfig:
     pooling: Optional[int] = 1       # {arch}.pooling_type (1 mean, 2 cls, 3 last); None: not written
     causal: Optional[bool] = False   # {arch}.attention.causal; None: not written (llama.cpp then assumes true)
     fused_qkv: Optional[bool] = None  # default: nomic-bert fused, bert separate
-    wtype: str = "f32"
+    wtype: str = "f32"               # the blocks' matrices: f32, f16 or q8_0
     seed: int = 0
 
     @property
@@ -101,20 +101,34 @@ def make_weights(cfg: BertConfig) -> dict[str, np.ndarray]:
     return w
 
 
-def write_bert(path: Path, cfg: BertConfig,
-               edit: Optional[Callable[[dict[str, np.ndarray]], None]] = None) -> dict[str, np.ndarray]:
+def write_bert(path: Path, cfg: BertConfig, edit: Optional[Callable[[dict[str, np.ndarray]], None]] = None,
+               *, encoder_keys: bool = True) -> dict[str, np.ndarray]:
     """Write ``cfg`` (with its WordPiece vocabulary) to ``path``; returns the
-    weights as stored.  ``edit`` may change the weight table first (tests of
-    malformed files)."""
+    weights as stored.  ``edit`` may change the weight table first, and
+    ``encoder_keys=False`` writes only the shape keys (tests of malformed files)."""
     weights = make_weights(cfg)
     if edit is not None:
         edit(weights)
     writer = gguf.GGUFWriter(str(path), cfg.arch)
-    writer.add_context_length(cfg.n_ctx_train)
-    writer.add_embedding_length(cfg.n_embd)
-    writer.add_block_count(cfg.n_layer)
-    writer.add_feed_forward_length(cfg.n_ff)
-    writer.add_head_count(cfg.n_head)
+    add_shape_keys(writer, cfg)
+    if encoder_keys:
+        _add_encoder_keys(writer, cfg)
+    for name, arr in weights.items():
+        if cfg.wtype != "f32" and arr.ndim == 2 and name.startswith("blk."):
+            qtype = numerics_qtype(cfg.wtype)
+            data = gguf.quants.quantize(arr, qtype)
+            writer.add_tensor(name, data, raw_dtype=qtype)
+            weights[name] = gguf.quants.dequantize(data, qtype).reshape(arr.shape).astype(np.float32)
+        else:
+            writer.add_tensor(name, arr)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return weights
+
+
+def _add_encoder_keys(writer: gguf.GGUFWriter, cfg: BertConfig) -> None:
     writer.add_layer_norm_eps(cfg.norm_eps)
     if cfg.causal is not None:
         writer.add_causal_attention(cfg.causal)
@@ -131,19 +145,6 @@ def write_bert(path: Path, cfg: BertConfig,
     for key, token in (("unk", "[UNK]"), ("bos", "[CLS]"), ("sep", "[SEP]"), ("pad", "[PAD]"), ("mask", "[MASK]")):
         getattr(writer, f"add_{key}_token_id")(vocab.index(token))
     writer.add_add_bos_token(True)   # [CLS] first; llama.cpp's WordPiece adds [SEP] last by default
-    for name, arr in weights.items():
-        if cfg.wtype != "f32" and arr.ndim == 2 and name.startswith("blk."):
-            qtype = numerics_qtype(cfg.wtype)
-            data = gguf.quants.quantize(arr, qtype)
-            writer.add_tensor(name, data, raw_dtype=qtype)
-            weights[name] = gguf.quants.dequantize(data, qtype).reshape(arr.shape).astype(np.float32)
-        else:
-            writer.add_tensor(name, arr)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return weights
 
 
 def numerics_qtype(wtype: str):

@@ -165,22 +165,7 @@ def test_malformed_encoders_are_refused_with_the_tensor_named(tmp_path, cfg, edi
 
 
 def test_missing_encoder_hyperparameters_are_refused(tmp_path):
-    import gguf
-
-    from synthetic_bert import make_weights
-    cfg = BertConfig()
-    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "bert")
-    writer.add_context_length(cfg.n_ctx_train)
-    writer.add_embedding_length(cfg.n_embd)
-    writer.add_block_count(cfg.n_layer)
-    writer.add_feed_forward_length(cfg.n_ff)
-    writer.add_head_count(cfg.n_head)
-    for name, arr in make_weights(cfg).items():
-        writer.add_tensor(name, arr)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_bert(tmp_path / "m.gguf", BertConfig(), encoder_keys=False)
     with pytest.raises(ModelShapeError, match="layer_norm_epsilon"):
         elelem.LLM(tmp_path / "m.gguf")
 
