@@ -63,23 +63,31 @@ cdef class Context:
 
     cdef void _release(self) noexcept:
         cdef _FreeJob job
+        cdef int i
         self._drop_graph()
         memset(&job, 0, sizeof(job))
         job.sched = self.sched
         job.n_backends = self.n_backends
         job.backends = self.backends
-        if self.rpc_timeout > 0 and self.cache is not None:
+        cdef bint guarded_cache = self.rpc_timeout > 0 and self.cache is not None
+        if guarded_cache:
             # Cells on servers are freed here, guarded, not by the cache's
             # __dealloc__, which could wait on a lost server forever.
             job.n_buffers = self.cache.n_bufs
             job.buffers = self.cache.bufs
-            self.cache.leak_buffers = True
         _free_guarded(&job, self.rpc_timeout, self.rpc_endpoints)
+        if guarded_cache:
+            if _rpc_unsafe(self.rpc_endpoints):
+                self.cache.leak_buffers = True
+            else:
+                for i in range(self.cache.n_bufs):
+                    self.cache.bufs[i] = NULL  # freed by the job
         self.sched = NULL
         self.n_backends = 0
         self.cpu = NULL
         if self.graph_meta != NULL:
-            free(self.graph_meta)
+            if not (self.rpc_timeout > 0 and _rpc_unsafe(self.rpc_endpoints)):
+                free(self.graph_meta)  # else a step given up on may still read its graph there
             self.graph_meta = NULL
         self.cache = None
         self.closed = True
@@ -185,7 +193,7 @@ cdef class Context:
         job.gf = gf
         job.what = what
         try:
-            return _run_guarded(_sched_job, &job, self.rpc_timeout, description, self.rpc_endpoints)
+            return _run_guarded(_sched_job, &job, sizeof(job), self.rpc_timeout, description, self.rpc_endpoints)
         except errors.RPCError:
             self.lost = True
             raise
@@ -427,7 +435,7 @@ cdef void _init_device_backends(Context c, list devices) except *:
         job.dev = (<Device?> dev).dev
         job.backend = NULL
         job.buft = NULL
-        _run_guarded(_device_init_job, &job, c.rpc_timeout, f"starting a backend on {dev.description}",
+        _run_guarded(_device_init_job, &job, sizeof(job), c.rpc_timeout, f"starting a backend on {dev.description}",
                      c.rpc_endpoints)
         if job.backend == NULL:
             raise errors.ComputeError(f"ggml could not start a backend on {dev.name} ({dev.description})")

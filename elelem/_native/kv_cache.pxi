@@ -26,7 +26,8 @@ cdef class KVCache:
     cdef ggml_context * ctxs[MAX_KV_BUFFERS]
     cdef ggml_backend_buffer_t bufs[MAX_KV_BUFFERS]
     cdef int n_bufs
-    cdef bint leak_buffers      # their server was lost: freeing them would wait on it forever
+    cdef bint leak_buffers      # their server was lost: freeing them would wait on it forever,
+                                # and a call given up on may still use their tensors
     cdef ggml_tensor ** k       # n_layer entries: (head_dim_k * n_head_kv, kv_size)
     cdef ggml_tensor ** v       # n_layer entries: (head_dim_v * n_head_kv, kv_size); transposed without flash attention
     cdef int32_t * cell_pos     # kv_size: the position a cell holds, -1 when free
@@ -60,7 +61,7 @@ cdef class KVCache:
         for i in range(self.n_bufs):
             if self.bufs[i] != NULL and not self.leak_buffers:
                 ggml_backend_buffer_free(self.bufs[i])
-            if self.ctxs[i] != NULL:
+            if self.ctxs[i] != NULL and not self.leak_buffers:
                 ggml_free(self.ctxs[i])
         free(self.k)
         free(self.v)

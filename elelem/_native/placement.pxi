@@ -80,7 +80,12 @@ cdef void _place_on_device(Model m, Device dev, list layers) except *:
         job.n = count
         job.src = src
         job.dst = dst
-        _run_guarded(_upload_job, &job, m.rpc_timeout, f"uploading weights to {dev.description}", endpoints)
+        try:
+            _run_guarded(_upload_job, &job, sizeof(job), m.rpc_timeout, f"uploading weights to {dev.description}",
+                         endpoints)
+        except errors.RPCError:
+            src = dst = NULL  # an upload given up on may still read them: left allocated
+            raise
         k = 0
         for il in layers:  # the same walk: point each role at its copy
             for ir in range(len(LAYER_ROLES)):
@@ -105,7 +110,7 @@ cdef void _release_device_weights(Model m) noexcept:
         _free_guarded(&job, m.rpc_timeout, m.rpc_endpoints)
         for i in range(m.n_device_bufs):
             m.device_buf[i] = NULL
-            if m.device_ctx[i] != NULL:
-                ggml_free(m.device_ctx[i])
-                m.device_ctx[i] = NULL
+            if m.device_ctx[i] != NULL and not _rpc_unsafe(m.rpc_endpoints):
+                ggml_free(m.device_ctx[i])  # else a call given up on may still use its tensors
+            m.device_ctx[i] = NULL
         m.n_device_bufs = 0

@@ -32,6 +32,7 @@ cdef extern from *:
     #include <memory>
     #include <mutex>
     #include <thread>
+    #include <vector>
 
     static std::atomic<int> elelem_rpc_lost_flag{0};
     static char elelem_rpc_lost_text[1024];
@@ -63,15 +64,20 @@ cdef extern from *:
         std::condition_variable cv;
         bool done = false;
         int result = 0;
+        std::vector<char> arg;   /* the job's own copy of the caller's arguments */
     };
 
-    /* Run fn(arg) on a new thread; wait for it at most timeout_s seconds
-       (<= 0: no limit), returning early if a server is lost meanwhile. */
-    static int elelem_guarded(int (*fn)(void *), void * arg, double timeout_s) {
+    /* Run fn on a copy of the arg_size bytes at arg, on a new thread; wait
+       for it at most timeout_s seconds (<= 0: no limit), returning early if
+       a server is lost meanwhile.  When it finishes in time its copy is
+       written back to arg.  The copy keeps a call that is given up on from
+       writing into the caller's stack frame, should it ever finish. */
+    static int elelem_guarded(int (*fn)(void *), void * arg, size_t arg_size, double timeout_s) {
         if (elelem_rpc_lost_flag.load()) return ELELEM_GUARD_LOST;
         auto job = std::make_shared<elelem_guard_job>();
-        std::thread([job, fn, arg] {
-            int r = fn(arg);
+        job->arg.assign((char *) arg, (char *) arg + arg_size);
+        std::thread([job, fn] {
+            int r = fn(job->arg.data());
             std::lock_guard<std::mutex> lock(job->mu);
             job->result = r;
             job->done = true;
@@ -87,6 +93,7 @@ cdef extern from *:
             if (timeout_s > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
                     > timeout_s) return ELELEM_GUARD_TIMEOUT;
         }
+        memcpy(arg, job->arg.data(), arg_size);
         return job->result;
     }
     """
@@ -95,8 +102,11 @@ cdef extern from *:
     void elelem_on_ggml_abort(const char * message) noexcept nogil
     void elelem_rpc_lost_message(char * out, size_t size) noexcept nogil
     int elelem_rpc_lost_flag_get "elelem_rpc_lost_flag.load"() noexcept nogil
-    int elelem_guarded(int (*fn)(void *) noexcept nogil, void * arg, double timeout_s) noexcept nogil
+    int elelem_guarded(int (*fn)(void *) noexcept nogil, void * arg, size_t arg_size, double timeout_s) noexcept nogil
 
+
+from libc.string cimport memcpy
+import socket as _socket
 
 RPC_MODULE = "libggml-rpc.so"
 # How long one call to a server may take before it counts as hung: a step
@@ -186,7 +196,7 @@ def rpc_connect(str endpoint, double timeout=DEFAULT_RPC_TIMEOUT):
     call.reg = NULL
     cdef int result
     with nogil:
-        result = elelem_guarded(_add_server_job, &call, timeout)
+        result = elelem_guarded(_add_server_job, &call, sizeof(call), timeout)
     if result != 0:
         _raise_guard_failure(result, f"connecting to {endpoint}", [endpoint], timeout)
     if call.reg == NULL:
@@ -247,15 +257,17 @@ cdef bint _rpc_unsafe(endpoints) noexcept:
     return elelem_rpc_lost_flag_get() != 0 or any(e in _lost_endpoints for e in endpoints)
 
 
-cdef int _run_guarded(int (*fn)(void *) noexcept nogil, void * arg, double timeout, str what,
+cdef int _run_guarded(int (*fn)(void *) noexcept nogil, void * arg, size_t arg_size, double timeout, str what,
                       endpoints=None) except? -1:
+    """fn(arg), guarded unless ``timeout`` is 0.  What the job's struct points
+    to must outlive a call given up on: callers leak it then (_rpc_unsafe)."""
     cdef int result
     if timeout <= 0:
         with nogil:
             result = fn(arg)
         return result
     with nogil:
-        result = elelem_guarded(fn, arg, timeout)
+        result = elelem_guarded(fn, arg, arg_size, timeout)
     if result == ELELEM_GUARD_LOST or result == ELELEM_GUARD_TIMEOUT:
         _raise_guard_failure(result, what, _suspects(result, endpoints), timeout)
     return result
@@ -264,7 +276,6 @@ cdef int _run_guarded(int (*fn)(void *) noexcept nogil, void * arg, double timeo
 cdef list _suspects(int result, endpoints):
     """The servers to blame: of those in use, the ones that now refuse a
     connection (a server that died); all of them when none does (a hang)."""
-    import socket
     candidates = sorted(endpoints if endpoints else _connected_endpoints)
     if result == ELELEM_GUARD_TIMEOUT:
         return candidates
@@ -272,7 +283,7 @@ cdef list _suspects(int result, endpoints):
     for endpoint in candidates:
         host, _, port = endpoint.rpartition(":")
         try:
-            socket.create_connection((host, int(port)), timeout=1.0).close()
+            _socket.create_connection((host, int(port)), timeout=1.0).close()
         except OSError:
             refused.append(endpoint)
     return refused or candidates
@@ -306,7 +317,7 @@ cdef ggml_backend_buffer_t _alloc_tensors(ggml_context * ctx, ggml_backend_buffe
     job.usage = usage
     job.clear = clear
     job.buf = NULL
-    _run_guarded(_alloc_job, &job, timeout, f"allocating {ggml_backend_buft_name(buft).decode()}", endpoints)
+    _run_guarded(_alloc_job, &job, sizeof(job), timeout, f"allocating {ggml_backend_buft_name(buft).decode()}", endpoints)
     return job.buf
 
 
@@ -381,11 +392,27 @@ RPC_RELEASE_TIMEOUT = 10.0
 cdef void _free_guarded(_FreeJob * job, double timeout, endpoints) noexcept:
     """Free what a job names, unless a server it lives on was lost (then it is
     left allocated: freeing it would wait on the dead server forever)."""
-    if timeout > 0 and _rpc_unsafe(endpoints):
+    if timeout <= 0:
+        _free_job(job)
+        return
+    if _rpc_unsafe(endpoints):
         _log.warning("not freeing buffers on the lost RPC servers %s", ", ".join(sorted(endpoints)))
         return
+    # The job gets arrays of its own: the caller's go away with it, even if the job never ends.
+    cdef _FreeJob own = job[0]
+    own.backends = <ggml_backend_t *> malloc((job.n_backends + 1) * sizeof(ggml_backend_t))
+    own.buffers = <ggml_backend_buffer_t *> malloc((job.n_buffers + 1) * sizeof(ggml_backend_buffer_t))
+    if own.backends == NULL or own.buffers == NULL:
+        free(own.backends)
+        free(own.buffers)
+        return
+    memcpy(own.backends, job.backends, job.n_backends * sizeof(ggml_backend_t))
+    memcpy(own.buffers, job.buffers, job.n_buffers * sizeof(ggml_backend_buffer_t))
     try:
-        _run_guarded(_free_job, job, min(timeout, RPC_RELEASE_TIMEOUT) if timeout > 0 else 0,
+        _run_guarded(_free_job, &own, sizeof(own), min(timeout, RPC_RELEASE_TIMEOUT),
                      "freeing buffers on RPC servers", endpoints)
-    except BaseException as error:  # called from __dealloc__: log, never raise
+    except BaseException as error:  # called from __dealloc__: log, never raise (the arrays stay with the job)
         _log.warning("%s", error)
+        return
+    free(own.backends)
+    free(own.buffers)
