@@ -31,6 +31,7 @@ PACKAGE_ROOT = Path(elelem.__file__).resolve().parent.parent  # the elelem under
 CHILD_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_ROOT), str(HERE),
                                                                      os.environ.get("PYTHONPATH")])))
 SIX_LAYERS = TinyConfig(n_layer=6, n_ctx_train=512)
+TIMEOUT = 30.0  # rpc_timeout of the clients here: a stuck server fails the test instead of hanging it
 
 
 def free_port() -> int:
@@ -133,6 +134,7 @@ def test_plan_layers_n_gpu_layers_and_tensor_split():
 def test_parse_endpoints():
     assert parse_endpoints("127.0.0.1:1, localhost:02") == ["127.0.0.1:1", "localhost:2"]
     assert parse_endpoints(["h:5"]) == ["h:5"]
+    assert parse_endpoints("") == parse_endpoints(None) == []
     for bad in ("127.0.0.1:notaport", "127.0.0.1", ":5", "h:0", "h:70000", "h:1,h:1", ","):
         with pytest.raises(InvalidArgumentError):
             parse_endpoints(bad)
@@ -148,7 +150,7 @@ def test_greedy_tokens_equal_the_local_run(tiny_model, two_servers, wtype):
         expected = greedy(local, prompt)
         local_logits = local.engine.context.decode(prompt, 5, outputs=True)  # a sequence no session uses
     servers = [s.endpoint for s in two_servers]
-    with LLM(path, n_ctx=128, n_threads=1, rpc_servers=servers) as split:
+    with LLM(path, n_ctx=128, n_threads=1, rpc_servers=servers, rpc_timeout=TIMEOUT) as split:
         assert split.placement.layer_device == [-1, -1, 0, 0, 1, 1]
         names = split.engine.context.backend_names
         assert len(names) == 3 and all(s in n for s, n in zip(servers, names)) and names[2] == "CPU"
@@ -162,7 +164,8 @@ def test_every_layer_remote_and_a_batch_of_sequences(tiny_model, two_servers):
     servers = ",".join(s.endpoint for s in two_servers)  # the comma-separated form, as llama-cpp-python's
     with LLM(path, n_ctx=128, n_threads=1) as local:
         expected = local.engine.context.decode([3, 4, 5, 6, 7, 8], [5, 5, 5, 6, 6, 6])
-    with LLM(path, n_ctx=128, n_threads=1, rpc_servers=servers, n_gpu_layers=-1, tensor_split=[2, 1]) as split:
+    with LLM(path, n_ctx=128, n_threads=1, rpc_servers=servers, n_gpu_layers=-1, tensor_split=[2, 1],
+             rpc_timeout=TIMEOUT) as split:
         assert split.placement.layer_device == [0, 0, 0, 0, 1, 1]
         got = split.engine.context.decode([3, 4, 5, 6, 7, 8], [5, 5, 5, 6, 6, 6])
         generated = split.generate_tokens([3, 4, 5], 8)
@@ -186,7 +189,8 @@ def test_smollm2_split_over_two_servers_gives_the_local_tokens(smollm_path, two_
     prompt = "The capital of France is"
     with LLM(smollm_path, n_ctx=256, n_threads=1) as local:
         expected = local.generate(prompt, max_tokens=16, temperature=0)
-    with LLM(smollm_path, n_ctx=256, n_threads=1, rpc_servers=[s.endpoint for s in two_servers]) as split:
+    with LLM(smollm_path, n_ctx=256, n_threads=1, rpc_servers=[s.endpoint for s in two_servers],
+             rpc_timeout=TIMEOUT) as split:
         assert split.generate(prompt, max_tokens=16, temperature=0) == expected
 
 
@@ -198,6 +202,16 @@ def test_info_devices_lists_the_servers(two_servers):
     rows = json.loads(result.stdout)
     assert [r["kind"] for r in rows] == ["cpu", "rpc"]
     assert rows[1]["endpoint"] == two_servers[0].endpoint and rows[1]["free_bytes"] > 0
+
+
+def test_bench_command_runs_over_the_servers(tiny_model, two_servers):
+    path, _ = tiny_model(SIX_LAYERS.but(n_vocab=256))  # the bench prompt draws ids from 100 up
+    result = subprocess.run([sys.executable, "-m", "elelem", "bench", "-m", str(path), "-t", "1", "-p", "8",
+                             "-g", "4", "--json", "--rpc", ",".join(s.endpoint for s in two_servers)],
+                            cwd=HERE, env=CHILD_ENV, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["decode_tok_s"] > 0 and figures["prefill_tok_s"] > 0
 
 
 # -- bad addresses -----------------------------------------------------------
@@ -308,6 +322,12 @@ def test_rpc_server_warns_loudly_with_allow_remote(start_server):
     _, err = server.proc.communicate(timeout=20)
     assert "WARNING" in err and "NO authentication" in err
     assert "no authentication or encryption" in err  # the library's log line too
+
+
+def test_rpc_server_refuses_an_unknown_device():
+    result = subprocess.run([sys.executable, "-m", "elelem", "rpc-server", "--port", str(free_port()),
+                             "--device", "NOPE"], cwd=HERE, env=CHILD_ENV, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "no device named 'NOPE'" in result.stderr and "CPU" in result.stderr
 
 
 def test_rpc_server_on_a_taken_port_fails(start_server):

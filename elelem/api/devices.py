@@ -36,8 +36,8 @@ HANDSHAKE_TIMEOUT = 10.0
 
 def parse_endpoints(value) -> list[str]:
     """``["host:port", ...]`` or ``"host:port,host:port"`` -> a checked list."""
-    if value is None:
-        return []
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return []  # llama-cpp-python's "no servers"
     items = value.split(",") if isinstance(value, str) else list(value)
     endpoints = []
     for item in items:
