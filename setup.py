@@ -5,7 +5,8 @@ folder (never inside the source tree) and shipped inside the package, in
 ``elelem/_lib``: ``libggml-base`` and ``libggml``, which ``elelem._core``
 links against (found through an ``$ORIGIN`` rpath), and the CPU backend as
 modules (``libggml-cpu*.so``) that the core loads at run time, choosing the
-best one the running CPU supports.
+best one the running CPU supports, and ggml's RPC backend module
+(``libggml-rpc.so``), loaded when a model is split over RPC servers.
 
 Environment switches:
   ELELEM_PORTABLE=1   build every x86-64 CPU variant (ggml's GGML_CPU_ALL_VARIANTS):
@@ -29,6 +30,7 @@ CMAKE_PROJECT = ROOT / "cmake"
 LIB_DIR_NAME = "_lib"               # elelem/_lib: ggml's shared libraries and backend modules
 LINKED_LIBS = ("libggml.so", "libggml-base.so")
 BACKEND_MODULE_GLOB = "libggml-cpu*.so"
+RPC_MODULE = "libggml-rpc.so"      # ggml's RPC backend, a module loaded on first use
 
 
 def env_flag(name: str) -> bool:
@@ -110,7 +112,9 @@ def install_libraries(built: Path, lib_dir: Path) -> list[Path]:
     modules = sorted(built.glob(BACKEND_MODULE_GLOB))
     if not modules:
         sys.exit(f"ggml build produced no CPU backend module ({BACKEND_MODULE_GLOB}) under {built}")
-    for module in modules:
+    if not (built / RPC_MODULE).is_file():
+        sys.exit(f"ggml build produced no RPC backend module ({RPC_MODULE}) under {built}")
+    for module in modules + [built / RPC_MODULE]:
         shutil.copyfile(module, lib_dir / module.name)
     shutil.copyfile(GGML / "LICENSE", lib_dir / "LICENSE-ggml")  # ggml's MIT licence travels with its binaries
     return linked

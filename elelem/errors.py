@@ -93,6 +93,15 @@ class ComputeError(ElelemError, RuntimeError):
     """ggml failed to allocate or compute a graph."""
 
 
+class RPCError(ComputeError, ConnectionError):
+    """An RPC server (``rpc_servers``) that cannot be reached, is not a ggml RPC
+    server, or was lost or stopped answering; ``endpoints`` names the servers."""
+
+    def __init__(self, message: str, *, endpoints: list[str] | None = None):
+        super().__init__(message)
+        self.endpoints = list(endpoints or [])
+
+
 class TemplateError(ElelemError, ValueError):
     """A chat template that is invalid, unsafe, or too expensive to render."""
 

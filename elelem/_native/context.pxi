@@ -35,6 +35,11 @@ cdef class Context:
     cdef volatile int abort_flag
     cdef bint busy                      # a step is running (in another thread)
     cdef bint closed
+    # RPC servers among the backends: every call that may talk to one runs
+    # guarded (rpc.pxi), and fails after rpc_timeout seconds without an answer.
+    cdef readonly list rpc_endpoints
+    cdef readonly double rpc_timeout
+    cdef bint lost                      # a server was lost mid-call: the context is unusable
 
     def __cinit__(self):
         self.n_backends = 0
@@ -46,6 +51,9 @@ cdef class Context:
         self.closed = True
         self.busy = False
         self.abort_flag = 0
+        self.rpc_endpoints = []
+        self.rpc_timeout = 0
+        self.lost = False
 
     def __init__(self, *args, **kwargs):
         raise TypeError("Context objects are made by elelem._core.new_context()")
@@ -54,17 +62,32 @@ cdef class Context:
         self._release()
 
     cdef void _release(self) noexcept:
+        cdef _FreeJob job
         cdef int i
         self._drop_graph()
-        if self.sched != NULL:
-            ggml_backend_sched_free(self.sched)
-            self.sched = NULL
-        for i in range(self.n_backends):
-            ggml_backend_free(self.backends[i])
+        memset(&job, 0, sizeof(job))
+        job.sched = self.sched
+        job.n_backends = self.n_backends
+        job.backends = self.backends
+        cdef bint guarded_cache = self.rpc_timeout > 0 and self.cache is not None
+        if guarded_cache:
+            # Cells on servers are freed here, guarded, not by the cache's
+            # __dealloc__, which could wait on a lost server forever.
+            job.n_buffers = self.cache.n_bufs
+            job.buffers = self.cache.bufs
+        _free_guarded(&job, self.rpc_timeout, self.rpc_endpoints)
+        if guarded_cache:
+            if _rpc_unsafe(self.rpc_endpoints):
+                self.cache.leak_buffers = True
+            else:
+                for i in range(self.cache.n_bufs):
+                    self.cache.bufs[i] = NULL  # freed by the job
+        self.sched = NULL
         self.n_backends = 0
         self.cpu = NULL
         if self.graph_meta != NULL:
-            free(self.graph_meta)
+            if not (self.rpc_timeout > 0 and _rpc_unsafe(self.rpc_endpoints)):
+                free(self.graph_meta)  # else a step given up on may still read its graph there
             self.graph_meta = NULL
         self.cache = None
         self.closed = True
@@ -105,6 +128,9 @@ cdef class Context:
     cdef inline void _check_open(self) except *:
         if self.closed:
             raise errors.ClosedError("this context is closed")
+        if self.lost:
+            raise errors.RPCError(f"this model lost its RPC server ({', '.join(self.rpc_endpoints)}) "
+                                  "and cannot be used any more; open it again", endpoints=self.rpc_endpoints)
         self.model._check_open()
 
     def set_n_threads(self, object n_threads):
@@ -154,10 +180,23 @@ cdef class Context:
         st.n_outputs = min(st.n_tokens, self.cache.n_seq_max)
         cdef ggml_cgraph * gf = self._build(&st)
         try:
-            if not ggml_backend_sched_reserve(self.sched, gf):
+            if not self._sched_call(gf, 2, "reserving the compute buffers"):
                 raise MemoryError("ggml could not reserve the compute buffers")
         finally:
             ggml_free(st.ctx)
+
+    cdef int _sched_call(self, ggml_cgraph * gf, int what, str description) except? -1:
+        """A scheduler call, guarded when servers take part: one that does
+        not finish leaves the context lost (its objects are never freed)."""
+        cdef _SchedJob job
+        job.sched = self.sched
+        job.gf = gf
+        job.what = what
+        try:
+            return _run_guarded(_sched_job, &job, sizeof(job), self.rpc_timeout, description, self.rpc_endpoints)
+        except errors.RPCError:
+            self.lost = True
+            raise
 
     cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs, bint embeddings) except NULL:
         cdef Step * st = &self.graph_step
@@ -171,8 +210,7 @@ cdef class Context:
         st.n_outputs = n_outputs
         st.embeddings = embeddings
         self._build(st)
-        ggml_backend_sched_reset(self.sched)
-        if not ggml_backend_sched_alloc_graph(self.sched, st.gf):
+        if not self._sched_call(st.gf, 1, "allocating a step's graph"):
             self._drop_graph()
             raise MemoryError("ggml could not allocate the compute graph")
         self.graph_ready = True
@@ -265,7 +303,13 @@ cdef class Context:
         with nogil:
             if watching:
                 watching = elelem_sigint_watch()
-            status = ggml_backend_sched_graph_compute(self.sched, self.graph_step.gf)
+        try:
+            if self.rpc_timeout > 0:
+                status = <ggml_status> self._sched_call(self.graph_step.gf, 0, "computing a step")
+            else:
+                with nogil:
+                    status = ggml_backend_sched_graph_compute(self.sched, self.graph_step.gf)
+        finally:
             if watching:
                 elelem_sigint_unwatch()
         if status == GGML_STATUS_ABORTED:
@@ -339,12 +383,16 @@ cdef ggml_type _kv_type(str option, object name, int head_dim) except *:
 
 
 def new_context(Model model, object kv_size, object n_batch=512, object n_threads=1, object kv_type="f16",
-                bint flash_attn=False, object n_seq_max=1, object type_v=None):
+                bint flash_attn=False, object n_seq_max=1, object type_v=None, list devices=None,
+                list layer_device=None):
     """Backends, scheduler and a KV cache of ``kv_size`` cells shared by up to
     ``n_seq_max`` sequences, over ``model``.  ``kv_type`` is the type of K (and
     of V, unless ``type_v`` says otherwise): f16, f32, q8_0 or q4_0.  A
     quantized V needs flash attention (ggml's softmax path multiplies a
-    transposed V, which cannot be stored in blocks), so it turns it on."""
+    transposed V, which cannot be stored in blocks), so it turns it on.
+    ``devices`` and ``layer_device`` are those the model's layers were placed
+    with (place_layers): each device gets a backend, ahead of the CPU, and
+    each layer's K and V live on its device."""
     model._check_open()
     cdef int cells = _checked_count("kv_size", kv_size, MAX_CELLS)
     cdef int batch = _checked_count("n_batch", n_batch, MAX_CELLS)
@@ -362,11 +410,19 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
     c.n_batch = min(batch, cells)
     c.n_threads = threads
     c.flash_attn = flash_attn
+    devices = devices or []
+    layer_device = layer_device if layer_device is not None else [-1] * model.hp.n_layer
+    if len(layer_device) != model.hp.n_layer or len(devices) >= MAX_BACKENDS:
+        raise errors.InvalidArgumentError("devices and layer_device do not fit this model")
+    c.rpc_endpoints = model.rpc_endpoints
+    c.rpc_timeout = model.rpc_timeout
+    c.closed = False  # from here on, _release frees what was made
+    _init_device_backends(c, devices)
     c.cpu = _new_cpu_backend(threads, &c.abort_flag)
-    c.backends[0] = c.cpu
-    c.bufts[0] = ggml_backend_get_default_buffer_type(c.cpu)
-    c.n_backends = 1
-    # Every layer runs on the CPU today; its K and V live in that backend's buffers.
+    c.backends[c.n_backends] = c.cpu
+    c.bufts[c.n_backends] = ggml_backend_get_default_buffer_type(c.cpu)
+    c.n_backends += 1
+    # Each layer's K and V live in the buffers of the device that runs it.
     cdef ggml_backend_buffer_type_t * layer_buft = <ggml_backend_buffer_type_t *> malloc(
         model.hp.n_layer * sizeof(ggml_backend_buffer_type_t))
     if layer_buft == NULL:
@@ -374,8 +430,8 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
     cdef int il
     try:
         for il in range(model.hp.n_layer):
-            layer_buft[il] = c.bufts[c.n_backends - 1]
-        c.cache = _new_kv_cache(model, cells, seqs, kv, kv_v, not flash_attn, layer_buft)
+            layer_buft[il] = c.bufts[layer_device[il] if layer_device[il] >= 0 else c.n_backends - 1]
+        c.cache = _new_kv_cache(model, cells, seqs, kv, kv_v, not flash_attn, layer_buft, c.rpc_timeout)
     finally:
         free(layer_buft)
     # Graph metadata: a generous node budget per layer; the arena is reused by every step.
@@ -387,6 +443,21 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
     c.sched = ggml_backend_sched_new(c.backends, c.bufts, c.n_backends, 2 * c.graph_size, False, True)
     if c.sched == NULL:
         raise MemoryError("ggml could not create the backend scheduler")
-    c.closed = False
     c._reserve()
     return c
+
+
+cdef void _init_device_backends(Context c, list devices) except *:
+    """A backend for each device, in the order given, ahead of the CPU."""
+    cdef _DeviceInitJob job
+    for dev in devices:
+        job.dev = (<Device?> dev).dev
+        job.backend = NULL
+        job.buft = NULL
+        _run_guarded(_device_init_job, &job, sizeof(job), c.rpc_timeout, f"starting a backend on {dev.description}",
+                     c.rpc_endpoints)
+        if job.backend == NULL:
+            raise errors.ComputeError(f"ggml could not start a backend on {dev.name} ({dev.description})")
+        c.backends[c.n_backends] = job.backend
+        c.bufts[c.n_backends] = job.buft
+        c.n_backends += 1

@@ -72,7 +72,10 @@ ggml_log_set(_ggml_log_callback, NULL)
 
 
 include "checks.pxi"
+include "devices.pxi"
+include "rpc.pxi"
 include "model.pxi"
+include "placement.pxi"
 include "kv_cache.pxi"
 include "kv_state.pxi"
 include "graph/blocks.pxi"

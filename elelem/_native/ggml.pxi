@@ -147,6 +147,9 @@ cdef extern from "ggml-backend.h" nogil:
 
     enum ggml_backend_dev_type:
         GGML_BACKEND_DEVICE_TYPE_CPU
+        GGML_BACKEND_DEVICE_TYPE_GPU
+        GGML_BACKEND_DEVICE_TYPE_IGPU
+        GGML_BACKEND_DEVICE_TYPE_ACCEL
 
     ctypedef ggml_backend_buffer_type_t * (*ggml_backend_dev_get_extra_bufts_t)(ggml_backend_dev_t device)
 
@@ -241,3 +244,23 @@ cdef extern from "gguf.h" nogil:
     int64_t gguf_find_tensor(const gguf_context * ctx, const char * name)
     size_t gguf_get_tensor_offset(const gguf_context * ctx, int64_t tensor_id)
     const char * gguf_get_tensor_name(const gguf_context * ctx, int64_t tensor_id)
+
+
+cdef extern from "ggml-backend.h" nogil:
+    # Devices (the CPU, an RPC server's devices, later a GPU) and the buffer
+    # types their weights and KV cache live in: see devices.pxi.
+    int ggml_backend_dev_kind "ggml_backend_dev_type"(ggml_backend_dev_t device)  # the enum's name is taken
+    void ggml_backend_dev_memory(ggml_backend_dev_t device, size_t * free, size_t * total)
+    ggml_backend_buffer_type_t ggml_backend_dev_buffer_type(ggml_backend_dev_t device)
+    size_t ggml_backend_dev_count()
+    ggml_backend_dev_t ggml_backend_dev_get(size_t index)
+    ggml_backend_dev_t ggml_backend_dev_by_name(const char * name)
+    size_t ggml_backend_reg_dev_count(ggml_backend_reg_t reg)
+    ggml_backend_dev_t ggml_backend_reg_dev_get(ggml_backend_reg_t reg, size_t index)
+
+
+cdef extern from "ggml.h" nogil:
+    # Called by GGML_ABORT before abort(): rpc.pxi turns ggml-rpc's aborts on
+    # a lost connection into an error the caller sees (it never returns).
+    ctypedef void (*ggml_abort_callback_t)(const char * error_message)
+    ggml_abort_callback_t ggml_set_abort_callback(ggml_abort_callback_t callback)

@@ -17,9 +17,17 @@ DEF MAX_SEQ = 64           # sequences are bits of a uint64 mask
 DEF KV_PAD = 256
 
 
+DEF MAX_KV_BUFFERS = 8      # one per device that runs layers (Context's MAX_BACKENDS)
+
+
 cdef class KVCache:
-    cdef ggml_context * ctx
-    cdef ggml_backend_buffer_t buf
+    # Each layer's K and V live in the buffer of the device that runs the
+    # layer: one ggml context and buffer per device, in the order first met.
+    cdef ggml_context * ctxs[MAX_KV_BUFFERS]
+    cdef ggml_backend_buffer_t bufs[MAX_KV_BUFFERS]
+    cdef int n_bufs
+    cdef bint leak_buffers      # their server was lost: freeing them would wait on it forever,
+                                # and a call given up on may still use their tensors
     cdef ggml_tensor ** k       # n_layer entries: (head_dim_k * n_head_kv, kv_size)
     cdef ggml_tensor ** v       # n_layer entries: (head_dim_v * n_head_kv, kv_size); transposed without flash attention
     cdef int32_t * cell_pos     # kv_size: the position a cell holds, -1 when free
@@ -36,8 +44,8 @@ cdef class KVCache:
     cdef readonly bint v_trans  # V stored transposed (no flash attention): see attention in graph/blocks.pxi
 
     def __cinit__(self):
-        self.ctx = NULL
-        self.buf = NULL
+        self.n_bufs = 0
+        self.leak_buffers = False
         self.k = NULL
         self.v = NULL
         self.cell_pos = NULL
@@ -49,10 +57,12 @@ cdef class KVCache:
         raise TypeError("KVCache objects are made by a Context")
 
     def __dealloc__(self):
-        if self.buf != NULL:
-            ggml_backend_buffer_free(self.buf)
-        if self.ctx != NULL:
-            ggml_free(self.ctx)
+        cdef int i
+        for i in range(self.n_bufs):
+            if self.bufs[i] != NULL and not self.leak_buffers:
+                ggml_backend_buffer_free(self.bufs[i])
+            if self.ctxs[i] != NULL and not self.leak_buffers:
+                ggml_free(self.ctxs[i])
         free(self.k)
         free(self.v)
         free(self.cell_pos)
@@ -71,7 +81,12 @@ cdef class KVCache:
 
     @property
     def nbytes(self):
-        return ggml_backend_buffer_get_size(self.buf) if self.buf != NULL else 0
+        cdef size_t total = 0
+        cdef int i
+        for i in range(self.n_bufs):
+            if self.bufs[i] != NULL:
+                total += ggml_backend_buffer_get_size(self.bufs[i])
+        return total
 
     # -- sequences -------------------------------------------------------------
 
@@ -213,7 +228,7 @@ cdef uint16_t F16_NEG_INF = 0xFC00
 
 
 cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k, ggml_type type_v,
-                           bint v_trans, ggml_backend_buffer_type_t * layer_buft):
+                           bint v_trans, ggml_backend_buffer_type_t * layer_buft, double rpc_timeout=0):
     """Per-layer K and V, each layer's in the buffer type of the backend that
     runs the layer (``layer_buft[il]``)."""
     cdef KVCache c = KVCache.__new__(KVCache)
@@ -227,34 +242,41 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
     c.cell_token = <int32_t *> calloc(kv_size, sizeof(int32_t))
     c.cell_seqs = <uint64_t *> calloc(kv_size, sizeof(uint64_t))
     c.seq_length = <int32_t *> calloc(MAX_SEQ, sizeof(int32_t))
-    cdef ggml_init_params p
-    p.mem_size = ggml_tensor_overhead() * (2 * m.hp.n_layer + 1)
-    p.mem_buffer = NULL
-    p.no_alloc = True
-    c.ctx = ggml_init(p)
     c.k = <ggml_tensor **> calloc(m.hp.n_layer, sizeof(ggml_tensor *))
     c.v = <ggml_tensor **> calloc(m.hp.n_layer, sizeof(ggml_tensor *))
-    if c.ctx == NULL or c.k == NULL or c.v == NULL or c.cell_pos == NULL or c.cell_token == NULL \
+    if c.k == NULL or c.v == NULL or c.cell_pos == NULL or c.cell_token == NULL \
             or c.cell_seqs == NULL or c.seq_length == NULL:
         raise MemoryError()
     cdef int i
     for i in range(kv_size):
         c.cell_pos[i] = -1
-    cdef int il
+    cdef ggml_init_params p
+    p.mem_size = ggml_tensor_overhead() * (2 * m.hp.n_layer + 1)
+    p.mem_buffer = NULL
+    p.no_alloc = True
+    cdef ggml_backend_buffer_type_t buf_types[MAX_KV_BUFFERS]
+    cdef int il, ib
     for il in range(m.hp.n_layer):
-        c.k[il] = ggml_new_tensor_2d(c.ctx, type_k, m.hp.head_dim_k * m.hp.n_head_kv, kv_size)
-        c.v[il] = ggml_new_tensor_2d(c.ctx, type_v, m.hp.head_dim_v * m.hp.n_head_kv, kv_size)
-    # Today every layer runs on the one CPU backend, so one buffer holds them
-    # all; layers placed on other backends would each take a buffer of theirs.
-    for il in range(1, m.hp.n_layer):
-        if layer_buft[il] != layer_buft[0]:
-            raise errors.InvalidArgumentError("layers on more than one backend are not supported yet")
-    c.buf = ggml_backend_alloc_ctx_tensors_from_buft(c.ctx, layer_buft[0])
-    if c.buf == NULL:
-        raise MemoryError(f"cannot allocate a KV cache of {kv_size} cells")
-    # Zero it: flash attention reads whole views, and masked garbage could be NaN.
-    ggml_backend_buffer_clear(c.buf, 0)
-    ggml_backend_buffer_set_usage(c.buf, GGML_BACKEND_BUFFER_USAGE_ANY)
+        ib = 0
+        while ib < c.n_bufs and buf_types[ib] != layer_buft[il]:
+            ib += 1
+        if ib == c.n_bufs:
+            if ib == MAX_KV_BUFFERS:
+                raise errors.InvalidArgumentError(f"layers on more than {MAX_KV_BUFFERS} devices")
+            c.ctxs[ib] = ggml_init(p)
+            c.bufs[ib] = NULL
+            if c.ctxs[ib] == NULL:
+                raise MemoryError()
+            buf_types[ib] = layer_buft[il]
+            c.n_bufs += 1
+        c.k[il] = ggml_new_tensor_2d(c.ctxs[ib], type_k, m.hp.head_dim_k * m.hp.n_head_kv, kv_size)
+        c.v[il] = ggml_new_tensor_2d(c.ctxs[ib], type_v, m.hp.head_dim_v * m.hp.n_head_kv, kv_size)
+    for ib in range(c.n_bufs):
+        # Zeroed: flash attention reads whole views, and masked garbage could be NaN.
+        c.bufs[ib] = _alloc_tensors(c.ctxs[ib], buf_types[ib], GGML_BACKEND_BUFFER_USAGE_ANY, True, rpc_timeout)
+        if c.bufs[ib] == NULL:
+            raise MemoryError(f"cannot allocate a KV cache of {kv_size} cells in "
+                              f"{ggml_backend_buft_name(buf_types[ib]).decode()}")
     return c
 
 

@@ -79,6 +79,7 @@ cdef inline void _check_status(ggml_status status, str what) except *:
 
 
 DEF MAX_EXTRA_BUFTS = 4
+DEF MAX_DEVICES = 8        # devices besides the CPU that one model's layers may be placed on
 
 # --------------------------------------------------------------------------
 # Model: the GGUF context and the weights, memory-mapped and used in place.
@@ -96,6 +97,12 @@ cdef class Model:
     cdef ggml_backend_buffer_t repack_buf[MAX_EXTRA_BUFTS]
     cdef readonly int n_repacked
     cdef readonly dict repacked        # buffer type name -> number of weights repacked into it
+    # Layers placed on other devices (placement.pxi): their weights' copies there.
+    cdef ggml_context * device_ctx[MAX_DEVICES]
+    cdef ggml_backend_buffer_t device_buf[MAX_DEVICES]
+    cdef int n_device_bufs
+    cdef readonly list rpc_endpoints   # the servers holding some of its weights
+    cdef double rpc_timeout
     cdef HParams hp
     cdef int builder_id                 # index of its graph builder in the registry (graph/registry.pxi)
     cdef LayerWeights * layers          # n_layer entries, calloc'd
@@ -127,6 +134,9 @@ cdef class Model:
             self.repack_buf[i] = NULL
         self.n_repacked = 0
         self.repacked = {}
+        self.n_device_bufs = 0
+        self.rpc_endpoints = []
+        self.rpc_timeout = 0
         self.tok_embd = self.output_norm = self.output = self.rope_freqs = NULL
         self.pos_embd = self.type_embd = self.tok_norm = self.tok_norm_b = NULL
         self.closed = True
@@ -139,6 +149,7 @@ cdef class Model:
 
     cdef void _release(self) noexcept:
         cdef int i
+        _release_device_weights(self)
         for i in range(MAX_EXTRA_BUFTS):
             if self.repack_buf[i] != NULL:
                 ggml_backend_buffer_free(self.repack_buf[i])

@@ -22,7 +22,7 @@ import weakref
 from contextlib import contextmanager
 from typing import Optional
 
-from .._core import new_context, open_model  # the names, not `from .. import _core` (the package)
+from .._core import DEFAULT_RPC_TIMEOUT, new_context, open_model, place_layers  # names, not the package
 from ..cpu import amx_types
 from ..engine.engine import Engine
 from ..errors import ClosedError, ContextLimitError, InvalidArgumentError
@@ -30,6 +30,7 @@ from ..gguf.reader import GGUFFile, read_gguf
 from ..model.architectures import ModelSpec, model_spec
 from ..model.hub import ProgressFn, resolve_model
 from .assets import ModelAssets
+from .devices import Placement, check_memory, connect_servers, parse_endpoints, plan_layers
 from .draft import open_draft
 from .embeddings import embed, embedding_response, model_pooling
 from .session import Session
@@ -110,6 +111,17 @@ class LLM:
     same vocabulary, else ``VocabularyMismatchError``) guesses the tokens
     instead of prompt lookup (:mod:`elelem.engine.draft_model`).
 
+    ``rpc_servers`` (``["host:port", ...]`` or ``"host:port,host:port"``)
+    places layers on ggml RPC servers (``elelem rpc-server``): each server's
+    devices get a contiguous range of layers, with those layers' weights
+    and K/V, and the local CPU keeps the first layers, the embeddings and the
+    output (:mod:`elelem.api.devices`).  The split is even unless
+    ``tensor_split`` (one weight per server device) or ``n_gpu_layers``
+    (how many layers leave the CPU; -1: all) say otherwise.  A server that
+    cannot be reached raises ``RPCError`` here; one that dies or stops
+    answering for ``rpc_timeout`` seconds during a call raises ``RPCError``
+    from that call, and the LLM is unusable after it.
+
     ``prompt_cache`` (a folder) keeps the KV state of finished sequences on
     disk, up to ``prompt_cache_bytes`` (default 2 GiB, least recently used
     evicted first): a prompt that shares a long prefix with one stored -- in
@@ -131,7 +143,9 @@ class LLM:
                  type_k: Optional[str] = None, type_v: Optional[str] = None,
                  progress: Optional[ProgressFn] = None, speculative: bool = True, draft_model=None,
                  prompt_cache: str | os.PathLike | None = None, prompt_cache_bytes: Optional[int] = None,
-                 embedding: bool = False, pooling: Optional[str] = None):
+                 embedding: bool = False, pooling: Optional[str] = None, rpc_servers=None,
+                 n_gpu_layers: Optional[int] = None, tensor_split=None,
+                 rpc_timeout: float = DEFAULT_RPC_TIMEOUT):
         t0 = time.perf_counter()
         self._engine: Optional[Engine] = None
         self._model = None
@@ -149,14 +163,23 @@ class LLM:
             n_batch = max(n_batch, n_ctx) if isinstance(n_batch, int) else n_batch
             kv_type = kv_type or "f32"
         kv_type = kv_type or "f16"
+        self.placement = self._plan_placement(rpc_servers, n_gpu_layers, tensor_split, rpc_timeout,
+                                              n_ctx if kv_size is None else kv_size)
+        placed = {name for il in range(len(self.spec.layer_tensors)) if self.placement.layer_device[il] >= 0
+                  for name in self.spec.layer_tensors[il].values() if name}
         self._model = open_model(self.path, self.spec.arch.builder, self.spec.hparams,
                                        self.spec.global_tensors, self.spec.layer_tensors,
-                                       self.spec.description, self.spec.matmul_weights(), repack,
+                                       self.spec.description,
+                                       [n for n in self.spec.matmul_weights() if n not in placed], repack,
                                        use_mmap, amx_types(amx))
         try:
+            if self.placement.devices:
+                place_layers(self._model, self.placement.devices, self.placement.layer_device, float(rpc_timeout))
+                log.info("layers: %s", self.placement.describe())
             context = new_context(self._model, n_ctx if kv_size is None else kv_size, n_batch,
                                         default_n_threads() if n_threads is None else n_threads,
-                                        type_k or kv_type, flash_attn, n_seq_max, type_v or kv_type)
+                                        type_k or kv_type, flash_attn, n_seq_max, type_v or kv_type,
+                                        self.placement.devices, self.placement.layer_device)
             draft = None if draft_model is None else open_draft(
                 draft_model, target_gguf=self.gguf, target_n_vocab=self.spec.hparams["n_vocab"], context=context,
                 repack=repack, use_mmap=use_mmap, amx=amx)
@@ -183,6 +206,22 @@ class LLM:
         log.info("loaded %s (%s) in %.3f s: n_ctx %d, %d threads, %d sequences over %d KV cells",
                  self.path, self.spec.description, self.load_time, n_ctx, context.n_threads,
                  context.n_seq_max, context.kv_size)
+
+    def _plan_placement(self, rpc_servers, n_gpu_layers, tensor_split, rpc_timeout, kv_cells) -> Placement:
+        n_layer = self.spec.hparams["n_layer"]
+        endpoints = parse_endpoints(rpc_servers)
+        if not endpoints:
+            if tensor_split is not None or n_gpu_layers not in (None, 0, -1):
+                log.info("no device besides the CPU: n_gpu_layers and tensor_split have nothing to place")
+            return plan_layers(n_layer, [])
+        if not (isinstance(rpc_timeout, (int, float)) and rpc_timeout > 0):
+            raise InvalidArgumentError(f"rpc_timeout must be a positive number of seconds, got {rpc_timeout!r}")
+        placement = plan_layers(n_layer, connect_servers(endpoints, float(rpc_timeout)), n_gpu_layers, tensor_split)
+        h = self.spec.hparams
+        kv_bytes = kv_cells * (h["head_dim_k"] + h["head_dim_v"]) * h["n_head_kv"] * 2  # K and V in f16
+        check_memory(placement, [sum(self.gguf.tensors[n].nbytes for n in table.values() if n)
+                                 for table in self.spec.layer_tensors], kv_bytes)
+        return placement
 
     # -- facts ---------------------------------------------------------------
 

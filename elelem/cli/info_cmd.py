@@ -60,6 +60,8 @@ def describe(path) -> dict:
 def main(args: argparse.Namespace) -> int:
     if args.system:
         return show_system(args)
+    if args.devices:
+        return show_devices(args)
     path = args.model
     if path in KNOWN_MODELS:
         if not is_cached(path):
@@ -120,4 +122,19 @@ def show_system(args: argparse.Namespace) -> int:
     width = max(len(key) for key, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def show_devices(args: argparse.Namespace) -> int:
+    from ..api.devices import device_table  # loads the native core; connects to the --rpc servers
+
+    rows = device_table(args.rpc or [])
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max(len(row["name"]) for row in rows)
+    for row in rows:
+        where = f"RPC server {row['endpoint']}" if row["endpoint"] else row["description"]
+        print(f"{row['name']:<{width}}  {row['kind']:<4}  {row['free_bytes'] / 2**20:>9,.0f} MiB free of "
+              f"{row['total_bytes'] / 2**20:,.0f} MiB  {where}")
     return 0

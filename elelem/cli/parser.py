@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="use the weights as stored, without the CPU backend's repacked layouts")
     model.add_argument("--no-amx", dest="amx", action="store_const", const=False, default=None,
                        help="never use AMX matmuls, on CPUs that have them")
+    model.add_argument("--rpc", default=None, metavar="HOST:PORT,...", type=_rpc_servers,
+                       help="split the layers over these 'elelem rpc-server's and this CPU")
 
     speculation = argparse.ArgumentParser(add_help=False)
     speculation.add_argument("--no-speculative", dest="speculative", action="store_false",
@@ -89,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("model", metavar="MODEL", nargs="?", help="a .gguf path or a known model name")
     info.add_argument("--system", action="store_true",
                       help="the CPU instead: the backend variant chosen, its features, repacking and AMX")
+    info.add_argument("--devices", action="store_true",
+                      help="the devices layers can run on, with their free memory (with --rpc: the servers' too)")
+    info.add_argument("--rpc", default=None, metavar="HOST:PORT,...", type=_rpc_servers,
+                      help="with --devices: also list these RPC servers' devices")
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(handler=_command("info"))
 
@@ -118,9 +124,29 @@ def build_parser() -> argparse.ArgumentParser:
                        help="CPU threads (default: the CPUs available)")
     serve.add_argument("--keep-alive", default="5m", metavar="T",
                        help="unload a model after this long without requests (default 5m; -1: never)")
+    serve.add_argument("--rpc", default=None, metavar="HOST:PORT,...", type=_rpc_servers,
+                       help="split each model's layers over these 'elelem rpc-server's and this CPU")
     serve.add_argument("--grace", type=float, default=10.0, metavar="S",
                        help="on SIGTERM, seconds running requests may take to finish before they are cancelled")
     serve.set_defaults(handler=_command("serve"))
+
+    rpc_server = commands.add_parser(
+        "rpc-server", parents=[common], help="serve this machine's CPU to models split over RPC (--rpc)",
+        description="Run ggml's RPC server: clients (elelem run --rpc HOST:PORT, LLM(rpc_servers=[...])) "
+                    "place some of a model's layers here. One client at a time. The protocol has NO "
+                    "authentication: keep it on loopback and tunnel it (ssh -L).")
+    rpc_server.add_argument("--host", default="127.0.0.1",
+                            help="IPv4 address to bind (default 127.0.0.1: this machine only)")
+    rpc_server.add_argument("--port", type=_port, default=50052, help="port (default 50052, as llama.cpp's)")
+    rpc_server.add_argument("-t", "--threads", type=_positive_int, default=None, metavar="N",
+                            help="CPU threads (default: the CPUs available)")
+    rpc_server.add_argument("--device", action="append", default=None, metavar="NAME",
+                            help="a ggml device to serve (repeatable; default CPU; see elelem info --devices)")
+    rpc_server.add_argument("--cache", default=None, metavar="DIR",
+                            help="keep received weights in DIR, so a client that loads them again sends only hashes")
+    rpc_server.add_argument("--allow-remote", action="store_true",
+                            help="allow a --host other than loopback (anyone reaching it can use the server)")
+    rpc_server.set_defaults(handler=_command("rpc_server"))
 
     models = commands.add_parser("models", parents=[common], help="list the known models and whether they are cached")
     models.set_defaults(handler=_command("models", "list_models"))
@@ -144,8 +170,10 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             parser.error(str(error))
     if getattr(args, "prompt", None) is not None and not args.prompt.strip():
         parser.error("the prompt is empty")
-    if args.command == "info" and (args.model is None) == (not args.system):
-        parser.error("give a MODEL or --system")
+    if args.command == "info" and (args.model is not None) + args.system + args.devices != 1:
+        parser.error("give a MODEL, --system or --devices")
+    if args.command == "info" and args.rpc and not args.devices:
+        parser.error("--rpc goes with --devices")
 
 
 def sampling_options(args: argparse.Namespace) -> dict:
@@ -165,6 +193,21 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _port(text: str) -> int:
+    value = _int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in 1..65535, got {value}")
+    return value
+
+
+def _rpc_servers(text: str) -> list[str]:
+    from ..api.devices import parse_endpoints  # no native core needed
+    try:
+        return parse_endpoints(text)
+    except InvalidArgumentError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("rpc_servers: ")) from None
 
 
 def _non_negative_int(text: str) -> int:

@@ -29,7 +29,8 @@ def main(args: argparse.Namespace) -> int:
                           n_threads=args.threads, keep_alive=parse_duration(args.keep_alive),
                           speculative=args.speculative,
                           prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_size,
-                          draft_model=None if args.draft_model is None else model_path(args.draft_model))
+                          draft_model=None if args.draft_model is None else model_path(args.draft_model),
+                          llm_options={"rpc_servers": args.rpc} if args.rpc else {})
     if not _is_loopback(args.host) and args.api_key is None:
         log.warning("binding %s without --api-key: anyone who can reach this port can use the models",
                     args.host)

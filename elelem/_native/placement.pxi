@@ -1,0 +1,116 @@
+# Placing a model's layers on devices other than the CPU: their weights are
+# copied into the device's buffer type and the layer table points at the
+# copies, so ggml's scheduler runs those layers' matmuls where the weights
+# are.  Included into core.pyx after model.pxi.
+#
+# The token embeddings, the output norm and head stay on the CPU (the first
+# and last ops of each step, whose inputs and logits are local anyway).
+
+
+def place_layers(Model m, list devices, list layer_device, double rpc_timeout=DEFAULT_RPC_TIMEOUT):
+    """Copy the weights of layer ``il`` to ``devices[layer_device[il]]``
+    (-1: it stays on the CPU, used in place from the file).  Weights of
+    placed layers must not have been repacked (open_model's matmul_weights
+    leaves them out): the copy is made from the file's bytes."""
+    m._check_open()
+    if m.n_device_bufs:
+        raise errors.InvalidArgumentError("this model's layers were placed already")
+    if len(layer_device) != m.hp.n_layer:
+        raise errors.InvalidArgumentError(f"need one device index per layer ({m.hp.n_layer}), got {len(layer_device)}")
+    if len(devices) > MAX_DEVICES:
+        raise errors.InvalidArgumentError(f"at most {MAX_DEVICES} devices besides the CPU, got {len(devices)}")
+    for d in layer_device:
+        if not -1 <= d < len(devices):
+            raise errors.InvalidArgumentError(f"layer device index {d} is not in [-1, {len(devices)})")
+    m.rpc_endpoints = sorted({(<Device?> dev).endpoint for dev in devices if dev.endpoint is not None})
+    m.rpc_timeout = rpc_timeout if m.rpc_endpoints else 0
+    cdef int d_i, il, ir, n
+    for d_i, dev in enumerate(devices):
+        layers = [il for il in range(m.hp.n_layer) if layer_device[il] == d_i]
+        if layers:
+            _place_on_device(m, <Device> dev, layers)
+
+
+cdef void _place_on_device(Model m, Device dev, list layers) except *:
+    cdef int count = 0, il, ir, k
+    for il in layers:
+        for ir in range(len(LAYER_ROLES)):
+            if _role_slot(&m.layers[il], ir)[0] != NULL:
+                count += 1
+    cdef ggml_init_params p
+    p.mem_size = ggml_tensor_overhead() * (count + 1)
+    p.mem_buffer = NULL
+    p.no_alloc = True
+    cdef int slot = m.n_device_bufs
+    m.device_ctx[slot] = ggml_init(p)
+    m.device_buf[slot] = NULL
+    m.n_device_bufs += 1
+    if m.device_ctx[slot] == NULL:
+        raise MemoryError()
+    cdef ggml_tensor ** src = <ggml_tensor **> malloc(count * sizeof(ggml_tensor *))
+    cdef ggml_tensor ** dst = <ggml_tensor **> malloc(count * sizeof(ggml_tensor *))
+    cdef ggml_tensor * orig
+    cdef ggml_tensor ** role
+    cdef _UploadJob job
+    if src == NULL or dst == NULL:
+        free(src)
+        free(dst)
+        raise MemoryError()
+    try:
+        k = 0
+        for il in layers:
+            for ir in range(len(LAYER_ROLES)):
+                role = _role_slot(&m.layers[il], ir)
+                if role[0] == NULL:
+                    continue
+                orig = ggml_get_tensor(m.weights_ctx, role[0].name)  # the file's bytes, never a repacked copy
+                if orig == NULL or orig != role[0]:
+                    raise errors.InvalidArgumentError(
+                        f"{role[0].name.decode()} was repacked for the CPU; leave it out of matmul_weights")
+                src[k] = orig
+                dst[k] = ggml_dup_tensor(m.device_ctx[slot], orig)
+                ggml_set_name(dst[k], orig.name)
+                k += 1
+        endpoints = [dev.endpoint] if dev.endpoint is not None else None
+        m.device_buf[slot] = _alloc_tensors(m.device_ctx[slot], ggml_backend_dev_buffer_type(dev.dev),
+                                            GGML_BACKEND_BUFFER_USAGE_WEIGHTS, False, m.rpc_timeout, endpoints)
+        if m.device_buf[slot] == NULL:
+            raise MemoryError(f"{dev.name} ({dev.description}) could not allocate the weights of "
+                              f"{len(layers)} layers")
+        job.n = count
+        job.src = src
+        job.dst = dst
+        try:
+            _run_guarded(_upload_job, &job, sizeof(job), m.rpc_timeout, f"uploading weights to {dev.description}",
+                         endpoints)
+        except errors.RPCError:
+            src = dst = NULL  # an upload given up on may still read them: left allocated
+            raise
+        k = 0
+        for il in layers:  # the same walk: point each role at its copy
+            for ir in range(len(LAYER_ROLES)):
+                role = _role_slot(&m.layers[il], ir)
+                if role[0] != NULL:
+                    role[0] = dst[k]
+                    k += 1
+        _log.debug("placed layers %d..%d on %s (%s): %d tensors, %d bytes", min(layers), max(layers), dev.name,
+                   dev.description, count, ggml_backend_buffer_get_size(m.device_buf[slot]))
+    finally:
+        free(src)
+        free(dst)
+
+
+cdef void _release_device_weights(Model m) noexcept:
+    cdef _FreeJob job
+    cdef int i
+    if m.n_device_bufs:
+        memset(&job, 0, sizeof(job))
+        job.n_buffers = m.n_device_bufs
+        job.buffers = m.device_buf
+        _free_guarded(&job, m.rpc_timeout, m.rpc_endpoints)
+        for i in range(m.n_device_bufs):
+            m.device_buf[i] = NULL
+            if m.device_ctx[i] != NULL and not _rpc_unsafe(m.rpc_endpoints):
+                ggml_free(m.device_ctx[i])  # else a call given up on may still use its tensors
+            m.device_ctx[i] = NULL
+        m.n_device_bufs = 0
