@@ -65,12 +65,12 @@ def test_the_file_is_read_outside_the_engine_lock(model_path, tmp_path):
     with open_llm(model_path, tmp_path) as first:
         first.generate_tokens(SYSTEM + QUESTION_A, 4)
     with open_llm(model_path, tmp_path) as second:
-        cache, engine_lock = second.engine.prompt_cache, second.engine._cv._lock
+        cache, engine_lock = second.engine.prompt_cache, second.engine._cv
         reads = []
         original = cache.read
 
         def read(hit):
-            reads.append(engine_lock.locked())
+            reads.append(engine_lock._is_owned())   # by this thread: the one that submits and steps
             return original(hit)
 
         cache.read = read
