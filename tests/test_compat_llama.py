@@ -286,7 +286,7 @@ def test_every_keyword_is_accepted_and_those_without_effect_are_logged_once(smol
     logged = [r.getMessage() for r in caplog.records if r.name == "elelem" and "no effect" in r.getMessage()]
     named = sorted(message.split("(")[1].split("=")[0] for message in logged)
     # rope_freq_base=0.0, lora_path=None and numa=False are llama-cpp-python's defaults: nothing to say.
-    assert named == ["chat_format", "n_gpu_layers", "n_threads_batch", "n_ubatch", "not_a_llama_keyword",
+    assert named == ["chat_format", "n_threads_batch", "n_ubatch", "not_a_llama_keyword",
                      "use_mlock"]
 
 

@@ -159,6 +159,21 @@ def test_greedy_tokens_equal_the_local_run(tiny_model, two_servers, wtype):
     np.testing.assert_allclose(split_logits, local_logits, rtol=0, atol=1e-4)
 
 
+def test_the_compat_shim_takes_llama_cpp_pythons_keywords(tiny_model, two_servers):
+    """rpc_servers as a comma-separated string, n_gpu_layers=-1 (all off the CPU);
+    its default n_gpu_layers=0 keeps every layer local, as in llama.cpp."""
+    from elelem.compat import Llama
+    path, _ = tiny_model(SIX_LAYERS)
+    servers = ",".join(s.endpoint for s in two_servers)
+    with Llama(model_path=str(path), n_ctx=128, n_threads=1, rpc_servers=servers, verbose=False) as local:
+        assert local.llm.placement.layer_device == [-1] * 6
+        expected = greedy(local.llm, [1, 5, 9, 33], 8)
+    with Llama(model_path=str(path), n_ctx=128, n_threads=1, rpc_servers=servers, n_gpu_layers=-1,
+               tensor_split=[1, 2], verbose=False, elelem_options={"rpc_timeout": TIMEOUT}) as split:
+        assert split.llm.placement.layer_device == [0, 0, 1, 1, 1, 1]
+        assert greedy(split.llm, [1, 5, 9, 33], 8) == expected
+
+
 def test_every_layer_remote_and_a_batch_of_sequences(tiny_model, two_servers):
     path, _ = tiny_model(SIX_LAYERS)
     servers = ",".join(s.endpoint for s in two_servers)  # the comma-separated form, as llama-cpp-python's

@@ -91,6 +91,10 @@ class Llama:
                  elelem_options: Optional[dict] = None, **kwargs: Any):
         """``elelem_options`` (not a llama-cpp-python keyword) are more keywords for
         :class:`elelem.LLM`: ``{"prompt_cache": DIR}``, ``{"repack": False}``, ..."""
+        # Layers on other devices (RPC servers): llama-cpp-python's names and meanings,
+        # its default n_gpu_layers=0 included (every layer stays on the CPU).
+        devices = {k: kwargs.pop(k) for k in ("rpc_servers", "n_gpu_layers", "tensor_split") if k in kwargs}
+        devices.setdefault("n_gpu_layers", 0)
         options.check_ignored({"chat_format": chat_format, **kwargs})
         self.model_path = str(model_path)
         self.verbose = verbose      # elelem never prints: it logs to logging.getLogger("elelem")
@@ -113,7 +117,8 @@ class Llama:
         self._llm = LLM(path, n_ctx=n_ctx, n_batch=self.n_batch, n_threads=n_threads, use_mmap=use_mmap,
                         flash_attn=flash_attn, type_k=options.kv_type_name("type_k", type_k),
                         type_v=options.kv_type_name("type_v", type_v),
-                        **options.embedding_options(LLM, embedding, pooling_type), **(elelem_options or {}))
+                        **options.embedding_options(LLM, embedding, pooling_type), **devices,
+                        **(elelem_options or {}))
         self.n_threads = self._llm.n_threads
         self.n_threads_batch = self.n_threads
         if n_threads_batch is not None and n_threads_batch != self.n_threads:

@@ -32,10 +32,8 @@ _NO_LORA = "LoRA adapters are not supported"
 
 #: keyword -> (llama-cpp-python's default, why it changes nothing here).
 NO_EFFECT: dict[str, tuple[Any, str]] = {
-    "n_gpu_layers": (0, _CPU_ONLY),
     "split_mode": (1, _CPU_ONLY),
     "main_gpu": (0, _CPU_ONLY),
-    "tensor_split": (None, _CPU_ONLY),
     "offload_kqv": (True, _CPU_ONLY),
     "op_offload": (None, _CPU_ONLY),
     "numa": (False, "elelem sets no NUMA policy"),
