@@ -10,7 +10,9 @@
 #
 #     copies LIB_DIR (default: elelem/_lib of this checkout) into .cuda-carry/,
 #     which .git/info/exclude ignores, and prints its size: what travels is
-#     at most 64 MiB, the working tree included.
+#     at most 64 MiB, the working tree included.  libggml-cuda.so for sm_90
+#     is 64 MiB by itself, so it travels xz-compressed (37 MiB) and is
+#     unpacked there with Python's lzma.
 #
 # There (the device tool's run, carry=[".cuda-carry"], timeout_s=480):
 #
@@ -36,7 +38,8 @@ pack() {
     [ -f "$src/libggml-cuda.so" ] || { echo "no libggml-cuda.so in $src: build with ELELEM_CUDA=1 first" >&2; exit 1; }
     rm -rf "$CARRY"
     mkdir -p "$CARRY"
-    cp "$src"/libggml-base.so.0 "$src"/libggml.so.0 "$src"/libggml-cpu*.so "$src"/libggml-cuda.so "$CARRY/"
+    cp "$src"/libggml-base.so.0 "$src"/libggml.so.0 "$src"/libggml-cpu*.so "$CARRY/"
+    xz -T2 -6 -c "$src/libggml-cuda.so" > "$CARRY/libggml-cuda.so.xz"
     local exclude
     exclude="$(git -C "$ROOT" rev-parse --git-path info/exclude)"
     case "$exclude" in /*) ;; *) exclude="$ROOT/$exclude" ;; esac
@@ -56,6 +59,10 @@ python_with_numpy() {
 
 check() {
     local t0=$SECONDS status=0 py
+    if [ ! -f "$CARRY/libggml-cuda.so" ] && [ -f "$CARRY/libggml-cuda.so.xz" ]; then
+        python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+            "$CARRY/libggml-cuda.so.xz" "$CARRY/libggml-cuda.so"
+    fi
     [ -f "$CARRY/libggml-cuda.so" ] || { echo "FAIL: $CARRY/libggml-cuda.so missing: pack here, and carry .cuda-carry"; return 1; }
 
     echo "== 1. nvidia-smi"
