@@ -14,8 +14,15 @@ Environment switches:
                       Without it, one CPU module for the build machine's CPU.
   ELELEM_SANITIZE=1   compile ggml and the extension with ASan and UBSan.
   ELELEM_DEBUG=1      a debug build of ggml and the extension.
+  ELELEM_CUDA=1       also build ggml's CUDA backend module (libggml-cuda.so), as does
+                      llama-cpp-python's CMAKE_ARGS="-DGGML_CUDA=ON"; needs a CUDA
+                      toolkit (scripts/cuda_toolkit_from_pypi.sh makes one from PyPI).
+  ELELEM_CUDA_ARCHS   its CUDA architectures (default 90: the H200; CMAKE_ARGS'
+                      -DCMAKE_CUDA_ARCHITECTURES=... also counts).
 """
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,6 +38,7 @@ LIB_DIR_NAME = "_lib"               # elelem/_lib: ggml's shared libraries and b
 LINKED_LIBS = ("libggml.so", "libggml-base.so")
 BACKEND_MODULE_GLOB = "libggml-cpu*.so"
 RPC_MODULE = "libggml-rpc.so"      # ggml's RPC backend, a module loaded on first use
+CUDA_MODULE = "libggml-cuda.so"
 
 
 def env_flag(name: str) -> bool:
@@ -39,6 +47,26 @@ def env_flag(name: str) -> bool:
 
 def cpu_variants() -> str:
     return "all" if env_flag("ELELEM_PORTABLE") else "native"
+
+
+def cmake_args_value(name: str):
+    """The value CMAKE_ARGS gives -D<name> (llama-cpp-python's build switches), else None."""
+    for arg in shlex.split(os.environ.get("CMAKE_ARGS", "")):
+        match = re.fullmatch(rf"-D{name}(:[A-Z]+)?=(.*)", arg)
+        if match:
+            return match.group(2)
+    return None
+
+
+def cuda_enabled() -> bool:
+    return env_flag("ELELEM_CUDA") or (cmake_args_value("GGML_CUDA") or "").lower() in ("1", "on", "true", "yes")
+
+
+def cuda_cmake_args() -> list[str]:
+    if not cuda_enabled():
+        return []
+    archs = os.environ.get("ELELEM_CUDA_ARCHS", "").strip() or cmake_args_value("CMAKE_CUDA_ARCHITECTURES") or "90"
+    return ["-DELELEM_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
 
 
 def sanitizer_flags() -> list[str]:
@@ -50,7 +78,7 @@ class BuildGGMLThenExt(build_ext):
         if not (GGML / "CMakeLists.txt").is_file():
             sys.exit("third_party/ggml is missing; restore it with: python scripts/vendor_ggml.py")
         # One folder per CPU variant set: switching between them never reuses a stale CMake cache.
-        build_dir = Path(self.build_temp).resolve() / f"ggml-build-{cpu_variants()}"
+        build_dir = Path(self.build_temp).resolve() / f"ggml-build-{cpu_variants()}{'-cuda' if cuda_enabled() else ''}"
         built = self.build_ggml(build_dir)
         lib_dir = Path(self.get_ext_fullpath("elelem._core")).resolve().parent / LIB_DIR_NAME
         linked = install_libraries(built, lib_dir)
@@ -78,7 +106,7 @@ class BuildGGMLThenExt(build_ext):
             # faster prefill, and the same summation order, so the same tokens.
             "-DGGML_LLAMAFILE=ON",
             "-DGGML_CCACHE=OFF",
-        ]
+        ] + cuda_cmake_args()
         if env_flag("ELELEM_SANITIZE"):
             flags = " ".join(sanitizer_flags())
             args += [f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"]
@@ -114,7 +142,12 @@ def install_libraries(built: Path, lib_dir: Path) -> list[Path]:
         sys.exit(f"ggml build produced no CPU backend module ({BACKEND_MODULE_GLOB}) under {built}")
     if not (built / RPC_MODULE).is_file():
         sys.exit(f"ggml build produced no RPC backend module ({RPC_MODULE}) under {built}")
-    for module in modules + [built / RPC_MODULE]:
+    modules.append(built / RPC_MODULE)
+    if cuda_enabled():
+        if not (built / CUDA_MODULE).is_file():
+            sys.exit(f"ELELEM_CUDA=1 but the ggml build produced no {CUDA_MODULE} under {built}")
+        modules.append(built / CUDA_MODULE)
+    for module in modules:
         shutil.copyfile(module, lib_dir / module.name)
     shutil.copyfile(GGML / "LICENSE", lib_dir / "LICENSE-ggml")  # ggml's MIT licence travels with its binaries
     return linked
