@@ -565,3 +565,14 @@ def test_legitimate_heavy_template_still_renders():
         messages.append({"role": "assistant", "content": f"answer {index} " + "dolor sit " * 40})
     text = ChatTemplate(spec["source"]).render(messages)
     assert text.count("<|im_start|>") == 1002
+
+
+def test_a_template_past_pythons_block_nesting_is_a_limit_error():
+    """Jinja compiles to Python, which refuses more than 20 nested blocks
+    (found by the template fuzzer, seed 972165366): a clear limit error."""
+    from elelem.errors import TemplateLimitError
+    from elelem.text.template_sandbox import compile_template
+    source = "{% for x in [1] %}" * 25 + "a" + "{% endfor %}" * 25
+    with pytest.raises(TemplateLimitError, match="nested too deeply"):
+        compile_template(source)
+    assert compile_template("{% for x in [1] %}" * 5 + "a" + "{% endfor %}" * 5) is not None  # 5 deep: fine

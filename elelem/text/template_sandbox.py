@@ -750,6 +750,13 @@ def compile_template(source: str) -> jinja2.Template:
         raise TemplateError(f"chat template does not compile (line {error.lineno}): {error.message}") from error
     except RecursionError as error:
         raise TemplateLimitError("chat template is nested too deeply to compile") from error
+    except SyntaxError as error:
+        if "too many statically nested blocks" not in str(error):
+            raise TemplateError(f"chat template does not compile: {error}") from error
+        # Jinja compiles to Python, and CPython allows 20 nested blocks: the same
+        # limit as RecursionError above, met in the generated code, not a bug in it.
+        raise TemplateLimitError("chat template is nested too deeply to compile "
+                                 "(more than Python's 20 nested blocks)") from None
     except (SecurityError, jinja2.TemplateError, ValueError, TypeError, SyntaxError, MemoryError) as error:
         raise TemplateError(f"chat template does not compile: {error}") from error
 
