@@ -5,6 +5,7 @@ that module was compiled with, and whether AMX is used, and why (not).
 """
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 # The name itself, not `from . import _core`: that form reads as an import of the package
@@ -21,6 +22,8 @@ KERNEL_FLAGS = ("sse4_2", "avx", "f16c", "fma", "bmi2", "avx2", "avx_vnni", "avx
 AMX_SLOWER_TYPES: frozenset[str] = frozenset()
 
 AMX_BUFFER_TYPE = "AMX"
+
+log = logging.getLogger("elelem")
 
 
 def cpu_flags() -> set[str]:
@@ -73,6 +76,38 @@ def amx_status(backend: dict, flags: set[str]) -> tuple[bool, str]:
     return True, f"AMX matmuls for the weight types it supports{kept_out}; LLM(amx=False) or --no-amx turns it off"
 
 
+#: The most memory the Q8_0 copies of Q5_0 weights may take when LLM(widen=None)
+#: decides (about a 2.5 GB Q5_0 model's worth); widen=True lifts it.
+WIDEN_AUTO_LIMIT = 1 << 30
+
+
+def widen_status(backend: dict) -> tuple[bool, str]:
+    """(possible, why) for widening Q5_0 weights to Q8_0 (elelem/_native/widen.pxi)
+    on the loaded CPU backend: it pays through llamafile's tinyBLAS, and keeps
+    llama.cpp's arithmetic bit for bit only on the AVX2 kernels."""
+    compiled = {name for name, value in backend["features"] if value == "1"}
+    missing = [f for f in ("AVX2", "LLAMAFILE") if f not in compiled]
+    if missing:
+        return False, f"the '{backend['variant']}' CPU module has no {' or '.join(missing)}"
+    return True, "Q5_0 weights get Q8_0 copies for steps of two or more tokens; LLM(widen=False) turns it off"
+
+
+def widen_q5_0(requested: Optional[bool], extra_bytes: int) -> bool:
+    """Whether LLM(widen=requested) widens, when the copies would take ``extra_bytes``."""
+    if requested is False or extra_bytes == 0:
+        return False
+    possible, why = widen_status(cpu_backend_info())
+    if not possible:
+        if requested:
+            log.warning("widen=True ignored: %s", why)
+        return False
+    if requested is None and extra_bytes > WIDEN_AUTO_LIMIT:
+        log.info("not widening Q5_0 weights: the copies would take %.1f GiB (LLM(widen=True) allows it)",
+                 extra_bytes / (1 << 30))
+        return False
+    return True
+
+
 def system_info() -> dict:
     backend = cpu_backend_info()
     flags = cpu_flags()
@@ -88,4 +123,6 @@ def system_info() -> dict:
         "repack_buffer_types": backend["extra_buffer_types"],
         "amx": amx_on,
         "amx_reason": amx_why,
+        "widen_q5_0": widen_status(backend)[0],
+        "widen_q5_0_reason": widen_status(backend)[1],
     }

@@ -179,10 +179,18 @@ def _rss_mb() -> float:
 
 def test_opening_maps_the_weights_without_reading_them(qwen_path):
     """The 491 MB file is mapped, not read: resident memory grows by the
-    repacked copies (28 MB on this model) and the tables, not by the file."""
+    repacked copies (28 MB on this model) and the tables, not by the file.
+    Widening (tests/test_widen.py) reads the Q5_0 weights it copies: then
+    RSS grows by those and their copies too, and by nothing else."""
     before = _rss_mb()
-    with elelem.LLM(qwen_path, n_ctx=512) as llm:
+    with elelem.LLM(qwen_path, n_ctx=512, widen=False) as llm:
         opened = _rss_mb()
         assert llm.gguf.file_size > 400 * 2**20
         assert opened - before < 120, f"RSS grew by {opened - before:.0f} MB on open"
         llm.eval([1, 2, 3])  # now the pages are touched, and RSS may grow
+    before = _rss_mb()
+    with elelem.LLM(qwen_path, n_ctx=512, widen=True) as llm:
+        n_widened, widened_bytes = llm.widened
+        read = widened_bytes * 22 // 34  # the Q5_0 weights copied
+        grown = _rss_mb() - before - (read + widened_bytes) / 2**20
+        assert n_widened == 0 or grown < 120, f"RSS grew by {grown:.0f} MB on open besides the widened weights"

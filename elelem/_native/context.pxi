@@ -162,6 +162,7 @@ cdef class Context:
             raise MemoryError()
         st.gf = ggml_new_graph_custom(st.ctx, self.graph_size, False)
         st.hp = &self.model.hp
+        st.widened = &self.model.widened
         st.kv_size = self.cache.kv_size
         st.flash_attn = self.flash_attn
         _make_inputs(st)

@@ -17,7 +17,7 @@ before it reaches ggml: no input may reach a GGML_ASSERT.
 The graph builders live in graph/: shared blocks in blocks.pxi and one
 short builder per architecture in arch_*.pxi, each registering itself.
 """
-from libc.stdint cimport int32_t, int64_t, uint16_t, uint8_t, uintptr_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint8_t, uint32_t, uintptr_t, uint64_t
 from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset
 from libc.math cimport INFINITY
@@ -75,6 +75,7 @@ include "checks.pxi"
 include "devices.pxi"
 include "rpc.pxi"
 include "model.pxi"
+include "widen.pxi"
 include "placement.pxi"
 include "kv_cache.pxi"
 include "kv_state.pxi"

@@ -16,6 +16,7 @@ cdef extern from "ggml.h" nogil:
         GGML_TYPE_F32
         GGML_TYPE_F16
         GGML_TYPE_Q4_0
+        GGML_TYPE_Q5_0
         GGML_TYPE_Q8_0
         GGML_TYPE_I32
         GGML_TYPE_I64
@@ -73,6 +74,7 @@ cdef extern from "ggml.h" nogil:
     size_t ggml_nbytes(const ggml_tensor * tensor)
     int64_t ggml_nelements(const ggml_tensor * tensor)
     int ggml_n_dims(const ggml_tensor * tensor)
+    cbool ggml_is_contiguous(const ggml_tensor * tensor)
     size_t ggml_element_size(const ggml_tensor * tensor)
 
     ggml_tensor * ggml_get_tensor(ggml_context * ctx, const char * name)
@@ -81,6 +83,7 @@ cdef extern from "ggml.h" nogil:
     ggml_tensor * ggml_dup_tensor(ggml_context * ctx, const ggml_tensor * src)
     ggml_tensor * ggml_new_tensor_4d(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1, int64_t ne2,
                                      int64_t ne3)
+    ggml_tensor * ggml_new_tensor(ggml_context * ctx, ggml_type type, int n_dims, const int64_t * ne)
     ggml_tensor * ggml_new_tensor_1d(ggml_context * ctx, ggml_type type, int64_t ne0)
     ggml_tensor * ggml_new_tensor_2d(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1)
     ggml_tensor * ggml_set_name(ggml_tensor * tensor, const char * name)

@@ -57,6 +57,12 @@ cdef struct LayerWeights:
     ggml_tensor * layer_out_norm  # LayerNorm after the FFN + residual (n_embd)
     ggml_tensor * layer_out_norm_b
 
+cdef struct WidenedWeights:
+    # Q5_0 weights and their Q8_0 copies, pairwise (widen.pxi); n is 0 when none.
+    int n
+    ggml_tensor ** narrow
+    ggml_tensor ** wide
+
 # Python-side role names, in the order of LayerWeights' fields.
 LAYER_ROLES = ("attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo", "q_norm", "k_norm",
                "attn_post_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "ffn_post_norm",
@@ -97,6 +103,10 @@ cdef class Model:
     cdef ggml_backend_buffer_t repack_buf[MAX_EXTRA_BUFTS]
     cdef readonly int n_repacked
     cdef readonly dict repacked        # buffer type name -> number of weights repacked into it
+    # Q8_0 copies of Q5_0 matmul weights, for steps of two or more tokens (widen.pxi).
+    cdef ggml_context * widened_ctx
+    cdef ggml_backend_buffer_t widened_buf
+    cdef WidenedWeights widened
     # Layers placed on other devices (placement.pxi): their weights' copies there.
     cdef ggml_context * device_ctx[MAX_DEVICES]
     cdef ggml_backend_buffer_t device_buf[MAX_DEVICES]
@@ -134,6 +144,9 @@ cdef class Model:
             self.repack_buf[i] = NULL
         self.n_repacked = 0
         self.repacked = {}
+        self.widened_ctx = NULL
+        self.widened_buf = NULL
+        memset(&self.widened, 0, sizeof(WidenedWeights))
         self.n_device_bufs = 0
         self.rpc_endpoints = []
         self.rpc_timeout = 0
@@ -157,6 +170,15 @@ cdef class Model:
             if self.repack_ctx[i] != NULL:
                 ggml_free(self.repack_ctx[i])
                 self.repack_ctx[i] = NULL
+        if self.widened_buf != NULL:
+            ggml_backend_buffer_free(self.widened_buf)
+            self.widened_buf = NULL
+        if self.widened_ctx != NULL:
+            ggml_free(self.widened_ctx)
+            self.widened_ctx = NULL
+        free(self.widened.narrow)
+        free(self.widened.wide)
+        memset(&self.widened, 0, sizeof(WidenedWeights))
         if self.weights_buf != NULL:
             ggml_backend_buffer_free(self.weights_buf)
             self.weights_buf = NULL
@@ -184,6 +206,15 @@ cdef class Model:
     @property
     def is_closed(self):
         return self.closed
+
+    @property
+    def n_widened(self):
+        """Q5_0 weights with a Q8_0 copy for batched steps (widen.pxi)."""
+        return self.widened.n
+
+    @property
+    def widened_bytes(self):
+        return ggml_backend_buffer_get_size(self.widened_buf) if self.widened_buf != NULL else 0
 
     cdef inline void _check_open(self) except *:
         if self.closed:
@@ -213,11 +244,7 @@ cdef class Model:
 
     cdef ggml_tensor * _tensor(self, name, bint required) except? NULL:
         cdef bytes b = name.encode()
-        cdef ggml_tensor * t = NULL
-        cdef int i
-        for i in range(MAX_EXTRA_BUFTS):
-            if t == NULL and self.repack_ctx[i] != NULL:
-                t = ggml_get_tensor(self.repack_ctx[i], b)
+        cdef ggml_tensor * t = _repacked_tensor(self, b)
         if t == NULL:
             t = ggml_get_tensor(self.weights_ctx, b)
         if t == NULL and required:
@@ -226,7 +253,8 @@ cdef class Model:
 
 
 def open_model(path, str builder, dict hparams, dict global_tensors, list layer_tensors, str description="",
-               list matmul_weights=None, bint repack=True, bint use_mmap=True, amx_types=None):
+               list matmul_weights=None, bint repack=True, bint use_mmap=True, amx_types=None,
+               bint widen_q5_0=False):
     """Open ``path`` (already validated by elelem.gguf_reader), to be run by
     the graph builder named ``builder`` (see ``graph_builders()``).
 
@@ -239,6 +267,9 @@ def open_model(path, str builder, dict hparams, dict global_tensors, list layer_
     ``use_mmap`` the file is read into memory instead of mapped.
     ``amx_types`` names the ggml types (``"q4_K"``, ...) allowed into the AMX
     buffer type, where the CPU has one; None allows every type it takes.
+    With ``widen_q5_0``, Q5_0 matmul weights that no buffer type repacked get
+    a Q8_0 copy holding the same values (widen.pxi; only where that keeps
+    the arithmetic: the caller decides).
     """
     cdef int builder_id = _builder_id(builder)
     cdef Model m = Model.__new__(Model)
@@ -264,6 +295,8 @@ def open_model(path, str builder, dict hparams, dict global_tensors, list layer_
     if repack and matmul_weights:
         _repack_weights(m, matmul_weights, None if global_tensors.get("output") else global_tensors["tok_embd"],
                         None if amx_types is None else frozenset(amx_types))
+    if widen_q5_0 and matmul_weights:
+        _widen_weights(m, matmul_weights, None if global_tensors.get("output") else global_tensors["tok_embd"])
 
     m.tok_embd = m._tensor(global_tensors["tok_embd"], True)
     on = global_tensors.get("output_norm")   # an encoder has none

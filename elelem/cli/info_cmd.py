@@ -117,6 +117,7 @@ def show_system(args: argparse.Namespace) -> int:
         ("compiled with", " ".join(facts["compiled_features"]) or "-"),
         ("repack buffers", ", ".join(facts["repack_buffer_types"]) or "none"),
         ("amx", ("on: " if facts["amx"] else "off: ") + facts["amx_reason"]),
+        ("q5_0 widening", ("on: " if facts["widen_q5_0"] else "off: ") + facts["widen_q5_0_reason"]),
         ("module", facts["cpu_module"]),
     ]
     width = max(len(key) for key, _ in rows)

@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--no-mmap", dest="use_mmap", action="store_false",
                        help="read the weights into memory instead of mapping the file")
     model.add_argument("--no-repack", dest="repack", action="store_false",
-                       help="use the weights as stored, without the CPU backend's repacked layouts")
+                       help="use the weights as stored, without the CPU backend's repacked layouts "
+                            "or elelem's Q8_0 copies of Q5_0 weights")
     model.add_argument("--no-amx", dest="amx", action="store_const", const=False, default=None,
                        help="never use AMX matmuls, on CPUs that have them")
     model.add_argument("--rpc", default=None, metavar="HOST:PORT,...", type=_rpc_servers,

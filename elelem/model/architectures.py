@@ -183,6 +183,13 @@ class ModelSpec:
             names.append(self.global_tensors["output"] or self.global_tensors["tok_embd"])
         return names
 
+    def widened_bytes(self, tensors: dict, excluded=frozenset()) -> int:
+        """The memory Q8_0 copies of the Q5_0 matmul weights (but ``excluded``)
+        would take, from the file's tensor table: 34 bytes for each 22-byte
+        block (elelem/_native/widen.pxi)."""
+        return sum(tensors[n].nbytes // 22 * 34 for n in set(self.matmul_weights()) - set(excluded)
+                   if n in tensors and tensors[n].type_name == "Q5_0")
+
     @property
     def description(self) -> str:
         h = self.hparams

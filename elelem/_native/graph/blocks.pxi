@@ -6,6 +6,7 @@ cdef struct Step:
     ggml_context * ctx
     ggml_cgraph * gf
     const HParams * hp
+    const WidenedWeights * widened   # the model's Q8_0 copies of Q5_0 weights (widen.pxi)
     int n_tokens            # tokens in this step (of one or more sequences)
     int n_outputs           # rows whose logits are wanted
     int n_kv                # cells attended to (KVCache.n_kv: padded, masked)
@@ -113,7 +114,7 @@ cdef inline ggml_tensor * norm_layer(Step * st, ggml_tensor * x, ggml_tensor * w
 
 cdef inline ggml_tensor * linear(Step * st, ggml_tensor * w, ggml_tensor * b, ggml_tensor * x) noexcept:
     """x @ w (+ b): (n_in, n) -> (n_out, n); b may be NULL."""
-    x = ggml_mul_mat(st.ctx, w, x)
+    x = ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), x)
     return ggml_add(st.ctx, x, b) if b != NULL else x
 
 
@@ -178,10 +179,10 @@ cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, 
 
 cdef inline ggml_tensor * ffn_gated(Step * st, LayerWeights * lw, ggml_tensor * x, bint gelu) noexcept:
     """down(act(gate(x)) * up(x)), with SiLU (SwiGLU) or tanh-GELU (GeGLU)."""
-    cdef ggml_tensor * g = ggml_mul_mat(st.ctx, lw.ffn_gate, x)
-    cdef ggml_tensor * u = ggml_mul_mat(st.ctx, lw.ffn_up, x)
+    cdef ggml_tensor * g = linear(st, lw.ffn_gate, NULL, x)
+    cdef ggml_tensor * u = linear(st, lw.ffn_up, NULL, x)
     x = ggml_geglu_split(st.ctx, g, u) if gelu else ggml_swiglu_split(st.ctx, g, u)
-    return ggml_mul_mat(st.ctx, lw.ffn_down, x)
+    return linear(st, lw.ffn_down, NULL, x)
 
 
 cdef inline ggml_tensor * select_outputs(Step * st, ggml_tensor * x) noexcept:
@@ -194,7 +195,7 @@ cdef inline ggml_tensor * select_outputs(Step * st, ggml_tensor * x) noexcept:
 cdef inline ggml_tensor * output_head(Step * st, Model m, ggml_tensor * x) noexcept:
     """The step's output from the final normed hidden state x (n_embd, n_outputs):
     the logits, or x itself when embeddings are wanted (llama.cpp's t_embd)."""
-    return x if st.embeddings else ggml_mul_mat(st.ctx, m.output, x)
+    return x if st.embeddings else linear(st, m.output, NULL, x)
 
 
 cdef inline ggml_tensor * embed_tokens(Step * st, Model m) noexcept:
