@@ -3,8 +3,8 @@ they change the speed of steps of two or more tokens and nothing else, so
 every logit must be bit for bit the one the Q5_0 weights give.
 
 Fixtures: tiny random models written by tests/synthetic.py (Q5_0 quantized
-by the `gguf` package), and the packaged Qwen2.5-Coder-0.5B Q4_K_M, whose
-896-wide rows make most of its weights Q5_0.
+by the `gguf` package), and the packaged Qwen2.5-Coder-0.5B and Gemma-3-270M Q4_K_M
+files, whose 896- and 640-wide rows make most of their weights Q5_0.
 """
 from __future__ import annotations
 
@@ -69,6 +69,11 @@ def test_only_q5_0_weights_are_widened(tiny_model):
 def test_qwen_q4_k_m_is_bitwise_unchanged(qwen_path):
     # 132 Q5_0 weights: 5.5 of the 7 in each of 24 layers (its output is Q8_0).
     _assert_bitwise_equal(qwen_path, 132)
+
+
+def test_gemma3_q4_k_m_is_bitwise_unchanged(gemma_path):
+    # 640 wide: 81 of its matmul weights are Q5_0; sliding-window layers too.
+    _assert_bitwise_equal(gemma_path, 81)
 
 
 def test_the_switches(tiny_model, monkeypatch):
