@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import pytest
 
 import elelem
@@ -57,3 +59,21 @@ def test_a_prompt_that_fills_the_window_leaves_no_room(llm):
     long_prompt = " ".join(["word"] * N_CTX)
     with pytest.raises(ContextLimitError, match="no room"):
         llm.generate(long_prompt)
+
+
+def test_the_cache_is_sized_as_llama_cpp_sizes_its_context(qwen_path):
+    # llama.cpp rounds n_ctx up to 256 cells and attends over the used cells rounded up
+    # to 256; with 223 cells elelem would sum over 223 (found: a greedy answer that
+    # ended after 111 tokens where llama.cpp's ran to 153).  The same prompt must give
+    # the same logits, bit for bit, as in a cache of 256 -- and each sequence still
+    # holds only n_ctx positions.
+    prompt = list(range(1000, 1047))
+    logits = {}
+    for n_ctx in (223, 256):
+        with elelem.LLM(qwen_path, n_ctx=n_ctx, n_threads=2) as model:
+            assert model._engine.kv_size == 256
+            logits[n_ctx] = model.eval(prompt, all_logits=True)
+            if n_ctx == 223:
+                with pytest.raises(ContextLimitError):
+                    model.generate(prompt, max_tokens=223 - len(prompt) + 1)
+    assert np.array_equal(logits[223], logits[256])

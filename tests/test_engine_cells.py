@@ -218,7 +218,7 @@ def test_a_full_cache_refuses_a_step_whole(model):
 def test_a_request_that_cannot_fit_waits_for_the_running_one(smollm_path):
     """With cells for one request at a time, a second one waits for the first
     to end (neither is cut short)."""
-    with elelem.LLM(smollm_path, n_ctx=64, n_threads=1) as llm:
+    with elelem.LLM(smollm_path, n_ctx=64, kv_size=64, n_threads=1) as llm:
         first, second = llm.new_session(), llm.new_session()
         never_end = {t: -1e9 for t in llm.tokenizer.eog_ids}
         prompt_a = llm.tokenize("The history of the Roman empire, in short: it")

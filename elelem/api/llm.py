@@ -43,6 +43,21 @@ DEFAULT_N_SEQ_MAX = 16
 MAX_N_CTX = 2**31 - 1  # positions are int32 in ggml
 
 
+#: llama.cpp rounds its context up to a multiple of this many cells (llama_context:
+#: GGML_PAD(n_ctx, 256)), and attends over the cells in use rounded the same way.
+KV_CELL_PAD = 256
+
+
+def _padded_cells(n_ctx: int) -> int:
+    """The cells of a cache for ``n_ctx`` positions, as llama.cpp sizes it.  Not
+    memory for its own sake: attention sums over min(cells, used rounded up to
+    256), so a cache of 223 cells sums over 223 where llama.cpp's sums over 256,
+    and at a near-tie the tokens differ (measured: a 160-token greedy answer
+    ending after 111 tokens instead of llama.cpp's 153).  Sequences stay
+    limited to ``n_ctx`` positions."""
+    return -(-n_ctx // KV_CELL_PAD) * KV_CELL_PAD
+
+
 def _checked_n_ctx(value) -> int:
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise InvalidArgumentError(f"n_ctx must be an integer, got {value!r}")
@@ -78,7 +93,7 @@ class LLM:
     ``n_ctx`` is the most positions one sequence may hold; it defaults to the
     smaller of the model's trained context and 4096.  ``kv_size`` is the
     number of cells in the KV cache that all sequences share (default:
-    ``n_ctx``), and ``n_seq_max`` how many sequences -- sessions, and calls
+    ``n_ctx`` rounded up to a multiple of 256, as llama.cpp sizes it), and ``n_seq_max`` how many sequences -- sessions, and calls
     running at once -- it can hold (default 16, at most 64).
     ``kv_type`` is the type of the cached keys and values: ``"f16"`` (as
     llama.cpp; ``"f32"`` for an encoder, whose K and V llama.cpp never
@@ -173,8 +188,8 @@ class LLM:
             n_batch = max(n_batch, n_ctx) if isinstance(n_batch, int) else n_batch
             kv_type = kv_type or "f32"
         kv_type = kv_type or "f16"
-        self.placement = self._plan_placement(rpc_servers, n_gpu_layers, tensor_split, rpc_timeout,
-                                              n_ctx if kv_size is None else kv_size)
+        cells = _padded_cells(n_ctx) if kv_size is None else kv_size
+        self.placement = self._plan_placement(rpc_servers, n_gpu_layers, tensor_split, rpc_timeout, cells)
         placed = {name for il in range(len(self.spec.layer_tensors)) if self.placement.layer_device[il] >= 0
                   for name in self.spec.layer_tensors[il].values() if name}
         self._model = open_model(self.path, self.spec.arch.builder, self.spec.hparams,
@@ -188,7 +203,7 @@ class LLM:
             if self.placement.devices:
                 place_layers(self._model, self.placement.devices, self.placement.layer_device, float(rpc_timeout))
                 log.info("layers: %s", self.placement.describe())
-            context = new_context(self._model, n_ctx if kv_size is None else kv_size, n_batch,
+            context = new_context(self._model, cells, n_batch,
                                         default_n_threads() if n_threads is None else n_threads,
                                         type_k or kv_type, flash_attn, n_seq_max, type_v or kv_type,
                                         self.placement.devices, self.placement.layer_device)
