@@ -62,9 +62,13 @@ def amx_types(amx: Optional[bool]) -> Optional[list[str]]:
 _AMX_KERNEL_TYPES = ("q4_0", "q4_1", "q8_0", "q4_K", "q5_K", "q6_K", "iq4_xs")
 
 
+def _compiled_features(backend: dict) -> set[str]:
+    return {name for name, value in backend["features"] if value == "1"}
+
+
 def amx_status(backend: dict, flags: set[str]) -> tuple[bool, str]:
     """(on, why) for the loaded CPU backend on a CPU with ``flags``."""
-    compiled = {name for name, value in backend["features"] if value == "1"}
+    compiled = _compiled_features(backend)
     if not {"amx_tile", "amx_int8"} <= flags:
         return False, "this CPU has no AMX (amx_tile, amx_int8)"
     if "AMX_INT8" not in compiled:
@@ -85,16 +89,17 @@ def widen_status(backend: dict) -> tuple[bool, str]:
     """(possible, why) for widening Q5_0 weights to Q8_0 (elelem/_native/widen.pxi)
     on the loaded CPU backend: it pays through llamafile's tinyBLAS, and keeps
     llama.cpp's arithmetic bit for bit only on the AVX2 kernels."""
-    compiled = {name for name, value in backend["features"] if value == "1"}
+    compiled = _compiled_features(backend)
     missing = [f for f in ("AVX2", "LLAMAFILE") if f not in compiled]
     if missing:
         return False, f"the '{backend['variant']}' CPU module has no {' or '.join(missing)}"
     return True, "Q5_0 weights get Q8_0 copies for steps of two or more tokens; LLM(widen=False) turns it off"
 
 
-def widen_q5_0(requested: Optional[bool], extra_bytes: int) -> bool:
-    """Whether LLM(widen=requested) widens, when the copies would take ``extra_bytes``."""
-    if requested is False or extra_bytes == 0:
+def widen_q5_0(requested: Optional[bool], repack: bool, extra_bytes: int) -> bool:
+    """Whether LLM(widen=requested, repack=repack) widens, when the copies
+    would take ``extra_bytes``: by default only with repack (weights as stored without it)."""
+    if requested is False or (requested is None and not repack) or extra_bytes == 0:
         return False
     possible, why = widen_status(cpu_backend_info())
     if not possible:
@@ -112,6 +117,7 @@ def system_info() -> dict:
     backend = cpu_backend_info()
     flags = cpu_flags()
     amx_on, amx_why = amx_status(backend, flags)
+    widen_on, widen_why = widen_status(backend)
     return {
         "cpu": cpu_model_name() or backend["description"],
         "cpu_flags": [f for f in KERNEL_FLAGS if f in flags],
@@ -123,6 +129,6 @@ def system_info() -> dict:
         "repack_buffer_types": backend["extra_buffer_types"],
         "amx": amx_on,
         "amx_reason": amx_why,
-        "widen_q5_0": widen_status(backend)[0],
-        "widen_q5_0_reason": widen_status(backend)[1],
+        "widen_q5_0": widen_on,
+        "widen_q5_0_reason": widen_why,
     }

@@ -17,8 +17,9 @@
 # only where the CPU backend in use was built with AVX2 (the caller checks),
 # and tests/test_widen.py compares the logits bit for bit.
 #
-# Cost: Q8_0 takes 34 bytes a block against Q5_0's 22, and the mapped Q5_0
-# pages, read once here, are no longer used.
+# Cost: the copies, 34 bytes a block, on top of the Q5_0 weights (22 bytes a
+# block), which one-token steps keep using: there ggml's vec_dot runs, and the
+# smaller weight reads faster.
 
 DEF Q5_0_BLOCK_BYTES = 22    # f16 scale, 32 high bits, 16 bytes of low nibbles
 DEF Q8_0_BLOCK_BYTES = 34    # f16 scale, 32 int8 values

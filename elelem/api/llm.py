@@ -93,8 +93,9 @@ class LLM:
     ``n_ctx`` is the most positions one sequence may hold; it defaults to the
     smaller of the model's trained context and 4096.  ``kv_size`` is the
     number of cells in the KV cache that all sequences share (default:
-    ``n_ctx`` rounded up to a multiple of 256, as llama.cpp sizes it), and ``n_seq_max`` how many sequences -- sessions, and calls
-    running at once -- it can hold (default 16, at most 64).
+    ``n_ctx`` rounded up to a multiple of 256, as llama.cpp sizes it), and
+    ``n_seq_max`` how many sequences -- sessions, and calls running at once
+    -- it can hold (default 16, at most 64).
     ``kv_type`` is the type of the cached keys and values: ``"f16"`` (as
     llama.cpp; ``"f32"`` for an encoder, whose K and V llama.cpp never
     rounds since it keeps no cache for them), ``"f32"``, or the quantized ``"q8_0"`` (half of f16's memory)
@@ -122,8 +123,8 @@ class LLM:
     tinyBLAS then skips unpacking 5-bit values: about 1.1-1.4x faster such
     steps, with llama.cpp's arithmetic bit for bit.  One-token steps keep
     the smaller Q5_0 weight, so the copies cost their own memory (34/22 of
-    the Q5_0 weights: 268 MB for Qwen2.5-0.5B's 173 MB).  None (default) widens on AVX2 CPU modules when
-    ``repack`` is on and the copies take at most
+    the Q5_0 weights: 268 MB for Qwen2.5-0.5B's 173 MB).  None (default)
+    widens on AVX2 CPU modules when ``repack`` is on and the copies take at most
     ``elelem.cpu.WIDEN_AUTO_LIMIT``; True lifts that limit; False never
     widens.  ``elelem info --system`` shows what this CPU has.
 
@@ -192,13 +193,12 @@ class LLM:
         self.placement = self._plan_placement(rpc_servers, n_gpu_layers, tensor_split, rpc_timeout, cells)
         placed = {name for il in range(len(self.spec.layer_tensors)) if self.placement.layer_device[il] >= 0
                   for name in self.spec.layer_tensors[il].values() if name}
+        widened = widen_q5_0(widen, repack, self.spec.widened_bytes(self.gguf.tensors, placed))
         self._model = open_model(self.path, self.spec.arch.builder, self.spec.hparams,
                                        self.spec.global_tensors, self.spec.layer_tensors,
                                        self.spec.description,
                                        [n for n in self.spec.matmul_weights() if n not in placed], repack,
-                                       use_mmap, amx_types(amx),
-                                       widen_q5_0=widen_q5_0(False if widen is None and not repack else widen,
-                                                             self.spec.widened_bytes(self.gguf.tensors, placed)))
+                                       use_mmap, amx_types(amx), widen_q5_0=widened)
         try:
             if self.placement.devices:
                 place_layers(self._model, self.placement.devices, self.placement.layer_device, float(rpc_timeout))
