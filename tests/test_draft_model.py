@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import elelem
+from elelem.engine.step_costs import StepCosts
 from elelem.errors import VocabularyMismatchError
 from elelem.sampling.sampler import SamplingParams
 from synthetic import TinyConfig, write_model
@@ -28,6 +29,9 @@ OTHER_WEIGHTS = CONFIG.but(seed=7, n_layer=1)  # same vocabulary, other predicti
 def _opened(path, *options):
     """One f32 LLM over ``path`` per dict of options, yielded together, then closed."""
     llms = [elelem.LLM(path, kv_type="f32", n_threads=1, **o) for o in options]
+    for llm in llms:
+        # Verify every draft, whatever steps cost here: the tests need them to run.
+        llm.engine.step_costs = StepCosts.flat()
     yield tuple(llms)
     for llm in llms:
         llm.close()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import elelem
+from elelem.engine.step_costs import StepCosts
 from elelem.errors import InvalidArgumentError
 from elelem.sampling.logprobs import log_softmax, token_logprob
 from llamacpp_reference import THREADS, elelem_kernel_options
@@ -105,6 +106,7 @@ def test_logprobs_turn_speculation_off_unless_asked_for(smollm_path):
     prompt = "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return"
     with elelem.LLM(smollm_path, n_ctx=512, n_threads=2, speculative=False) as plain, \
             elelem.LLM(smollm_path, n_ctx=512, n_threads=2) as default:
+        default.engine.step_costs = StepCosts.flat()  # drafts verified whatever steps cost here
         expected = plain.create_completion(prompt, max_tokens=12, temperature=0.0, logprobs=1)["choices"][0]
         drafted_before = default.engine.drafted_tokens
         got = default.create_completion(prompt, max_tokens=12, temperature=0.0, logprobs=1)["choices"][0]

@@ -23,6 +23,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
+from elelem.engine.step_costs import StepCosts  # noqa: E402
 from elelem.server import ServerConfig, create_app  # noqa: E402
 
 pytestmark = pytest.mark.real_model
@@ -498,7 +499,10 @@ def test_binding_beyond_loopback_without_a_key_warns(monkeypatch, caplog, smollm
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,"
 
 
-def test_usage_reports_the_drafted_tokens(client, model_id):
+def test_usage_reports_the_drafted_tokens(server, client, model_id):
+    # Every proposal verified, whatever steps cost here (a wide step of SmolLM2
+    # on a small CPU costs nearly its width, and the engine would draft little).
+    server.model.load().engine.step_costs = StepCosts.flat()
     reply = client.completions.create(model=model_id, prompt=COUNTING, max_tokens=24, temperature=0)
     details = reply.usage.completion_tokens_details  # OpenAI's Predicted Outputs fields
     assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens >= 0

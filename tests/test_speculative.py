@@ -17,7 +17,8 @@ import pytest
 
 import elelem
 from elelem.api.generation import GenerationTarget, TextStream
-from elelem.engine.speculative import FIRST_PAUSE, MISSES_BEFORE_PAUSE, PromptLookup
+from elelem.engine.speculative import Acceptance, PromptLookup
+from elelem.engine.step_costs import PRIOR_EXPONENT, StepCosts, plan_drafts
 from elelem.sampling.sampler import SamplingParams
 from synthetic import TinyConfig
 
@@ -44,21 +45,65 @@ def test_the_drafter_never_matches_the_history_with_itself():
     assert PromptLookup([4, 5, 4, 5]).propose(8) == [4, 5]  # (4, 5) at 0 is followed by 4, 5
 
 
-def test_drafting_pauses_after_misses_and_resumes():
+def test_acceptance_falls_with_refusals_and_recovers_with_confirmations():
+    acceptance = Acceptance()
+    assert acceptance.rate == pytest.approx(0.5)  # the prior
+    for _ in range(10):
+        acceptance.record(0, 4)  # nothing confirmed
+    low = acceptance.rate
+    assert low < 0.15
+    acceptance.record(8, 8)  # a whole draft confirmed: no refusal seen
+    assert acceptance.rate > 0.5
+    acceptance.record(16, 16)  # old refusals fade
+    high = acceptance.rate
+    assert high > 0.8
+    acceptance.record(3, 8)
+    assert low < acceptance.rate < high
+
+
+def test_an_unverified_proposal_is_checked_against_the_tokens_that_follow():
     history = [1, 2, 3, 1, 2]
     lookup = PromptLookup(history)
-    assert lookup.propose(8) == [3, 1, 2]
-    lookup.record(0, 3)  # a miss: the next draft is one token
-    for _ in range(MISSES_BEFORE_PAUSE - 1):
-        assert lookup.propose(8) == [3]
-        lookup.record(0, 1)
-    assert all(lookup.propose(8) == [] for _ in range(FIRST_PAUSE))
-    assert lookup.propose(8) == [3]
-    lookup.record(1, 1)  # a success resets the misses, and a whole match doubles the length
-    assert lookup.propose(8) == [3, 1]
-    lookup.record(1, 2)
-    lookup.record(0, 2)
-    assert lookup.propose(8) == [3]
+    proposal = lookup.propose(8)
+    assert proposal == [3, 1, 2]
+    lookup.unverified(proposal)
+    before = lookup.acceptance.rate
+    history += [3, 1]  # two emitted tokens, both as proposed
+    lookup.propose(8)
+    confirmed = lookup.acceptance.rate
+    assert confirmed > before
+    history += [9]  # the third differs: one refusal, and the watch ends
+    lookup.propose(8)
+    assert lookup.acceptance.rate < confirmed
+    history += [3]
+    settled = lookup.acceptance.rate
+    lookup.propose(8)
+    assert lookup.acceptance.rate == settled  # nothing watched any more
+
+
+def test_step_costs_interpolate_between_measured_widths():
+    costs = StepCosts()
+    assert costs.relative(8) == pytest.approx(8 ** PRIOR_EXPONENT)  # nothing measured: the prior
+    costs.record(1, 0.020)
+    costs.record(9, 0.060)
+    assert costs.relative(5) == pytest.approx(2.0)  # 40 ms, halfway
+    assert costs.relative(18) == pytest.approx(3.0 * 2 ** PRIOR_EXPONENT)  # past the widest: the prior's shape
+    costs.record(9, 0.100)  # a running average, not the last value
+    assert 3.0 < costs.relative(9) < 5.0
+
+
+def test_drafts_are_verified_only_where_they_pay():
+    # A 2-core CPU's shape (benchmarks/widen.py): 1, 1.8, 2.5 (4 tokens), 3.6 (8), 7.2 (32)
+    cpu = StepCosts(fixed=lambda n: 1.0 if n == 1 else 1.8 * (n / 2) ** 0.5)
+    assert plan_drafts(1, [(0.3, 8)], cpu, 64) == [0]        # free text: no drafts
+    assert plan_drafts(1, [(0.97, 32)], cpu, 64) == [32]     # a file copied: all of them
+    assert plan_drafts(1, [(0.97, 32)], cpu, 10) == [10]     # within the step's budget
+    assert plan_drafts(1, [(0.97, 0)], cpu, 64) == [0]
+    flat = StepCosts.flat()
+    assert plan_drafts(1, [(0.3, 8)], flat, 64) == [8]       # where width is free, any chance pays
+    # Several sequences: the likelier drafts first, as many as raise tokens per second.
+    counts = plan_drafts(4, [(0.95, 16), (0.2, 16), (0.9, 16)], cpu, 64)
+    assert counts[1] == 0 and counts[0] >= counts[2] > 0
 
 
 # -- greedy: identical tokens -----------------------------------------------------
@@ -69,6 +114,9 @@ def pair(tiny_model):
     path, _ = tiny_model(CONFIG)
     plain = elelem.LLM(path, kv_type="f32", n_threads=1, speculative=False)
     fast = elelem.LLM(path, kv_type="f32", n_threads=1, speculative=True)
+    # Verify every proposal, whatever steps cost on this machine: the tests below
+    # need drafts, accepted and refused, to check that they change nothing.
+    fast.engine.step_costs = StepCosts.flat()
     yield plain, fast
     plain.close()
     fast.close()
@@ -219,6 +267,9 @@ def test_smollm2_rewriting_code_gives_the_same_text_with_fewer_steps(smollm_path
     messages = [{"role": "user", "content": "Rewrite this function, renaming `items` to `entries`. "
                  "Reply with the whole function only.\n\n```python\n" + CODE + "```"}]
     with elelem.LLM(smollm_path, n_ctx=1024, n_threads=1, kv_type="f32", speculative=True) as llm:
+        # Every proposal verified: on a small CPU a wide step of this model costs
+        # nearly its width in single steps, and the engine would rightly draft little.
+        llm.engine.step_costs = StepCosts.flat()
         steps = llm.engine.steps
         plain = llm.chat_stream(messages, max_tokens=64, temperature=0, speculative=False)
         want = plain.text()

@@ -7,7 +7,8 @@ concurrent requests never share draft state.  Per generation,
 interface: ``propose(limit)`` brings its sequence up to the generation's
 history (evaluating only the tokens it does not hold yet), then decodes up to
 ``limit`` tokens greedily; ``record(accepted, drafted)`` trims its cache back
-to what the target kept.  The target verifies the drafts exactly as it does
+to what the target kept, and ``unverified(proposal)`` to the history when the
+engine verified none of them.  The target verifies the drafts exactly as it does
 prompt-lookup ones, so the output stays the target model's own: a draft
 model changes the speed, never the text (a draft is a one-hot guess, see
 :mod:`elelem.engine.speculative`).
@@ -25,7 +26,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..errors import ElelemError, VocabularyMismatchError
-from .speculative import DEFAULT_MAX_DRAFT, DraftPace
+from .speculative import Acceptance, DraftPace
+
+#: The most tokens a draft model proposes per step: each costs a forward pass
+#: of it, made before the engine knows how many it will verify.
+DEFAULT_MAX_DRAFT = 8
 
 log = logging.getLogger("elelem")
 
@@ -170,11 +175,13 @@ class ModelDrafter:
         self.seq = seq
         self.history = history
         self.pace = DraftPace(model.max_draft)
+        self.acceptance = Acceptance()
         self._base = 0                # len(history) when the last drafts were proposed
         self._failed = False
 
     def propose(self, limit: int) -> list[int]:
         """Up to ``min(limit, max_draft)`` tokens the draft model predicts after the history."""
+        self.acceptance.check(self.history)
         limit = self.pace.limit(limit)
         if limit <= 0 or self._failed:
             return []
@@ -189,4 +196,13 @@ class ModelDrafter:
     def record(self, accepted: int, drafted: int) -> None:
         """``accepted`` of ``drafted`` tokens were confirmed: keep those in the draft cache."""
         self.pace.record(accepted, drafted)
+        self.acceptance.record(accepted, drafted)
         self.model.keep(self.seq, self._base + accepted)
+
+    def unverified(self, proposal: Sequence[int]) -> None:
+        """The engine verified none of ``proposal`` (it would not pay): drop it
+        from the draft cache, watch it, and count it a miss, so that the draft
+        model stops spending passes the engine declines."""
+        self.pace.record(0, len(proposal))
+        self.acceptance.watch(self.history, proposal)
+        self.model.keep(self.seq, self._base)

@@ -41,6 +41,7 @@ from ..errors import CapacityError, ClosedError, ContextLimitError, InvalidArgum
 from .prompt_cache import PromptCache
 from .request import Request
 from .speculative import PromptLookup
+from .step_costs import StepCosts, plan_drafts
 
 log = logging.getLogger("elelem")
 
@@ -100,6 +101,8 @@ class Engine:
         self.step_seconds = 0.0             # wall time of the steps run (compute and settling)
         self.drafted_tokens = 0             # speculative decoding: draft tokens verified,
         self.accepted_tokens = 0            # and the ones kept
+        # What steps of each width cost here: how many drafts a step verifies.
+        self.step_costs = StepCosts()
 
     # -- facts -----------------------------------------------------------------
 
@@ -341,6 +344,8 @@ class Engine:
                     try:
                         logits = self._ctx.decode(plan.tokens, plan.seqs, plan.outputs)
                         error = None
+                        if len(logits) == len(plan.tokens):  # decoding and verification (StepCosts)
+                            self.step_costs.record(len(plan.tokens), time.perf_counter() - t0)
                     except BaseException as exc:  # noqa: B902 -- Ctrl-C included, settled below
                         logits, error = None, exc
                     finally:
@@ -377,6 +382,8 @@ class Engine:
                 f"cell; open the model with a larger kv_size, or run fewer requests at once"))
             return self._plan(run_ahead)
         chunks, tokens, seqs, outputs = [], [], [], []
+        n_outputs = 0
+        drafting = []                   # chunks of generating requests that may verify drafts
         for request in runnable:
             if budget == 0:
                 break
@@ -387,24 +394,44 @@ class Engine:
             for i, token in enumerate(request.pending[:n]):
                 wanted = request.all_logits or (ends and i == n - 1)
                 if wanted:
-                    chunk.rows.append(sum(outputs))
+                    chunk.rows.append(n_outputs)
+                    n_outputs += 1
                 tokens.append(token)
                 seqs.append(request.seq)
                 outputs.append(wanted)
             if ends and n == 1 and request.drafter is not None and request.pick is not None:
                 chunk.base = self._ctx.cache.seq_length_of(request.seq)
-                chunk.drafts = self._drafts(request, chunk.base, budget)
-                budget -= len(chunk.drafts)
-                for token in chunk.drafts:  # every draft's row: the model's choice after it
-                    chunk.rows.append(sum(outputs))
-                    tokens.append(token)
-                    seqs.append(request.seq)
-                    outputs.append(True)
+                drafting.append(chunk)
             request.in_step = True
             chunks.append(chunk)
-        if not any(outputs):  # a step must return some row; the last one is cheap
+        if drafting and budget > 0:
+            # Each sequence's drafts go after every first token: a sequence's tokens stay in order.
+            for chunk in self._plan_drafts(drafting, len(tokens), budget):
+                for token in chunk.drafts:  # every draft's row: the model's choice after it
+                    chunk.rows.append(n_outputs)
+                    n_outputs += 1
+                    tokens.append(token)
+                    seqs.append(chunk.request.seq)
+                    outputs.append(True)
+        if not n_outputs:  # a step must return some row; the last one is cheap
             outputs[-1] = True
         return _Plan(chunks, tokens, seqs, outputs)
+
+    def _plan_drafts(self, drafting: list[_Chunk], base_tokens: int, budget: int) -> list[_Chunk]:
+        """Ask each drafting request for its guesses, and keep as many as pay
+        for the wider step (step_costs.plan_drafts); the chunks given drafts."""
+        proposals = [self._drafts(chunk.request, chunk.base, budget) for chunk in drafting]
+        offers = [(chunk.request.drafter.acceptance.rate, len(proposal))
+                  for chunk, proposal in zip(drafting, proposals)]
+        counts = plan_drafts(base_tokens, offers, self.step_costs, budget)
+        given = []
+        for chunk, proposal, count in zip(drafting, proposals, counts):
+            if count:
+                chunk.drafts = proposal[:count]
+                given.append(chunk)
+            elif proposal:
+                chunk.request.drafter.unverified(proposal)
+        return given
 
     def _drafts(self, request: Request, length: int, budget: int) -> list[int]:
         """Guesses to verify after a generating request's next token: within

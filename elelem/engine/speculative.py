@@ -23,25 +23,87 @@ by up to ~0.15 (measured, SmolLM2) with f16 -- and where two tokens are that
 close (a near-tie) the pick can flip.  The same holds already whenever
 streams share a step (continuous batching).
 
-Adaptive: drafting costs a wider batch; when several verifications in a row
-accept nothing, drafting pauses for a while (longer each time it fails
-again), so text that never repeats its context is not slowed down.
+Adaptive: a draft token widens the step, which on a CPU costs nearly as much
+as decoding it.  Each drafter keeps an estimate of how often its tokens are
+confirmed (:class:`Acceptance`), and the engine verifies only as many as pay
+for the wider step (``step_costs.plan_drafts``), so text that never repeats
+its context gets no drafts and is not slowed down.  Proposals the engine does
+not verify are still checked against the tokens that follow ("shadow"
+checks, free), so the estimate recovers when copying starts again.
 """
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
-#: The most tokens drafted per step (measured in benchmarks/speculative.py).
-DEFAULT_MAX_DRAFT = 8
+#: The most tokens drafted per step: the engine's plan (step_costs.plan_drafts)
+#: decides how many of them a step verifies (measured in benchmarks/speculative.py).
+DEFAULT_MAX_DRAFT = 32
 #: N-gram lengths matched, longest first: a longer match predicts better.
 NGRAM_SIZES = (4, 3, 2)
-#: Verifications in a row that accept nothing before drafting pauses.
+#: Draft-model drafting (DraftPace): verifications in a row that accept nothing
+#: before drafting pauses, and for how many emitted tokens it pauses the first
+#: time; the pause doubles with every further run, up to MAX_PAUSE.
 MISSES_BEFORE_PAUSE = 3
-#: Emitted tokens drafting pauses for after the first run of misses; it
-#: doubles with every further run, up to MAX_PAUSE, and resets on a success.
 FIRST_PAUSE = 16
 MAX_PAUSE = 256
+#: Acceptance: the prior (a rate of 1/2 worth two tokens of evidence), and how
+#: fast old evidence fades (per token checked: about the last 1/(1-DECAY)).
+PRIOR_RATE = 0.5
+PRIOR_WEIGHT = 2.0
+DECAY = 0.95
 
+
+class Acceptance:
+    """The chance that a drafter's next draft token is confirmed, given that
+    the ones before it were (a geometric model of how far drafts run), from
+    recent evidence: each token checked is a confirmation or a refusal."""
+
+    def __init__(self) -> None:
+        self._confirmed = 0.0
+        self._refused = 0.0
+        # A proposal not verified: (its start in the history, its tokens, how many are checked).
+        self._watched: Optional[tuple[int, list[int], int]] = None
+
+    @property
+    def rate(self) -> float:
+        confirmed = self._confirmed + PRIOR_RATE * PRIOR_WEIGHT
+        return confirmed / (self._confirmed + self._refused + PRIOR_WEIGHT)
+
+    def confirm(self, n: int = 1) -> None:
+        for _ in range(n):
+            self._confirmed = self._confirmed * DECAY + 1.0
+            self._refused *= DECAY
+
+    def refuse(self) -> None:
+        self._confirmed *= DECAY
+        self._refused = self._refused * DECAY + 1.0
+
+    def record(self, accepted: int, drafted: int) -> None:
+        """A verification: the first ``accepted`` of ``drafted`` tokens were confirmed."""
+        self.confirm(accepted)
+        if accepted < drafted:
+            self.refuse()
+
+    def watch(self, history: Sequence[int], proposal: Sequence[int]) -> None:
+        """``proposal`` was not verified: check it against the tokens that
+        will follow ``history`` (one proposal at a time)."""
+        if self._watched is None and proposal:
+            self._watched = (len(history), list(proposal), 0)
+
+    def check(self, history: Sequence[int]) -> None:
+        """Count what the watched proposal got right among the tokens emitted since."""
+        if self._watched is None:
+            return
+        start, proposal, checked = self._watched
+        emitted = history[start + checked:start + len(proposal)]
+        for i, token in enumerate(emitted, checked):
+            if token != proposal[i]:
+                self.refuse()
+                self._watched = None
+                return
+            self.confirm()
+        checked += len(emitted)
+        self._watched = None if checked == len(proposal) else (start, proposal, checked)
 
 class PromptLookup:
     """Drafts for one generation, from its live ``history``.
@@ -62,14 +124,15 @@ class PromptLookup:
         # n -> {n-gram: where the tokens that followed its latest occurrence start}
         self._index: dict[int, dict[tuple, int]] = {n: {} for n in self._sizes}
         self._indexed = 0            # continuations history[:_indexed] are indexed
-        self.pace = DraftPace(self.max_draft)
+        self.acceptance = Acceptance()
 
     def propose(self, limit: int) -> list[int]:
         """Up to ``min(limit, max_draft)`` tokens guessed to follow the history."""
-        limit = self.pace.limit(limit)
+        history = self.history
+        self.acceptance.check(history)
+        limit = min(limit, self.max_draft)
         if limit <= 0:
             return []
-        history = self.history
         self._extend_index()
         end = len(history)
         for n in self._sizes:
@@ -82,7 +145,11 @@ class PromptLookup:
 
     def record(self, accepted: int, drafted: int) -> None:
         """The outcome of one verification: ``accepted`` of ``drafted`` tokens confirmed."""
-        self.pace.record(accepted, drafted)
+        self.acceptance.record(accepted, drafted)
+
+    def unverified(self, proposal: Sequence[int]) -> None:
+        """The engine verified none of ``proposal`` (it would not pay): watch it."""
+        self.acceptance.watch(self.history, proposal)
 
     def _extend_index(self) -> None:
         # The n-gram ending just before position j maps to j, for every j whose
@@ -97,8 +164,9 @@ class PromptLookup:
 
 
 class DraftPace:
-    """How many tokens a drafter may propose at its next step: the adaptive
-    part shared by every drafter (prompt lookup, a draft model)."""
+    """How many tokens a draft model may propose at its next step: each costs
+    a forward pass of the draft model, so drafting shrinks after a partial
+    match and pauses after misses (prompt lookup proposes for free)."""
 
     def __init__(self, max_draft: int):
         self.max_draft = max_draft
