@@ -608,3 +608,16 @@ def test_requests_past_the_limit_get_openais_503_json(smollm_path):
         assert httpx.get(small.url + "/v1/models").status_code == 200      # and it serves again
     finally:
         small.stop()
+
+
+def test_a_served_models_cache_is_sized_as_llama_cpp_sizes_it(smollm_path):
+    import types
+
+    from elelem.server.registry import ModelRegistry
+    opened = []
+    fake = types.SimpleNamespace(tokenizer=None, chat_template=None, closed=False)
+    config = ServerConfig(models=[str(smollm_path)], parallel=3, n_ctx=300, keep_alive=None)
+    ModelRegistry(config, open_llm=lambda source, **options: opened.append(options) or fake).default.load()
+    # 3 contexts of 300 positions, rounded up to 256 cells: attention sums over
+    # the same span as llama.cpp's (README, "kv_size").
+    assert opened[0]["n_ctx"] == 300 and opened[0]["kv_size"] == 1024

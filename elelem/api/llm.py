@@ -48,7 +48,7 @@ MAX_N_CTX = 2**31 - 1  # positions are int32 in ggml
 KV_CELL_PAD = 256
 
 
-def _padded_cells(n_ctx: int) -> int:
+def padded_cells(n_ctx: int) -> int:
     """The cells of a cache for ``n_ctx`` positions, as llama.cpp sizes it.  Not
     memory for its own sake: attention sums over min(cells, used rounded up to
     256), so a cache of 223 cells sums over 223 where llama.cpp's sums over 256,
@@ -189,7 +189,7 @@ class LLM:
             n_batch = max(n_batch, n_ctx) if isinstance(n_batch, int) else n_batch
             kv_type = kv_type or "f32"
         kv_type = kv_type or "f16"
-        cells = _padded_cells(n_ctx) if kv_size is None else kv_size
+        cells = padded_cells(n_ctx) if kv_size is None else kv_size
         self.placement = self._plan_placement(rpc_servers, n_gpu_layers, tensor_split, rpc_timeout, cells)
         placed = {name for il in range(len(self.spec.layer_tensors)) if self.placement.layer_device[il] >= 0
                   for name in self.spec.layer_tensors[il].values() if name}

@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Optional
 
 import anyio
 
+from ..api.llm import padded_cells
 from .config import ServerConfig
 from .errors import APIError, overloaded
 
@@ -91,7 +92,7 @@ class ServedModel:
                 self._llm = self._open_llm(
                     self.source, n_ctx=n_ctx, n_threads=self._config.n_threads,
                     n_seq_max=self._config.parallel + 1,  # + the LLM's own default session
-                    kv_size=n_ctx * self._config.parallel, speculative=self._config.speculative,
+                    kv_size=padded_cells(n_ctx * self._config.parallel), speculative=self._config.speculative,
                     draft_model=self._config.draft_model, prompt_cache=self._config.prompt_cache,
                     prompt_cache_bytes=self._config.prompt_cache_bytes, **self._config.llm_options)
                 self._llm.tokenizer, self._llm.chat_template  # built now, not in the first request
