@@ -105,6 +105,7 @@ class Acceptance:
         checked += len(emitted)
         self._watched = None if checked == len(proposal) else (start, proposal, checked)
 
+
 class PromptLookup:
     """Drafts for one generation, from its live ``history``.
 
