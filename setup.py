@@ -105,6 +105,10 @@ class BuildGGMLThenExt(build_ext):
             # llama.cpp turns on llamafile's tinyBLAS matmuls (ggml alone does not):
             # faster prefill, and the same summation order, so the same tokens.
             "-DGGML_LLAMAFILE=ON",
+            # ggml's own worker threads, one pool per context, instead of OpenMP
+            # teams, which slow steps run from more than one Python thread
+            # (elelem/_native/cpu_backend.pxi, _new_cpu_threadpool).
+            "-DGGML_OPENMP=OFF",
             "-DGGML_CCACHE=OFF",
         ] + cuda_cmake_args()
         if env_flag("ELELEM_SANITIZE"):

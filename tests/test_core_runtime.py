@@ -29,6 +29,34 @@ def test_prefix_reuse_evaluates_only_new_tokens(tiny_model):
         assert llm.n_evaluated - before == 2 + 3
 
 
+def test_steps_from_other_threads_and_other_thread_counts_give_the_same_logits(tiny_model):
+    # Every step runs on the context's own pool of ggml worker threads, whatever
+    # Python thread calls it (cpu_backend.pxi, _new_cpu_threadpool); set_n_threads
+    # replaces the pool.  Rows are split between threads, never summed across them.
+    path, _ = tiny_model(TinyConfig())
+    with elelem.LLM(path, kv_type="f32", n_threads=2) as llm:
+        ctx = llm.engine.context
+        prompt = [5, 6, 7, 8, 9, 10, 11, 12]
+
+        def logits():
+            ctx.cache.seq_rm(0, 0)
+            return ctx.decode(prompt, [0] * len(prompt), True)
+
+        want = logits()
+        got = []
+        threads = [threading.Thread(target=lambda: got.append(logits())) for _ in range(2)]
+        for thread in threads:  # one after the other: a context runs one step at a time
+            thread.start()
+            thread.join()
+        ctx.set_n_threads(3)
+        got.append(logits())
+        ctx.set_n_threads(1)
+        got.append(logits())
+        assert ctx.n_threads == 1 and len(got) == 4
+        for rows in got:
+            np.testing.assert_array_equal(rows, want)
+
+
 def test_generation_stops_at_stop_ids(tiny_model):
     path, _ = tiny_model(TinyConfig())
     with elelem.LLM(path) as llm:

@@ -19,6 +19,7 @@ cdef class Context:
     cdef ggml_backend_buffer_type_t bufts[MAX_BACKENDS]
     cdef int n_backends
     cdef ggml_backend_t cpu
+    cdef ggml_threadpool * threadpool  # the CPU backend's worker threads (_new_cpu_threadpool)
     cdef ggml_backend_sched_t sched
     cdef void * graph_meta              # arena for the graph's metadata
     cdef size_t graph_meta_size
@@ -44,6 +45,7 @@ cdef class Context:
     def __cinit__(self):
         self.n_backends = 0
         self.cpu = NULL
+        self.threadpool = NULL
         self.sched = NULL
         self.graph_meta = NULL
         self.graph_step.ctx = NULL
@@ -76,6 +78,10 @@ cdef class Context:
             job.n_buffers = self.cache.n_bufs
             job.buffers = self.cache.bufs
         _free_guarded(&job, self.rpc_timeout, self.rpc_endpoints)
+        if self.threadpool != NULL:
+            if not (self.rpc_timeout > 0 and _rpc_unsafe(self.rpc_endpoints)):
+                _cpu_threadpool_free(self.threadpool)  # else a step given up on may still use it
+            self.threadpool = NULL
         if guarded_cache:
             if _rpc_unsafe(self.rpc_endpoints):
                 self.cache.leak_buffers = True
@@ -136,8 +142,13 @@ cdef class Context:
     def set_n_threads(self, object n_threads):
         cdef int threads = _checked_count("n_threads", n_threads, MAX_N_THREADS)
         self._check_open()
+        if self.busy:
+            raise errors.InvalidArgumentError("cannot change n_threads while a step runs on this context")
+        cdef ggml_threadpool * old = self.threadpool
+        self.threadpool = _new_cpu_threadpool(self.cpu, threads)
         self.n_threads = threads
-        _cpu_set_n_threads(self.cpu, threads)
+        if old != NULL:
+            _cpu_threadpool_free(old)
 
     def request_abort(self):
         """Ask a running step to stop (from another thread); it raises KeyboardInterrupt
@@ -420,6 +431,7 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
     c.closed = False  # from here on, _release frees what was made
     _init_device_backends(c, devices)
     c.cpu = _new_cpu_backend(threads, &c.abort_flag)
+    c.threadpool = _new_cpu_threadpool(c.cpu, threads)
     c.backends[c.n_backends] = c.cpu
     c.bufts[c.n_backends] = ggml_backend_get_default_buffer_type(c.cpu)
     c.n_backends += 1

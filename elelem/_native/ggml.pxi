@@ -214,12 +214,25 @@ cdef extern from "ggml-backend.h" nogil:
     const char * ggml_backend_dev_description(ggml_backend_dev_t device)
     ggml_backend_t ggml_backend_dev_init(ggml_backend_dev_t device, const char * params)
     ctypedef void (*ggml_backend_set_n_threads_t)(ggml_backend_t backend, int n_threads)
+    # The CPU backend's own worker threads (ggml-cpu.h; reached through its registry entry).
+    struct ggml_threadpool_params:
+        int n_threads
+        uint32_t poll
+    struct ggml_threadpool
+    ggml_threadpool_params ggml_threadpool_params_default(int n_threads)
     ctypedef void (*ggml_backend_set_abort_callback_t)(ggml_backend_t backend, ggml_abort_callback abort_callback,
                                                         void * abort_callback_data)
     struct ggml_backend_feature:
         const char * name
         const char * value
     ctypedef ggml_backend_feature * (*ggml_backend_get_features_t)(ggml_backend_reg_t reg)
+
+
+# Signatures of the CPU backend's threadpool functions (ggml-cpu.h), which its
+# registry entry hands out; ggml's headers name no type for them.
+ctypedef ggml_threadpool * (*ggml_threadpool_new_t)(ggml_threadpool_params * params) noexcept nogil
+ctypedef void (*ggml_threadpool_free_t)(ggml_threadpool * threadpool) noexcept nogil
+ctypedef void (*ggml_backend_cpu_set_threadpool_t)(ggml_backend_t backend, ggml_threadpool * threadpool) noexcept nogil
 
 
 cdef extern from "<dlfcn.h>" nogil:
