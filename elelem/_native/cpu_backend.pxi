@@ -109,8 +109,8 @@ cdef ggml_threadpool * _new_cpu_threadpool(ggml_backend_t backend, int n_threads
     (sessions in threads, the server's workers) gets a team of its own.  Once
     there are more OpenMP threads than cores, libgomp stops spinning at
     barriers and sleeps on a futex at each of a step's hundreds: measured on
-    2 cores, a one-token step of Qwen2.5-Coder-0.5B took 30-37 ms from a
-    second thread against 19 ms from the first.  Built without OpenMP (setup.py),
+    2 cores, a one-token step of Qwen2.5-Coder-0.5B took 30-40 ms from a
+    second thread against 18-22 ms from the first.  Built without OpenMP (setup.py),
     ggml's own pool serves any calling thread alike, and keeping one per
     context saves starting threads at every step."""
     cdef ggml_threadpool_params params = ggml_threadpool_params_default(n_threads)

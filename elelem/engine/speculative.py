@@ -70,9 +70,10 @@ class Acceptance:
         return confirmed / (self._confirmed + self._refused + PRIOR_WEIGHT)
 
     def confirm(self, n: int = 1) -> None:
-        for _ in range(n):
-            self._confirmed = self._confirmed * DECAY + 1.0
-            self._refused *= DECAY
+        # n confirmations in a row, each fading the evidence before it by DECAY.
+        fade = DECAY ** n
+        self._confirmed = self._confirmed * fade + (1.0 - fade) / (1.0 - DECAY)
+        self._refused *= fade
 
     def refuse(self) -> None:
         self._confirmed *= DECAY
