@@ -40,6 +40,15 @@ def test_the_drafter_copies_what_followed_the_latest_longest_match():
     assert lookup.propose(8) == [8, 1, 2]
 
 
+def test_the_drafter_copies_the_occurrence_whose_context_agrees_furthest_back():
+    # (5, 6) occurs at 2 and 9; the history ends like the older one, after 1, 2,
+    # so the older occurrence's continuation (7, 8) is the span being copied.
+    history = [1, 2, 5, 6, 7, 8, 0, 3, 4, 5, 6, 9, 9, 1, 2, 5, 6]
+    assert PromptLookup(history, ngram_sizes=(2,)).propose(2) == [7, 8]
+    history[13:15] = [3, 4]  # now it ends like the newer one
+    assert PromptLookup(history, ngram_sizes=(2,)).propose(2) == [9, 9]
+
+
 def test_the_drafter_never_matches_the_history_with_itself():
     assert PromptLookup([4, 5, 6]).propose(8) == []
     assert PromptLookup([4, 5, 4, 5]).propose(8) == [4, 5]  # (4, 5) at 0 is followed by 4, 5
@@ -142,6 +151,35 @@ def test_a_stop_id_inside_an_accepted_draft_ends_the_generation_there(pair):
         want = plain.generate_tokens(PROMPTS[0], 60, stop_ids=[stop])
         assert fast.generate_tokens(PROMPTS[0], 60, stop_ids=[stop]) == want
         assert fast.cached_tokens == plain.cached_tokens
+
+
+def test_drafts_are_cut_before_a_token_that_ends_the_generation(pair, monkeypatch):
+    # No row after an end token is ever used: verifying it and what follows would be waste.
+    plain, fast = pair
+    full = plain.generate_tokens(PROMPTS[0], 60)
+    prompt = PROMPTS[0] + full[:30]  # the model's loop is in the prompt: drafts copy it
+    rest = plain.generate_tokens(prompt, 30)
+    stop = next(t for t in rest[2:] if t in prompt and t not in rest[:2])  # drafted before it is picked
+    verified = []
+    make = fast.engine.new_drafter
+
+    def new_drafter(seq, history):
+        drafter = make(seq, history)
+        propose, record, proposed = drafter.propose, drafter.record, []
+
+        def proposing(limit):
+            proposed[:] = propose(limit)
+            return list(proposed)
+
+        def recording(accepted, drafted):
+            verified.append(proposed[:drafted])
+            record(accepted, drafted)
+        drafter.propose, drafter.record = proposing, recording
+        return drafter
+    monkeypatch.setattr(fast.engine, "new_drafter", new_drafter)
+    want = plain.generate_tokens(prompt, 30, stop_ids=[stop])
+    assert fast.generate_tokens(prompt, 30, stop_ids=[stop]) == want
+    assert verified and not any(stop in drafts for drafts in verified)
 
 
 def test_the_end_of_the_context_stops_as_without_drafts(pair):

@@ -210,7 +210,8 @@ def _run(stats: StreamStats, target: GenerationTarget, tokenizer: Tokenizer, sam
     with target.lock:
         # The drafter reads ``seq`` live: the prompt, then each token ``pick`` appends.
         request = Request(target.seq, prompt=list(seq), pick=pick, n_ctx=target.n_ctx, streamed=True,
-                          max_new=max_tokens, drafter=engine.new_drafter(target.seq, seq) if speculative else None)
+                          max_new=max_tokens, drafter=engine.new_drafter(target.seq, seq) if speculative else None,
+                          ends=eog_ids)
         stats.request = request
         t0 = time.perf_counter()
         try:

@@ -177,7 +177,7 @@ class Session(TextAPI):
                 raise ContextLimitError(f"the prompt has {len(ids)} tokens; n_ctx is {self._n_ctx}")
             drafter = self._engine.new_drafter(self._seq, history) if self._engine.speculative else None
             self._run(Request(self._seq, prompt=ids, pick=pick, n_ctx=self._n_ctx,
-                              max_new=min(max_tokens, self._n_ctx - len(ids)), drafter=drafter))
+                              max_new=min(max_tokens, self._n_ctx - len(ids)), drafter=drafter, ends=stops))
         return out
 
     def _run(self, request: Request) -> Request:

@@ -444,10 +444,15 @@ class Engine:
         if room <= 0:
             return []
         try:
-            return request.drafter.propose(room)
+            proposal = request.drafter.propose(room)
         except KeyboardInterrupt as interrupt:  # the step is half planned: raised once it is settled
             self._interrupted = interrupt
             return []
+        if request.ends:
+            for i, token in enumerate(proposal):
+                if token in request.ends:  # the row before it picks the end; the rest would be wasted
+                    return proposal[:i]
+        return proposal
 
     def _admit(self, request: Request) -> None:
         """Bring a new request's sequence to its prompt, reusing the cache."""

@@ -38,7 +38,7 @@ class Request:
 
     def __init__(self, seq: int, *, tokens: Sequence[int] = (), prompt: Optional[Sequence[int]] = None,
                  all_logits: bool = False, pick: Optional[Picker] = None, n_ctx: Optional[int] = None,
-                 streamed: bool = False, max_new: int = 0, drafter=None):
+                 streamed: bool = False, max_new: int = 0, drafter=None, ends: Sequence[int] = ()):
         self.seq = seq
         self.prompt = list(prompt) if prompt is not None else None
         self.pending: list[int] = list(tokens)   # still to evaluate, in order
@@ -57,6 +57,9 @@ class Request:
         # Speculative decoding: proposes tokens to verify with the next one
         # (generation only; None drafts nothing).
         self.drafter = drafter
+        # Tokens whose pick ends the generation: no row after one is ever used,
+        # so a draft is cut before the first of them.
+        self.ends = frozenset(ends)
         self.drafted = 0                          # draft tokens verified
         self.accepted = 0                         # of those, the ones kept
         self.reused = 0                           # prompt tokens found in the cache

@@ -3,7 +3,10 @@
 A coding agent's answers copy long spans of their prompt (a file rewritten
 with one change).  :class:`PromptLookup` guesses the next tokens by finding
 the last few tokens of the history (prompt plus what was generated) earlier
-in it, and proposing what followed them there.  The engine evaluates the
+in it, and proposing what followed them there.  Where those tokens occur
+more than once (a line such as ``part = self.parts[sku]`` in several
+methods), the occurrence whose context agrees furthest back with the
+history's wins: it is the span being copied.  The engine evaluates the
 guesses together with the real next token in one batch and keeps the
 longest prefix the model's own choices confirm (see ``Engine._settle``).
 
@@ -40,6 +43,10 @@ from typing import Optional, Sequence
 DEFAULT_MAX_DRAFT = 32
 #: N-gram lengths matched, longest first: a longer match predicts better.
 NGRAM_SIZES = (4, 3, 2)
+#: Of an n-gram's occurrences, the newest this many are compared, each over at
+#: most CONTEXT_COMPARED tokens before it: bounds the work of one proposal.
+CANDIDATES_COMPARED = 32
+CONTEXT_COMPARED = 64
 #: Draft-model drafting (DraftPace): verifications in a row that accept nothing
 #: before drafting pauses, and for how many emitted tokens it pauses the first
 #: time; the pause doubles with every further run, up to MAX_PAUSE.
@@ -123,8 +130,8 @@ class PromptLookup:
         self.history = history
         self.max_draft = max_draft
         self._sizes = tuple(sorted(set(ngram_sizes), reverse=True))
-        # n -> {n-gram: where the tokens that followed its latest occurrence start}
-        self._index: dict[int, dict[tuple, int]] = {n: {} for n in self._sizes}
+        # n -> {n-gram: where the tokens that followed each occurrence start, oldest first}
+        self._index: dict[int, dict[tuple, list[int]]] = {n: {} for n in self._sizes}
         self._indexed = 0            # continuations history[:_indexed] are indexed
         self.acceptance = Acceptance()
 
@@ -140,10 +147,33 @@ class PromptLookup:
         for n in self._sizes:
             if end <= n:
                 continue
-            start = self._index[n].get(tuple(history[end - n:]))
-            if start is not None:
+            starts = self._index[n].get(tuple(history[end - n:]))
+            if starts:
+                start = self._best_match(starts, n)
                 return list(history[start:min(start + limit, end)])
         return []
+
+    def _best_match(self, starts: list[int], n: int) -> int:
+        """Of the occurrences of the history's last ``n`` tokens, the one whose
+        preceding tokens agree longest with the history's own; the newest of
+        those.  In a file being copied, a line that occurs twice is told apart
+        by the lines before it, which the newest occurrence alone would not."""
+        if len(starts) == 1:
+            return starts[0]
+        history = self.history
+        tail = len(history) - n          # the history's tokens before its n-gram end here
+        best, best_agreement = starts[-1], -1
+        for start in reversed(starts[-CANDIDATES_COMPARED:]):
+            before = start - n           # the candidate's tokens before its n-gram end here
+            agreement = 0
+            while (agreement < CONTEXT_COMPARED and agreement < before
+                   and history[before - 1 - agreement] == history[tail - 1 - agreement]):
+                agreement += 1
+            if agreement > best_agreement:
+                best, best_agreement = start, agreement
+                if agreement == CONTEXT_COMPARED:
+                    break
+        return best
 
     def record(self, accepted: int, drafted: int) -> None:
         """The outcome of one verification: ``accepted`` of ``drafted`` tokens confirmed."""
@@ -154,14 +184,14 @@ class PromptLookup:
         self.acceptance.watch(self.history, proposal)
 
     def _extend_index(self) -> None:
-        # The n-gram ending just before position j maps to j, for every j whose
-        # token is known (j < len): the newest occurrence wins.  The history's
-        # own last n tokens are therefore never matched against themselves.
+        # The n-gram ending just before position j is listed with j, for every j
+        # whose token is known (j < len): the history's own last n tokens are
+        # therefore never matched against themselves.
         history = self.history
         for j in range(max(self._indexed, 1), len(history)):
             for n in self._sizes:
                 if j >= n:
-                    self._index[n][tuple(history[j - n:j])] = j
+                    self._index[n].setdefault(tuple(history[j - n:j]), []).append(j)
         self._indexed = max(self._indexed, len(history))
 
 
