@@ -22,7 +22,7 @@ import pytest
 
 import elelem
 from elelem import LLM
-from elelem.api.devices import check_memory, check_server, parse_endpoints, plan_layers
+from elelem.api.devices import check_memory, check_server, kv_layer_bytes, parse_endpoints, plan_layers
 from elelem.errors import CapacityError, InvalidArgumentError, RPCError
 from synthetic import TinyConfig
 
@@ -197,6 +197,15 @@ def test_a_device_without_room_for_its_layers_is_refused():
     check_memory(placement, [2**20] * 4, 2**19)  # 2 layers: 2 MiB of weights + 1 MiB of K/V fit
     with pytest.raises(CapacityError, match="3 MiB free; its 2 layers need 4 MiB"):
         check_memory(placement, [2**20] * 4, 2**20)
+
+
+@pytest.mark.parametrize("type_k, type_v", [("f16", "f16"), ("f32", "f32"), ("q8_0", "q8_0"), ("q4_0", "f16")])
+def test_the_memory_check_sizes_k_and_v_in_the_cache_types(tiny_model, type_k, type_v):
+    path, _ = tiny_model(TinyConfig(head_dim=32))  # a quantized cache's blocks are 32 wide
+    with LLM(path, n_ctx=64, n_threads=1, type_k=type_k, type_v=type_v) as llm:
+        h = llm.spec.hparams
+        per_layer = kv_layer_bytes(1, h["n_head_kv"], h["head_dim_k"], h["head_dim_v"], type_k, type_v)
+        assert per_layer * h["n_layer"] == llm.engine.context.cache.bytes_per_cell
 
 
 @pytest.mark.real_model

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 from .._core import DEFAULT_RPC_TIMEOUT, cpu_device, rpc_connect, rpc_connected_endpoints
 from ..errors import CapacityError, InvalidArgumentError, RPCError
+from ..gguf.reader import GGML_TYPES
 
 log = logging.getLogger("elelem")
 
@@ -177,6 +178,20 @@ def plan_layers(n_layer: int, devices: list, n_gpu_layers: Optional[int] = None,
             layer_device[il] = index
         previous = bound
     return Placement(list(devices), layer_device)
+
+
+def kv_layer_bytes(cells: int, n_head_kv: int, head_dim_k: int, head_dim_v: int, type_k: str, type_v: str) -> int:
+    """What one layer's K and V take in a cache of ``cells`` cells, in the
+    given types (``"f16"``, ``"q8_0"``, ...; a name ggml lacks counts as f16,
+    and opening the context then says what is wrong with it)."""
+    return cells * n_head_kv * (_row_bytes(type_k, head_dim_k) + _row_bytes(type_v, head_dim_v))
+
+
+def _row_bytes(type_name: str, n: int) -> int:
+    for name, block, size in GGML_TYPES.values():
+        if isinstance(type_name, str) and name == type_name.upper():
+            return -(-n // block) * size
+    return 2 * n
 
 
 def check_memory(placement: Placement, layer_bytes: list[int], kv_bytes_per_layer: int) -> None:

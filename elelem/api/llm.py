@@ -30,7 +30,7 @@ from ..gguf.reader import GGUFFile, read_gguf
 from ..model.architectures import ModelSpec, model_spec
 from ..model.hub import ProgressFn, resolve_model
 from .assets import ModelAssets
-from .devices import Placement, check_memory, connect_servers, parse_endpoints, plan_layers
+from .devices import Placement, check_memory, connect_servers, kv_layer_bytes, parse_endpoints, plan_layers
 from .draft import open_draft
 from .embeddings import embed, embedding_response, model_pooling
 from .session import Session
@@ -190,7 +190,8 @@ class LLM:
             kv_type = kv_type or "f32"
         kv_type = kv_type or "f16"
         cells = padded_cells(n_ctx) if kv_size is None else kv_size
-        self.placement = self._plan_placement(rpc_servers, n_gpu_layers, tensor_split, rpc_timeout, cells)
+        self.placement = self._plan_placement(rpc_servers, n_gpu_layers, tensor_split, rpc_timeout, cells,
+                                              type_k or kv_type, type_v or kv_type)
         placed = {name for il in range(len(self.spec.layer_tensors)) if self.placement.layer_device[il] >= 0
                   for name in self.spec.layer_tensors[il].values() if name}
         widened = widen_q5_0(widen, repack, self.spec.widened_bytes(self.gguf.tensors, placed))
@@ -234,7 +235,8 @@ class LLM:
                  self.path, self.spec.description, self.load_time, n_ctx, context.n_threads,
                  context.n_seq_max, context.kv_size)
 
-    def _plan_placement(self, rpc_servers, n_gpu_layers, tensor_split, rpc_timeout, kv_cells) -> Placement:
+    def _plan_placement(self, rpc_servers, n_gpu_layers, tensor_split, rpc_timeout, kv_cells,
+                        type_k: str, type_v: str) -> Placement:
         n_layer = self.spec.hparams["n_layer"]
         endpoints = parse_endpoints(rpc_servers)
         if not endpoints:
@@ -245,7 +247,7 @@ class LLM:
             raise InvalidArgumentError(f"rpc_timeout must be a positive number of seconds, got {rpc_timeout!r}")
         placement = plan_layers(n_layer, connect_servers(endpoints, float(rpc_timeout)), n_gpu_layers, tensor_split)
         h = self.spec.hparams
-        kv_bytes = kv_cells * (h["head_dim_k"] + h["head_dim_v"]) * h["n_head_kv"] * 2  # K and V in f16
+        kv_bytes = kv_layer_bytes(kv_cells, h["n_head_kv"], h["head_dim_k"], h["head_dim_v"], type_k, type_v)
         check_memory(placement, [sum(self.gguf.tensors[n].nbytes for n in table.values() if n)
                                  for table in self.spec.layer_tensors], kv_bytes)
         return placement
