@@ -114,6 +114,13 @@ cdef ggml_threadpool * _new_cpu_threadpool(ggml_backend_t backend, int n_threads
     ggml's own pool serves any calling thread alike, and keeping one per
     context saves starting threads at every step."""
     cdef ggml_threadpool_params params = ggml_threadpool_params_default(n_threads)
+    # Workers sleep as soon as a step ends.  ggml's default (poll 50) has them
+    # spin for new work for a long while first, and a pool spinning between its
+    # steps takes the cores of every other: two contexts stepping in turn (a
+    # draft model and its target, two models in one process) took 12 ms a step
+    # on 2 cores against 6 alone (SmolLM2-135M).  With poll 0 they take 6.2,
+    # and one context alone is as fast as before (benchmarks/calling_threads.py).
+    params.poll = 0
     cdef ggml_threadpool * pool = _cpu_threadpool_new(&params)
     if pool == NULL:
         raise MemoryError("ggml could not start its CPU threads")
