@@ -182,6 +182,27 @@ def test_drafts_are_cut_before_a_token_that_ends_the_generation(pair, monkeypatc
     assert verified and not any(stop in drafts for drafts in verified)
 
 
+def test_steps_of_generated_tokens_ask_for_the_decode_kernels(pair, monkeypatch):
+    # A prompt keeps the batch kernels (llama.cpp's rounding for it); a step
+    # that holds only picked tokens and drafts asks for one-token kernels.
+    _, fast = pair
+    ctx, calls = fast.engine.context, []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(ctx, name)
+
+        def decode(self, tokens, seqs, outputs=None, decode_kernels=False):
+            calls.append((len(tokens), decode_kernels))
+            return ctx.decode(tokens, seqs, outputs, decode_kernels=decode_kernels)
+    monkeypatch.setattr(fast.engine, "_ctx", Recording())
+    fast.reset()
+    fast.generate_tokens(PROMPTS[0], 40)
+    assert calls[0] == (len(PROMPTS[0]), False)
+    assert len(calls) > 1 and all(kernels for _, kernels in calls[1:])
+    assert any(n > 1 for n, _ in calls[1:])  # drafts were verified in some of them
+
+
 def test_the_end_of_the_context_stops_as_without_drafts(pair):
     plain, fast = pair
     n_ctx = len(PROMPTS[0]) + 30

@@ -18,6 +18,10 @@ from synthetic import TinyConfig
 # Steps of every width the kernels treat apart: one token (vec_dot), then
 # tinyBLAS' tiles of 4 rows by 2 (AVX2) or 4 (AVX-512) columns and their remainders.
 STEP_WIDTHS = (1, 2, 3, 4, 5, 8, 13)
+# Steps of generated tokens (Context.decode(decode_kernels=True)): up to 8
+# columns run ggml's one-column kernels, vec_dot of the Q8_0 copy against
+# vec_dot of the Q5_0 weight.
+DECODE_KERNEL_WIDTHS = (2, 3, 5, 8)
 Q5_0 = TinyConfig(n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_layer=2, wtype="q5_0")
 
 
@@ -33,6 +37,9 @@ def _step_logits(llm, seed: int) -> list[np.ndarray]:
     out = [ctx.decode(prompt, [0] * len(prompt), outputs=True)]
     for n in STEP_WIDTHS:
         out.append(ctx.decode(rng.integers(0, llm.n_vocab, n).tolist(), [0] * n, outputs=True))
+    for n in DECODE_KERNEL_WIDTHS:
+        out.append(ctx.decode(rng.integers(0, llm.n_vocab, n).tolist(), [0] * n, outputs=True,
+                              decode_kernels=True))
     return out
 
 
@@ -47,7 +54,9 @@ def _assert_bitwise_equal(path, expected_widened: int, **kw):
         assert n == 0
         pytest.skip("this CPU module has no AVX2 tinyBLAS: nothing is widened")
     assert n == expected_widened and nbytes > 0
-    for width, (a, b) in zip(("prompt",) + STEP_WIDTHS, zip(want, got)):
+    widths = ("prompt",) + STEP_WIDTHS + tuple(f"{n} (decode kernels)" for n in DECODE_KERNEL_WIDTHS)
+    assert len(want) == len(got) == len(widths)
+    for width, (a, b) in zip(widths, zip(want, got)):
         assert a.shape == b.shape
         assert np.array_equal(a, b), f"step of {width}: max |diff| {np.abs(a - b).max()}"
 

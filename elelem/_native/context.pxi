@@ -210,10 +210,11 @@ cdef class Context:
             self.lost = True
             raise
 
-    cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs, bint embeddings) except NULL:
+    cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs, bint embeddings,
+                           bint decode_kernels) except NULL:
         cdef Step * st = &self.graph_step
         if self.graph_ready and st.n_tokens == n_tokens and st.n_kv == n_kv and st.n_outputs == n_outputs \
-                and st.embeddings == embeddings:
+                and st.embeddings == embeddings and st.decode_kernels == decode_kernels:
             return st
         self._drop_graph()
         memset(st, 0, sizeof(Step))
@@ -221,6 +222,7 @@ cdef class Context:
         st.n_kv = n_kv
         st.n_outputs = n_outputs
         st.embeddings = embeddings
+        st.decode_kernels = decode_kernels
         self._build(st)
         if not self._sched_call(st.gf, 1, "allocating a step's graph"):
             self._drop_graph()
@@ -230,7 +232,7 @@ cdef class Context:
 
     # -- a step ----------------------------------------------------------------
 
-    def decode(self, tokens, seq_ids, outputs=None, bint embeddings=False):
+    def decode(self, tokens, seq_ids, outputs=None, bint embeddings=False, bint decode_kernels=False):
         """Evaluate one batch: ``tokens[i]`` goes to the next position of
         sequence ``seq_ids[i]`` (tokens of one sequence in order).
 
@@ -241,6 +243,13 @@ cdef class Context:
         cache, an abort, Ctrl-C) leaves the cache as it was.  With
         ``embeddings``, the rows are the final normed hidden states
         ``(n_outputs, n_embd)`` instead of logits.
+
+        ``decode_kernels`` says that every token is a generated one (the next
+        token of a stream, or a drafted guess): a step of up to 8 tokens then
+        runs its quantized matmuls with the kernels of a one-token step, which
+        are faster there than the batch kernels made for prompts, and whose
+        rounding is that of decoding token by token (graph/blocks.pxi).  A
+        prompt keeps the batch kernels, whose rounding is llama.cpp's for it.
         """
         self._check_open()
         if self.busy:
@@ -267,7 +276,7 @@ cdef class Context:
         cdef Step * st
         self.busy = True
         try:
-            st = self._graph_for(n, self.cache.n_kv(), n_outputs, embeddings)
+            st = self._graph_for(n, self.cache.n_kv(), n_outputs, embeddings, decode_kernels)
             _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0])
             self._compute()
         except BaseException:

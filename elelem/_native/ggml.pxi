@@ -15,6 +15,7 @@ cdef extern from "ggml.h" nogil:
     enum ggml_type:
         GGML_TYPE_F32
         GGML_TYPE_F16
+        GGML_TYPE_BF16
         GGML_TYPE_Q4_0
         GGML_TYPE_Q5_0
         GGML_TYPE_Q8_0
@@ -51,6 +52,7 @@ cdef extern from "ggml.h" nogil:
         size_t nb[4]
         void * data
         char name[64]
+        void * extra
 
     struct ggml_init_params:
         size_t mem_size
@@ -167,6 +169,7 @@ cdef extern from "ggml-backend.h" nogil:
     size_t ggml_backend_buffer_get_size(ggml_backend_buffer_t buffer)
     void ggml_backend_buffer_clear(ggml_backend_buffer_t buffer, unsigned char value)
     void ggml_backend_buffer_set_usage(ggml_backend_buffer_t buffer, ggml_backend_buffer_usage usage)
+    bint ggml_backend_buffer_is_host(ggml_backend_buffer_t buffer)
 
     void ggml_backend_free(ggml_backend_t backend)
     ggml_backend_buffer_type_t ggml_backend_get_default_buffer_type(ggml_backend_t backend)

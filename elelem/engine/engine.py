@@ -65,6 +65,9 @@ class _Plan:
     tokens: list[int]
     seqs: list[int]
     outputs: list[bool]
+    # Every token is a generated one (no prompt in the step): the core may run
+    # a small step with the kernels of one-token steps (Context.decode).
+    generated: bool = False
 
 
 class Engine:
@@ -342,7 +345,8 @@ class Engine:
                 try:
                     self._cv.release()
                     try:
-                        logits = self._ctx.decode(plan.tokens, plan.seqs, plan.outputs)
+                        logits = self._ctx.decode(plan.tokens, plan.seqs, plan.outputs,
+                                                  decode_kernels=plan.generated)
                         error = None
                         if len(logits) == len(plan.tokens):  # decoding and verification (StepCosts)
                             self.step_costs.record(len(plan.tokens), time.perf_counter() - t0)
@@ -415,7 +419,7 @@ class Engine:
                     outputs.append(True)
         if not n_outputs:  # a step must return some row; the last one is cheap
             outputs[-1] = True
-        return _Plan(chunks, tokens, seqs, outputs)
+        return _Plan(chunks, tokens, seqs, outputs, generated=all(c.request.decoding for c in chunks))
 
     def _plan_drafts(self, drafting: list[_Chunk], base_tokens: int, budget: int) -> list[_Chunk]:
         """Ask each drafting request for its guesses, and keep as many as pay
@@ -642,6 +646,7 @@ class Engine:
             self._retire(request)
             return False
         request.max_new = max(0, request.max_new - 1)
+        request.decoding = True
         if draft is not None and token == draft:
             return True
         request.pending = [token]

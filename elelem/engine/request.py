@@ -60,6 +60,7 @@ class Request:
         # Tokens whose pick ends the generation: no row after one is ever used,
         # so a draft is cut before the first of them.
         self.ends = frozenset(ends)
+        self.decoding = False                     # its prompt is evaluated: what it evaluates now it picked
         self.drafted = 0                          # draft tokens verified
         self.accepted = 0                         # of those, the ones kept
         self.reused = 0                           # prompt tokens found in the cache

@@ -13,6 +13,7 @@ cdef struct Step:
     int kv_size             # cells in the cache
     bint flash_attn         # ggml_flash_attn_ext, else mul_mat + softmax (llama.cpp's default)
     bint embeddings         # the output is the final normed hidden state (n_embd rows), not logits
+    bint decode_kernels     # every token is a generated one: small matmuls as one-token steps run them
     ggml_tensor * inp_tokens    # I32 (n_tokens)
     ggml_tensor * inp_pos       # I32 (n_tokens): each token's position in its sequence
     ggml_tensor * inp_mask      # (n_kv, n_tokens): 0 or -inf, from the cells; F16 for flash attention, else F32 (as llama.cpp)
@@ -112,9 +113,42 @@ cdef inline ggml_tensor * norm_layer(Step * st, ggml_tensor * x, ggml_tensor * w
     return ggml_add(st.ctx, x, bias) if bias != NULL else x
 
 
+# Decode kernels (Step.decode_kernels): on x86, ggml hands a quantized matmul
+# of two or more columns to llamafile's tinyBLAS, whose tiles pay off for a
+# prompt but not for a handful of generated tokens, and least where the
+# columns are not a multiple of 4.  Measured on 2 cores (Qwen2.5-Coder-0.5B,
+# a step with every row's logits): 2 tokens 43 ms, 4: 60, 6: 82, 8: 71,
+# 10: 92, 12: 85; with the one-column kernels (vec_dot) for up to 8:
+# 33, 41, 53, 67, then 80 at 10 but 91 at 12.  Gemma-3-270M: 4 tokens 37 ->
+# 29 ms, 8: 45 -> 42, 12: 53 -> 58.  So up to 8 columns.
+DEF DECODE_KERNEL_COLUMNS = 8
+
+
+cdef inline bint _takes_decode_kernels(const ggml_tensor * w, const ggml_tensor * x) noexcept:
+    """A quantized weight in a plain CPU buffer (not repacked, not on another
+    device: those run kernels of their own), times a plain (n_in, n) matrix."""
+    return (w.extra == NULL and w.buffer != NULL and ggml_backend_buffer_is_host(w.buffer)
+            and w.type != GGML_TYPE_F32 and w.type != GGML_TYPE_F16 and w.type != GGML_TYPE_BF16
+            and 2 <= x.ne[1] <= DECODE_KERNEL_COLUMNS and x.ne[2] == 1 and x.ne[3] == 1
+            and ggml_is_contiguous(x))
+
+
+cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
+    """x @ w: (n_in, n) -> (n_out, n)."""
+    cdef ggml_tensor * y
+    cdef int64_t n = x.ne[1]
+    if st.decode_kernels and _takes_decode_kernels(w, x):
+        # x as n matrices of one column, w broadcast over them: ggml runs each
+        # with the kernel of a one-token step (tinyBLAS declines one column),
+        # each weight row read once for all n (ggml's 16 x 16 blocks).
+        y = ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), ggml_reshape_3d(st.ctx, x, x.ne[0], 1, n))
+        return ggml_reshape_2d(st.ctx, y, y.ne[0], n)
+    return ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), x)
+
+
 cdef inline ggml_tensor * linear(Step * st, ggml_tensor * w, ggml_tensor * b, ggml_tensor * x) noexcept:
     """x @ w (+ b): (n_in, n) -> (n_out, n); b may be NULL."""
-    x = ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), x)
+    x = matmul(st, w, x)
     return ggml_add(st.ctx, x, b) if b != NULL else x
 
 
