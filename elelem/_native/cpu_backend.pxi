@@ -27,6 +27,9 @@ cdef ggml_threadpool_new_t _cpu_threadpool_new = NULL
 cdef ggml_threadpool_free_t _cpu_threadpool_free = NULL
 cdef ggml_backend_cpu_set_threadpool_t _cpu_set_threadpool = NULL
 cdef dict _cpu_choice = {}
+# The loaded CPU module runs quantized matmuls of two or more columns through
+# llamafile's tinyBLAS (x86 with AVX: Q8_0, Q4_0, Q5_0 and IQ4_NL weights).
+cdef bint _cpu_tinyblas_quantized = False
 
 
 def _variant_name(str path):
@@ -89,6 +92,9 @@ cdef void _load_cpu_backend() except *:
             ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU) == NULL:
         raise ImportError(f"{paths[chosen]} is not a ggml CPU backend elelem can drive")
     _cpu_choice.update(variant=chosen, path=paths[chosen], scores=scores, forced=bool(forced))
+    global _cpu_tinyblas_quantized
+    compiled = {name for name, value in _cpu_features() if value == "1"}
+    _cpu_tinyblas_quantized = "LLAMAFILE" in compiled and "AVX" in compiled
     _log.debug("CPU backend: %s (scores %s)", chosen, scores)
 
 

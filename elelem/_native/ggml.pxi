@@ -19,6 +19,7 @@ cdef extern from "ggml.h" nogil:
         GGML_TYPE_Q4_0
         GGML_TYPE_Q5_0
         GGML_TYPE_Q8_0
+        GGML_TYPE_IQ4_NL
         GGML_TYPE_I32
         GGML_TYPE_I64
         GGML_TYPE_COUNT
@@ -105,6 +106,7 @@ cdef extern from "ggml.h" nogil:
     ggml_tensor * ggml_set_rows(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, ggml_tensor * c)
     ggml_tensor * ggml_cont(ggml_context * ctx, ggml_tensor * a)
     ggml_tensor * ggml_reshape_2d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1)
+    ggml_tensor * ggml_pad(ggml_context * ctx, ggml_tensor * a, int p0, int p1, int p2, int p3)
     ggml_tensor * ggml_reshape_3d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2)
     ggml_tensor * ggml_view_1d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, size_t offset)
     ggml_tensor * ggml_view_2d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1,

@@ -121,28 +121,49 @@ cdef inline ggml_tensor * norm_layer(Step * st, ggml_tensor * x, ggml_tensor * w
 # 10: 92, 12: 85; with the one-column kernels (vec_dot) for up to 8:
 # 33, 41, 53, 67, then 80 at 10 but 91 at 12.  Gemma-3-270M: 4 tokens 37 ->
 # 29 ms, 8: 45 -> 42, 12: 53 -> 58.  So up to 8 columns.
+#
+# Past 8, tinyBLAS is kept, but its tiles run 9 to 15 columns slower than 16:
+# the Q8_0 output head above took 29-38 ms for 9-15 columns against 21 for
+# 16, the Q8_0 copies of its 48 gate and up weights 35-44 against 33.  So a
+# step of 9 to 15 generated tokens gives tinyBLAS's matmuls 16 columns (zeros
+# added, the extra rows of the product dropped): Qwen, every row's logits,
+# 11 tokens 95 -> 83 ms, 15: 109 -> 91; Gemma-3-270M 11: 74 -> 52.  Other
+# types are left alone: their kernels cost per column (SmolLM2's Q4_1 took
+# 54 ms for 9 columns padded to 16, against 38).
 DEF DECODE_KERNEL_COLUMNS = 8
+DEF PADDED_COLUMNS = 16
 
 
-cdef inline bint _takes_decode_kernels(const ggml_tensor * w, const ggml_tensor * x) noexcept:
+cdef inline bint _small_quantized_matmul(const ggml_tensor * w, const ggml_tensor * x) noexcept:
     """A quantized weight in a plain CPU buffer (not repacked, not on another
-    device: those run kernels of their own), times a plain (n_in, n) matrix."""
+    device: those run kernels of their own), times a plain (n_in, n) matrix
+    of 2 to PADDED_COLUMNS - 1 columns."""
     return (w.extra == NULL and w.buffer != NULL and ggml_backend_buffer_is_host(w.buffer)
             and w.type != GGML_TYPE_F32 and w.type != GGML_TYPE_F16 and w.type != GGML_TYPE_BF16
-            and 2 <= x.ne[1] <= DECODE_KERNEL_COLUMNS and x.ne[2] == 1 and x.ne[3] == 1
+            and 2 <= x.ne[1] < PADDED_COLUMNS and x.ne[2] == 1 and x.ne[3] == 1
             and ggml_is_contiguous(x))
+
+
+cdef inline bint _tinyblas_type(ggml_type t) noexcept:
+    return t == GGML_TYPE_Q8_0 or t == GGML_TYPE_Q4_0 or t == GGML_TYPE_Q5_0 or t == GGML_TYPE_IQ4_NL
 
 
 cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
     """x @ w: (n_in, n) -> (n_out, n)."""
     cdef ggml_tensor * y
     cdef int64_t n = x.ne[1]
-    if st.decode_kernels and _takes_decode_kernels(w, x):
-        # x as n matrices of one column, w broadcast over them: ggml runs each
-        # with the kernel of a one-token step (tinyBLAS declines one column),
-        # each weight row read once for all n (ggml's 16 x 16 blocks).
-        y = ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), ggml_reshape_3d(st.ctx, x, x.ne[0], 1, n))
-        return ggml_reshape_2d(st.ctx, y, y.ne[0], n)
+    if st.decode_kernels and _small_quantized_matmul(w, x):
+        w = widened_weight(st.widened, w, x)
+        if n <= DECODE_KERNEL_COLUMNS:
+            # x as n matrices of one column, w broadcast over them: ggml runs each
+            # with the kernel of a one-token step (tinyBLAS declines one column),
+            # each weight row read once for all n (ggml's 16 x 16 blocks).
+            y = ggml_mul_mat(st.ctx, w, ggml_reshape_3d(st.ctx, x, x.ne[0], 1, n))
+            return ggml_reshape_2d(st.ctx, y, y.ne[0], n)
+        if _cpu_tinyblas_quantized and _tinyblas_type(w.type):
+            y = ggml_mul_mat(st.ctx, w, ggml_pad(st.ctx, x, 0, PADDED_COLUMNS - n, 0, 0))
+            return ggml_view_2d(st.ctx, y, y.ne[0], n, y.nb[1], 0)
+        return ggml_mul_mat(st.ctx, w, x)
     return ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), x)
 
 
