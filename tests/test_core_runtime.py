@@ -57,37 +57,51 @@ def test_steps_from_other_threads_and_other_thread_counts_give_the_same_logits(t
             np.testing.assert_array_equal(rows, want)
 
 
-@pytest.mark.parametrize("wtype", ["q8_0", "q5_0"])
-def test_a_step_of_generated_tokens_gives_each_row_the_logits_of_one_token_steps(tiny_model, wtype):
-    # decode_kernels=True: up to 8 generated tokens -- here of two sequences,
-    # interleaved, as streams and their drafts share a step -- run each matmul
-    # column as a one-token step does (graph/blocks.pxi), so bit for bit; 9 to
-    # 15 run tinyBLAS on 16 columns (zeros added), rounded as tinyBLAS rounds.
+def _generated_steps_against_one_token_steps(llm, n_vocab: int, widths) -> None:
+    """Steps of generated tokens of two interleaved sequences (as streams and
+    their drafts share a step) against the same tokens one step each."""
+    ctx = llm.engine.context
+    rng = np.random.default_rng(4)
+    for seq in (0, 1):
+        prompt = rng.integers(0, n_vocab, 9 + seq).tolist()
+        ctx.decode(prompt, [seq] * len(prompt))
+    bases = [ctx.cache.seq_length_of(seq) for seq in (0, 1)]
+
+    def rewind():
+        for seq in (0, 1):
+            ctx.cache.seq_rm(seq, bases[seq])
+
+    for n in widths:
+        tokens = rng.integers(0, n_vocab, n).tolist()
+        seqs = [i % 2 for i in range(n)]
+        one_by_one = np.concatenate([ctx.decode([t], [s], True) for t, s in zip(tokens, seqs)])
+        rewind()
+        got = ctx.decode(tokens, seqs, True, decode_kernels=True)
+        rewind()
+        if n <= 8:
+            np.testing.assert_array_equal(got, one_by_one, err_msg=f"a step of {n}")
+        else:
+            np.testing.assert_allclose(got, one_by_one, rtol=1e-5, atol=1e-5, err_msg=f"a step of {n}")
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+@pytest.mark.parametrize("wtype", ["q8_0", "q5_0", "q4_0"])
+def test_a_step_of_generated_tokens_gives_each_row_the_logits_of_one_token_steps(tiny_model, wtype, kv_type):
+    # decode_kernels=True: up to 8 generated tokens run each matmul column --
+    # attention's too, and repacked weights' (q4_0) -- as a one-token step
+    # does (graph/blocks.pxi), so bit for bit; 9 to 15 run tinyBLAS on 16
+    # columns (zeros added), rounded as tinyBLAS rounds.
     cfg = TinyConfig(n_embd=128, n_head=4, n_head_kv=2, n_ff=256, wtype=wtype, wtypes=(("output.weight", wtype),))
     path, _ = tiny_model(cfg)
-    with elelem.LLM(path, kv_type="f32", n_threads=2, n_seq_max=2) as llm:
-        ctx = llm.engine.context
-        rng = np.random.default_rng(4)
-        for seq in (0, 1):
-            prompt = rng.integers(0, cfg.n_vocab, 9 + seq).tolist()
-            ctx.decode(prompt, [seq] * len(prompt))
-        bases = [ctx.cache.seq_length_of(seq) for seq in (0, 1)]
+    with elelem.LLM(path, kv_type=kv_type, n_threads=2, n_seq_max=2) as llm:
+        _generated_steps_against_one_token_steps(llm, cfg.n_vocab, (2, 3, 5, 8, 11, 15))
 
-        def rewind():
-            for seq in (0, 1):
-                ctx.cache.seq_rm(seq, bases[seq])
 
-        for n in (2, 3, 5, 8, 11, 15):
-            tokens = rng.integers(0, cfg.n_vocab, n).tolist()
-            seqs = [i % 2 for i in range(n)]
-            one_by_one = np.concatenate([ctx.decode([t], [s], True) for t, s in zip(tokens, seqs)])
-            rewind()
-            got = ctx.decode(tokens, seqs, True, decode_kernels=True)
-            rewind()
-            if n <= 8:
-                np.testing.assert_array_equal(got, one_by_one, err_msg=f"a step of {n}")
-            else:
-                np.testing.assert_allclose(got, one_by_one, rtol=1e-5, atol=1e-5, err_msg=f"a step of {n}")
+@pytest.mark.real_model
+def test_qwen_steps_of_generated_tokens_are_one_token_steps_bit_for_bit(qwen_path):
+    # Q5_0 (widened), Q8_0, Q6_K and repacked Q4_K weights, an f16 cache.
+    with elelem.LLM(qwen_path, n_ctx=256, n_threads=2, n_seq_max=2) as llm:
+        _generated_steps_against_one_token_steps(llm, llm.n_vocab, (2, 4, 7, 8))
 
 
 def test_generation_stops_at_stop_ids(tiny_model):

@@ -107,6 +107,8 @@ cdef extern from "ggml.h" nogil:
     ggml_tensor * ggml_cont(ggml_context * ctx, ggml_tensor * a)
     ggml_tensor * ggml_reshape_2d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1)
     ggml_tensor * ggml_pad(ggml_context * ctx, ggml_tensor * a, int p0, int p1, int p2, int p3)
+    ggml_tensor * ggml_reshape_4d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2,
+                                  int64_t ne3)
     ggml_tensor * ggml_reshape_3d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2)
     ggml_tensor * ggml_view_1d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, size_t offset)
     ggml_tensor * ggml_view_2d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1,
@@ -172,6 +174,7 @@ cdef extern from "ggml-backend.h" nogil:
     void ggml_backend_buffer_clear(ggml_backend_buffer_t buffer, unsigned char value)
     void ggml_backend_buffer_set_usage(ggml_backend_buffer_t buffer, ggml_backend_buffer_usage usage)
     bint ggml_backend_buffer_is_host(ggml_backend_buffer_t buffer)
+    ggml_backend_buffer_type_t ggml_backend_buffer_get_type(ggml_backend_buffer_t buffer)
 
     void ggml_backend_free(ggml_backend_t backend)
     ggml_backend_buffer_type_t ggml_backend_get_default_buffer_type(ggml_backend_t backend)

@@ -144,6 +144,12 @@ cdef inline bint _small_quantized_matmul(const ggml_tensor * w, const ggml_tenso
             and ggml_is_contiguous(x))
 
 
+cdef inline bint _repacked_matmul(const ggml_tensor * w, const ggml_tensor * x) noexcept:
+    return (w.extra != NULL and w.buffer != NULL
+            and strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w.buffer)), b"CPU_REPACK") == 0
+            and 2 <= x.ne[1] and x.ne[2] == 1 and x.ne[3] == 1 and ggml_is_contiguous(x))
+
+
 cdef inline bint _tinyblas_type(ggml_type t) noexcept:
     return t == GGML_TYPE_Q8_0 or t == GGML_TYPE_Q4_0 or t == GGML_TYPE_Q5_0 or t == GGML_TYPE_IQ4_NL
 
@@ -152,6 +158,9 @@ cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) no
     """x @ w: (n_in, n) -> (n_out, n)."""
     cdef ggml_tensor * y
     cdef int64_t n = x.ne[1]
+    if st.decode_kernels and n <= DECODE_KERNEL_COLUMNS and _repacked_matmul(w, x):
+        y = ggml_mul_mat(st.ctx, w, ggml_reshape_3d(st.ctx, x, x.ne[0], 1, n))
+        return ggml_reshape_2d(st.ctx, y, y.ne[0], n)
     if st.decode_kernels and _small_quantized_matmul(w, x):
         w = widened_weight(st.widened, w, x)
         if n <= DECODE_KERNEL_COLUMNS:
@@ -225,11 +234,32 @@ cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, 
         return ggml_reshape_2d(ctx, out, hp.head_dim_v * hp.n_head, st.n_tokens)
     values = ggml_view_3d(ctx, vc, st.n_kv, hp.head_dim_v, hp.n_head_kv,
                           cache.kv_size * v_el, cache.kv_size * v_el * hp.head_dim_v, 0)  # (n_kv, head_dim_v, n_head_kv)
+    if st.decode_kernels and 2 <= st.n_tokens <= DECODE_KERNEL_COLUMNS:
+        return _attention_per_token(st, q, keys, values, mask, kq_scale)
     out = ggml_mul_mat(ctx, keys, q)                                       # (n_kv, n_tokens, n_head)
     out = ggml_soft_max_ext(ctx, out, mask, kq_scale, 0.0)
     out = ggml_mul_mat(ctx, values, out)                                   # (head_dim_v, n_tokens, n_head)
     out = ggml_permute(ctx, out, 0, 2, 1, 3)                               # (head_dim_v, n_head, n_tokens)
     return ggml_cont_2d(ctx, out, hp.head_dim_v * hp.n_head, st.n_tokens)
+
+
+cdef ggml_tensor * _attention_per_token(Step * st, ggml_tensor * q, ggml_tensor * keys, ggml_tensor * values,
+                                        ggml_tensor * mask, float kq_scale) noexcept:
+    """attention()'s products for a step of generated tokens (decode_kernels):
+    one column per head and token, as a one-token step computes them, so
+    that each token attends exactly as it would alone.  q: (head_dim_k,
+    n_tokens, n_head), permuted; the result as attention() returns it."""
+    cdef const HParams * hp = st.hp
+    cdef ggml_context * ctx = st.ctx
+    # (head_dim_k, 1, n_head, n_tokens): the KV heads broadcast over dim 2, as in
+    # a one-token step, and dim 3 (one "matrix" per token) over the single one.
+    q = ggml_reshape_4d(ctx, ggml_cont(ctx, ggml_permute(ctx, q, 0, 2, 1, 3)), hp.head_dim_k, 1, hp.n_head, st.n_tokens)
+    cdef ggml_tensor * kq = ggml_mul_mat(ctx, keys, q)                   # (n_kv, 1, n_head, n_tokens)
+    kq = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, kq, st.n_kv, hp.n_head, st.n_tokens), 0, 2, 1, 3))
+    kq = ggml_soft_max_ext(ctx, kq, mask, kq_scale, 0.0)                 # (n_kv, n_tokens, n_head): a mask row per token
+    kq = ggml_reshape_4d(ctx, ggml_cont(ctx, ggml_permute(ctx, kq, 0, 2, 1, 3)), st.n_kv, 1, hp.n_head, st.n_tokens)
+    cdef ggml_tensor * out = ggml_mul_mat(ctx, values, kq)               # (head_dim_v, 1, n_head, n_tokens)
+    return ggml_reshape_2d(ctx, out, hp.head_dim_v * hp.n_head, st.n_tokens)
 
 
 cdef inline ggml_tensor * ffn_gated(Step * st, LayerWeights * lw, ggml_tensor * x, bint gelu) noexcept:
