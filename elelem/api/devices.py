@@ -188,10 +188,9 @@ def kv_layer_bytes(cells: int, n_head_kv: int, head_dim_k: int, head_dim_v: int,
 
 
 def _row_bytes(type_name: str, n: int) -> int:
-    for name, block, size in GGML_TYPES.values():
-        if isinstance(type_name, str) and name == type_name.upper():
-            return -(-n // block) * size
-    return 2 * n
+    name = type_name.upper() if isinstance(type_name, str) else None
+    block, size = next(((b, s) for t, b, s in GGML_TYPES.values() if t == name), (1, 2))
+    return -(-n // block) * size
 
 
 def check_memory(placement: Placement, layer_bytes: list[int], kv_bytes_per_layer: int) -> None:

@@ -134,46 +134,45 @@ DEF DECODE_KERNEL_COLUMNS = 8
 DEF PADDED_COLUMNS = 16
 
 
-cdef inline bint _small_quantized_matmul(const ggml_tensor * w, const ggml_tensor * x) noexcept:
-    """A quantized weight in a plain CPU buffer (not repacked, not on another
-    device: those run kernels of their own), times a plain (n_in, n) matrix
-    of 2 to PADDED_COLUMNS - 1 columns."""
+cdef inline bint _plain_quantized(const ggml_tensor * w) noexcept:
+    """A quantized weight in a plain CPU buffer (not repacked, not in AMX
+    tiles, not on another device: those run kernels of their own)."""
     return (w.extra == NULL and w.buffer != NULL and ggml_backend_buffer_is_host(w.buffer)
-            and w.type != GGML_TYPE_F32 and w.type != GGML_TYPE_F16 and w.type != GGML_TYPE_BF16
-            and 2 <= x.ne[1] < PADDED_COLUMNS and x.ne[2] == 1 and x.ne[3] == 1
-            and ggml_is_contiguous(x))
+            and w.type != GGML_TYPE_F32 and w.type != GGML_TYPE_F16 and w.type != GGML_TYPE_BF16)
 
 
-cdef inline bint _repacked_matmul(const ggml_tensor * w, const ggml_tensor * x) noexcept:
+cdef inline bint _repacked(const ggml_tensor * w) noexcept:
+    """A weight ggml's CPU_REPACK buffer holds (its gemv serves one column)."""
     return (w.extra != NULL and w.buffer != NULL
-            and strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w.buffer)), b"CPU_REPACK") == 0
-            and 2 <= x.ne[1] and x.ne[2] == 1 and x.ne[3] == 1 and ggml_is_contiguous(x))
+            and strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w.buffer)), b"CPU_REPACK") == 0)
 
 
 cdef inline bint _tinyblas_type(ggml_type t) noexcept:
     return t == GGML_TYPE_Q8_0 or t == GGML_TYPE_Q4_0 or t == GGML_TYPE_Q5_0 or t == GGML_TYPE_IQ4_NL
 
 
+cdef inline ggml_tensor * _one_column_each(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
+    """x @ w as n matrices of one column, w broadcast over them: ggml runs each
+    with the kernel of a one-token step (tinyBLAS declines one column), each
+    weight row read once for all n (ggml's 16 x 16 blocks)."""
+    cdef ggml_tensor * y = ggml_mul_mat(st.ctx, w, ggml_reshape_3d(st.ctx, x, x.ne[0], 1, x.ne[1]))
+    return ggml_reshape_2d(st.ctx, y, y.ne[0], x.ne[1])
+
+
 cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
     """x @ w: (n_in, n) -> (n_out, n)."""
-    cdef ggml_tensor * y
     cdef int64_t n = x.ne[1]
-    if st.decode_kernels and n <= DECODE_KERNEL_COLUMNS and _repacked_matmul(w, x):
-        y = ggml_mul_mat(st.ctx, w, ggml_reshape_3d(st.ctx, x, x.ne[0], 1, n))
-        return ggml_reshape_2d(st.ctx, y, y.ne[0], n)
-    if st.decode_kernels and _small_quantized_matmul(w, x):
-        w = widened_weight(st.widened, w, x)
-        if n <= DECODE_KERNEL_COLUMNS:
-            # x as n matrices of one column, w broadcast over them: ggml runs each
-            # with the kernel of a one-token step (tinyBLAS declines one column),
-            # each weight row read once for all n (ggml's 16 x 16 blocks).
-            y = ggml_mul_mat(st.ctx, w, ggml_reshape_3d(st.ctx, x, x.ne[0], 1, n))
-            return ggml_reshape_2d(st.ctx, y, y.ne[0], n)
-        if _cpu_tinyblas_quantized and _tinyblas_type(w.type):
-            y = ggml_mul_mat(st.ctx, w, ggml_pad(st.ctx, x, 0, PADDED_COLUMNS - n, 0, 0))
-            return ggml_view_2d(st.ctx, y, y.ne[0], n, y.nb[1], 0)
-        return ggml_mul_mat(st.ctx, w, x)
-    return ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), x)
+    cdef ggml_tensor * y
+    if (not st.decode_kernels or n < 2 or x.ne[2] != 1 or x.ne[3] != 1 or not ggml_is_contiguous(x)
+            or not (_plain_quantized(w) or _repacked(w))):
+        return ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), x)
+    w = widened_weight(st.widened, w, x)
+    if n <= DECODE_KERNEL_COLUMNS:
+        return _one_column_each(st, w, x)
+    if n < PADDED_COLUMNS and _cpu_tinyblas_quantized and _tinyblas_type(w.type) and w.extra == NULL:
+        y = ggml_mul_mat(st.ctx, w, ggml_pad(st.ctx, x, 0, PADDED_COLUMNS - n, 0, 0))
+        return ggml_view_2d(st.ctx, y, y.ne[0], n, y.nb[1], 0)
+    return ggml_mul_mat(st.ctx, w, x)
 
 
 cdef inline ggml_tensor * linear(Step * st, ggml_tensor * w, ggml_tensor * b, ggml_tensor * x) noexcept:
