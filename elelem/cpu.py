@@ -1,5 +1,6 @@
 """The CPU elelem runs on: which of its CPU backend modules was chosen, what
-that module was compiled with, and whether AMX is used, and why (not).
+that module was compiled with, and whether AMX and elelem's own small-batch
+kernels are used, and why (not).
 
 ``elelem info --system`` prints :func:`system_info`.
 """
@@ -113,11 +114,27 @@ def widen_q5_0(requested: Optional[bool], repack: bool, extra_bytes: int) -> boo
     return True
 
 
+def small_batch_status(backend: dict) -> tuple[bool, str]:
+    """(on, why) for elelem's own kernels for steps of 2-8 generated tokens
+    (elelem/_native/kernels/small_batch.h): they need AVX-512 VNNI, and give
+    the numbers of the CPU module's one-column kernels only where those are
+    ggml's AVX2 ones."""
+    if backend["small_batch_kernels"]:
+        return True, ("Q8_0, Q5_0, Q4_0 and Q4_1 matmuls of 2-8 generated tokens decode each weight once "
+                      "for all of them; ELELEM_SMALL_BATCH=0 turns them off")
+    if not backend["small_batch_cpu"]:
+        return False, "this CPU has no AVX-512 VNNI (with BW, VL and DQ)"
+    if not {"AVX2", "FMA", "F16C"} <= _compiled_features(backend):
+        return False, f"the '{backend['variant']}' CPU module has no AVX2, FMA or F16C"
+    return False, "turned off by ELELEM_SMALL_BATCH=0"
+
+
 def system_info() -> dict:
     backend = cpu_backend_info()
     flags = cpu_flags()
     amx_on, amx_why = amx_status(backend, flags)
     widen_on, widen_why = widen_status(backend)
+    small_batch_on, small_batch_why = small_batch_status(backend)
     return {
         "cpu": cpu_model_name() or backend["description"],
         "cpu_flags": [f for f in KERNEL_FLAGS if f in flags],
@@ -131,4 +148,6 @@ def system_info() -> dict:
         "amx_reason": amx_why,
         "widen_q5_0": widen_on,
         "widen_q5_0_reason": widen_why,
+        "small_batch_kernels": small_batch_on,
+        "small_batch_kernels_reason": small_batch_why,
     }

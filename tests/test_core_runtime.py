@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import elelem
+from elelem.cpu import cpu_backend_info
 from synthetic import TinyConfig
 
 
@@ -85,18 +86,43 @@ def _generated_steps_against_one_token_steps(llm, n_vocab: int, widths) -> None:
 
 
 @pytest.mark.parametrize("kv_type", ["f32", "f16"])
-@pytest.mark.parametrize("wtype", ["q8_0", "q5_0", "q4_0"])
+@pytest.mark.parametrize("wtype", ["q8_0", "q5_0", "q4_0", "q4_1"])
 def test_a_step_of_generated_tokens_gives_each_row_the_logits_of_one_token_steps(tiny_model, wtype, kv_type):
-    # decode_kernels=True: up to 8 generated tokens run each matmul column --
-    # attention's too, and repacked weights' (q4_0) -- as a one-token step
-    # does (graph/blocks.pxi), so bit for bit; 9 to 15 run tinyBLAS on 16
-    # columns (zeros added), rounded as tinyBLAS rounds.
+    # decode_kernels=True: up to 8 generated tokens get each matmul column --
+    # attention's too, and repacked weights' (q4_0) -- rounded as a one-token
+    # step rounds it (graph/blocks.pxi): by elelem's small-batch kernels where
+    # the CPU has them (q8_0, q5_0 and q4_1 here), else by ggml's one-column
+    # kernels; so bit for bit.  9 to 15 run tinyBLAS on 16 columns (zeros
+    # added), rounded as tinyBLAS rounds.
     cfg = TinyConfig(n_embd=128, n_head=4, n_head_kv=2, n_ff=256, wtype=wtype, wtypes=(("output.weight", wtype),))
     path, _ = tiny_model(cfg)
     # amx=False: on a CPU with AMX, weights in AMX tiles run AMX's own kernels,
     # which this claim does not cover.
     with elelem.LLM(path, kv_type=kv_type, n_threads=2, n_seq_max=2, amx=False) as llm:
         _generated_steps_against_one_token_steps(llm, cfg.n_vocab, (2, 3, 5, 8, 11, 15))
+
+
+@pytest.mark.parametrize("wtype", ["q8_0", "q5_0", "q4_1", "q4_0"])
+def test_small_batch_kernels_serve_plain_weights_of_their_types_where_the_cpu_has_them(tiny_model, wtype):
+    cfg = TinyConfig(n_embd=128, n_head=4, n_head_kv=2, n_ff=256, wtype=wtype, wtypes=(("output.weight", wtype),))
+    path, _ = tiny_model(cfg)
+    with elelem.LLM(path, n_threads=2, n_seq_max=4, amx=False) as llm:
+        ctx = llm.engine.context
+        matmuls = 7 * cfg.n_layer + 1   # q, k, v, o, gate, up, down; the output head
+        ctx.decode([5, 6, 7, 8], [0, 1, 2, 3], True, decode_kernels=True)
+        ops = ctx.step_ops()
+        backend = cpu_backend_info()
+        repacked = wtype == "q4_0" and "CPU_REPACK" in backend["extra_buffer_types"]  # its gemv serves those
+        if backend["small_batch_kernels"] and not repacked:
+            # two custom ops a matmul: the preparation of its columns (shared by
+            # q/k/v and by gate/up) and the product; attention's two stay ggml's
+            assert ops.get("MUL_MAT", 0) == 2 * cfg.n_layer
+            assert ops["CUSTOM"] == matmuls + ops["CPY"] and ops["CPY"] == 4 * cfg.n_layer + 1
+        else:
+            assert "CUSTOM" not in ops and ops["MUL_MAT"] == matmuls + 2 * cfg.n_layer
+        ctx.cache.seq_rm(0, 0)
+        ctx.decode([5, 6, 7, 8], [0, 0, 0, 0], True)   # a prompt keeps ggml's batch kernels
+        assert "CUSTOM" not in ctx.step_ops()
 
 
 @pytest.mark.real_model

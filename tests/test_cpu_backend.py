@@ -19,7 +19,7 @@ import pytest
 
 import elelem
 from elelem import _core
-from elelem.cpu import amx_status, cpu_flags, system_info
+from elelem.cpu import amx_status, cpu_flags, small_batch_status, system_info
 from synthetic import TinyConfig, reference_logits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +121,8 @@ def test_info_system_reports_what_was_chosen():
     assert facts["repack_buffer_types"] == _core.cpu_backend_info()["extra_buffer_types"]
     assert isinstance(facts["amx"], bool) and facts["amx_reason"]
     text = _python("-m", "elelem", "info", "--system").stdout
-    for label in ("cpu variant", "compiled with", "repack buffers", "amx"):
+    assert isinstance(facts["small_batch_kernels"], bool) and facts["small_batch_kernels_reason"]
+    for label in ("cpu variant", "compiled with", "repack buffers", "amx", "small-batch kernels"):
         assert label in text
 
 
@@ -134,6 +135,26 @@ def test_amx_reasons():
     on_cpu, why = amx_status(spr, {"amx_tile", "amx_int8"})
     assert not on_cpu and "arch_prctl" in why
     assert amx_status(dict(spr, extra_buffer_types=["AMX", "CPU_REPACK"]), {"amx_tile", "amx_int8"})[0]
+
+
+def test_small_batch_kernels_follow_the_cpu_the_module_and_the_switch():
+    avx2 = [("AVX2", "1"), ("FMA", "1"), ("F16C", "1")]
+    base = {"variant": "zen4", "features": avx2, "small_batch_cpu": True, "small_batch_kernels": True}
+    assert small_batch_status(base)[0]
+    assert small_batch_status(dict(base, small_batch_kernels=False, small_batch_cpu=False)) == (
+        False, "this CPU has no AVX-512 VNNI (with BW, VL and DQ)")
+    on, why = small_batch_status(dict(base, variant="sandybridge", features=[("AVX", "1")], small_batch_kernels=False))
+    assert not on and "'sandybridge'" in why
+    assert "ELELEM_SMALL_BATCH=0" in small_batch_status(dict(base, small_batch_kernels=False))[1]
+    # the core itself: on exactly where the CPU has the instructions, unless switched off
+    info = _core.cpu_backend_info()
+    compiled = {name for name, value in info["features"] if value == "1"}
+    assert info["small_batch_kernels"] == (info["small_batch_cpu"] and {"AVX2", "FMA", "F16C"} <= compiled
+                                           and os.environ.get("ELELEM_SMALL_BATCH", "") != "0")
+    assert info["small_batch_cpu"] == ({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= cpu_flags())
+    r = _python("-c", "import elelem._core as c; print(c.cpu_backend_info()['small_batch_kernels'])",
+                env_extra={"ELELEM_SMALL_BATCH": "0"})
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
 
 
 def test_repack_false_keeps_every_weight_in_place(tiny_model):

@@ -289,6 +289,19 @@ cdef class Context:
         self.n_evaluated += n
         return out
 
+    def step_ops(self):
+        """{op: count} of the graph the last step ran (ggml_op_desc names; elelem's
+        own kernels are CUSTOM): which kernels the graph builder chose."""
+        self._check_open()
+        counts = {}
+        if not self.graph_ready:
+            return counts
+        cdef int i
+        for i in range(ggml_graph_n_nodes(self.graph_step.gf)):
+            name = ggml_op_desc(ggml_graph_node(self.graph_step.gf, i)).decode()
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+
     # -- states ----------------------------------------------------------------
 
     def seq_state(self, seq, n=None):

@@ -30,6 +30,8 @@ cdef dict _cpu_choice = {}
 # The loaded CPU module runs quantized matmuls of two or more columns through
 # llamafile's tinyBLAS (x86 with AVX: Q8_0, Q4_0, Q5_0 and IQ4_NL weights).
 cdef bint _cpu_tinyblas_quantized = False
+cdef bint _small_batch_kernels = False    # graph/blocks.pxi: elelem's kernels for 2-8 generated tokens
+SMALL_BATCH_ENV = "ELELEM_SMALL_BATCH"   # "0": leave those steps to ggml's one-column kernels
 
 
 def _variant_name(str path):
@@ -92,9 +94,15 @@ cdef void _load_cpu_backend() except *:
             ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU) == NULL:
         raise ImportError(f"{paths[chosen]} is not a ggml CPU backend elelem can drive")
     _cpu_choice.update(variant=chosen, path=paths[chosen], scores=scores, forced=bool(forced))
-    global _cpu_tinyblas_quantized
+    global _cpu_tinyblas_quantized, _small_batch_kernels
     compiled = {name for name, value in _cpu_features() if value == "1"}
     _cpu_tinyblas_quantized = "LLAMAFILE" in compiled and "AVX" in compiled
+    # elelem's kernels give the numbers of the module's one-column kernels only
+    # where those are ggml's AVX2 ones (kernels/small_batch.c).
+    _small_batch_cpu = bool(elelem_small_batch_cpu())
+    _small_batch_kernels = (_small_batch_cpu and {"AVX2", "FMA", "F16C"} <= compiled
+                            and os.environ.get(SMALL_BATCH_ENV, "").strip() != "0")
+    _cpu_choice.update(small_batch_cpu=_small_batch_cpu)
     _log.debug("CPU backend: %s (scores %s)", chosen, scores)
 
 
@@ -170,4 +178,6 @@ def cpu_backend_info():
         "description": ggml_backend_dev_description(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)).decode(),
         "features": _cpu_features(),
         "extra_buffer_types": _cpu_extra_buffer_types(),
+        "small_batch_cpu": _cpu_choice["small_batch_cpu"],
+        "small_batch_kernels": bool(_small_batch_kernels),
     }

@@ -20,6 +20,7 @@ cdef extern from "ggml.h" nogil:
         GGML_TYPE_Q5_0
         GGML_TYPE_Q8_0
         GGML_TYPE_IQ4_NL
+        GGML_TYPE_I8
         GGML_TYPE_I32
         GGML_TYPE_I64
         GGML_TYPE_COUNT
@@ -103,6 +104,11 @@ cdef extern from "ggml.h" nogil:
     ggml_tensor * ggml_gelu(ggml_context * ctx, ggml_tensor * a)
     ggml_tensor * ggml_get_rows(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     ggml_tensor * ggml_cpy(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ctypedef void (*ggml_custom_op_t)(ggml_tensor * dst, int ith, int nth, void * userdata)
+    enum: GGML_N_TASKS_MAX
+    ggml_tensor * ggml_custom_4d(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1, int64_t ne2,
+                                 int64_t ne3, ggml_tensor ** args, int n_args, ggml_custom_op_t fun,
+                                 int n_tasks, void * userdata)
     ggml_tensor * ggml_set_rows(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, ggml_tensor * c)
     ggml_tensor * ggml_cont(ggml_context * ctx, ggml_tensor * a)
     ggml_tensor * ggml_reshape_2d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1)
@@ -131,6 +137,8 @@ cdef extern from "ggml.h" nogil:
     ggml_cgraph * ggml_new_graph_custom(ggml_context * ctx, size_t size, bint grads)
     void ggml_build_forward_expand(ggml_cgraph * cgraph, ggml_tensor * tensor)
     int ggml_graph_n_nodes(ggml_cgraph * cgraph)
+    ggml_tensor * ggml_graph_node(ggml_cgraph * cgraph, int i)
+    const char * ggml_op_desc(const ggml_tensor * t)
 
 
 cdef extern from "ggml-backend.h" nogil:
@@ -288,3 +296,14 @@ cdef extern from "ggml.h" nogil:
     # a lost connection into an error the caller sees (it never returns).
     ctypedef void (*ggml_abort_callback_t)(const char * error_message)
     ggml_abort_callback_t ggml_set_abort_callback(ggml_abort_callback_t callback)
+
+
+cdef extern from "kernels/small_batch.h" nogil:
+    # elelem's own CPU kernels for steps of 2-8 generated tokens (graph/blocks.pxi)
+    enum: ELELEM_SMALL_BATCH_MAX_COLUMNS
+    int elelem_small_batch_cpu()
+    int elelem_small_batch_serves(ggml_type weight)
+    ggml_type elelem_small_batch_activation_type(ggml_type weight)
+    int64_t elelem_small_batch_prepared_bytes(int64_t n_in, int64_t n_columns)
+    void elelem_small_batch_prepare(ggml_tensor * dst, int ith, int nth, void * userdata)
+    void elelem_small_batch_matmul(ggml_tensor * dst, int ith, int nth, void * userdata)

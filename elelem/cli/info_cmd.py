@@ -118,6 +118,8 @@ def show_system(args: argparse.Namespace) -> int:
         ("repack buffers", ", ".join(facts["repack_buffer_types"]) or "none"),
         ("amx", ("on: " if facts["amx"] else "off: ") + facts["amx_reason"]),
         ("q5_0 widening", ("on: " if facts["widen_q5_0"] else "off: ") + facts["widen_q5_0_reason"]),
+        ("small-batch kernels", ("on: " if facts["small_batch_kernels"] else "off: ")
+         + facts["small_batch_kernels_reason"]),
         ("module", facts["cpu_module"]),
     ]
     width = max(len(key) for key, _ in rows)

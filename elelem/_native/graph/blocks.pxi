@@ -14,6 +14,9 @@ cdef struct Step:
     bint flash_attn         # ggml_flash_attn_ext, else mul_mat + softmax (llama.cpp's default)
     bint embeddings         # the output is the final normed hidden state (n_embd rows), not logits
     bint decode_kernels     # every token is a generated one: small matmuls as one-token steps run them
+    ggml_tensor * paired_of     # the activations last prepared for elelem's small-batch kernels ...
+    ggml_tensor * paired        # ... and that preparation, reused by the matmuls that share them (q/k/v, gate/up)
+    ggml_type paired_type       # its quantized type (Q8_0 or Q8_1)
     ggml_tensor * inp_tokens    # I32 (n_tokens)
     ggml_tensor * inp_pos       # I32 (n_tokens): each token's position in its sequence
     ggml_tensor * inp_mask      # (n_kv, n_tokens): 0 or -inf, from the cells; F16 for flash attention, else F32 (as llama.cpp)
@@ -159,6 +162,24 @@ cdef inline ggml_tensor * _one_column_each(Step * st, ggml_tensor * w, ggml_tens
     return ggml_reshape_2d(st.ctx, y, y.ne[0], x.ne[1])
 
 
+cdef inline ggml_tensor * _small_batch(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
+    """x @ w by elelem's kernels (kernels/small_batch.h): the columns quantized
+    by the CPU backend (as its mul_mat does), paired, then every weight block
+    decoded once for all of them.  The numbers are those of _one_column_each."""
+    cdef ggml_tensor * args[2]
+    cdef ggml_type columns_type = elelem_small_batch_activation_type(w.type)
+    if st.paired_of != x or st.paired_type != columns_type:
+        args[0] = ggml_cpy(st.ctx, x, ggml_new_tensor_2d(st.ctx, columns_type, x.ne[0], x.ne[1]))
+        st.paired = ggml_custom_4d(st.ctx, GGML_TYPE_I8, elelem_small_batch_prepared_bytes(x.ne[0], x.ne[1]),
+                                   1, 1, 1, args, 1, elelem_small_batch_prepare, GGML_N_TASKS_MAX, NULL)
+        st.paired_of = x
+        st.paired_type = columns_type
+    args[0] = w
+    args[1] = st.paired
+    return ggml_custom_4d(st.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,
+                          elelem_small_batch_matmul, GGML_N_TASKS_MAX, NULL)
+
+
 cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
     """x @ w: (n_in, n) -> (n_out, n)."""
     cdef int64_t n = x.ne[1]
@@ -167,6 +188,9 @@ cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) no
             or not (_plain_quantized(w) or _repacked(w))):
         return ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), x)
     w = widened_weight(st.widened, w, x)
+    if (n <= ELELEM_SMALL_BATCH_MAX_COLUMNS and _small_batch_kernels and x.type == GGML_TYPE_F32
+            and _plain_quantized(w) and elelem_small_batch_serves(w.type)):
+        return _small_batch(st, w, x)
     if n <= DECODE_KERNEL_COLUMNS:
         return _one_column_each(st, w, x)
     if n < PADDED_COLUMNS and _cpu_tinyblas_quantized and _tinyblas_type(w.type) and w.extra == NULL:

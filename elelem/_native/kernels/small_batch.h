@@ -1,0 +1,41 @@
+/* Small-batch matmuls for steps of generated tokens (2 to 8 columns).
+ *
+ * A step that carries only generated tokens (several streams' next tokens,
+ * or a draft being verified) multiplies each weight by a handful of columns.
+ * ggml runs such a product as one one-column dot product per column, each
+ * decoding every weight block again: compute that grows with the columns
+ * while the weights are read once.  These kernels decode each block once for
+ * all the columns and give, bit for bit, the numbers ggml's one-column AVX2
+ * kernels give (small_batch.c says how), so a batched step rounds exactly as
+ * token-by-token decoding does.
+ *
+ * Used as two ggml custom ops after ggml_cpy() has quantized the columns
+ * (with the CPU backend's own quantizer, as its mul_mat does):
+ *   prepared = custom(src0 = the Q8_0/Q8_1 columns) -> I8, prepared_bytes()
+ *   y        = custom(src0 = weight, src1 = prepared) -> F32 (rows, columns)
+ * Only for weights in plain host memory, and only where
+ * elelem_small_batch_cpu() says the CPU has the instructions. */
+#ifndef ELELEM_SMALL_BATCH_H
+#define ELELEM_SMALL_BATCH_H
+
+#include <stdint.h>
+#include "ggml.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ELELEM_SMALL_BATCH_MAX_COLUMNS 8
+
+int elelem_small_batch_cpu(void);                      /* AVX-512 F/BW/VL/DQ/VNNI, AVX2, FMA, F16C */
+int elelem_small_batch_serves(enum ggml_type weight);  /* Q8_0, Q5_0, Q4_0, Q4_1 */
+enum ggml_type elelem_small_batch_activation_type(enum ggml_type weight);  /* Q8_1 for Q4_1, else Q8_0 */
+int64_t elelem_small_batch_prepared_bytes(int64_t n_in, int64_t n_columns);
+void elelem_small_batch_prepare(struct ggml_tensor * dst, int ith, int nth, void * userdata);
+void elelem_small_batch_matmul(struct ggml_tensor * dst, int ith, int nth, void * userdata);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
