@@ -195,7 +195,8 @@ def extensions():
     write_builder_includes()
     core = Extension(
         "elelem._core",  # its sources are the native layer, elelem/_native/
-        sources=["elelem/_native/core.pyx", "elelem/_native/kernels/small_batch.c"],
+        sources=["elelem/_native/core.pyx", "elelem/_native/kernels/small_batch.c",
+                 "elelem/_native/kernels/small_batch_q6_k.c"],
         include_dirs=[str(GGML / "include"), numpy.get_include()],
         language="c++",
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

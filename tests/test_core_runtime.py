@@ -85,26 +85,36 @@ def _generated_steps_against_one_token_steps(llm, n_vocab: int, widths) -> None:
             np.testing.assert_allclose(got, one_by_one, rtol=1e-5, atol=1e-5, err_msg=f"a step of {n}")
 
 
+def _batched_config(wtype: str) -> TinyConfig:
+    width = 256 if wtype.endswith("_k") else 128   # K-quants come in blocks of 256
+    return TinyConfig(n_embd=width, n_head=4, n_head_kv=2, n_ff=2 * width, wtype=wtype,
+                      wtypes=(("output.weight", wtype),))
+
+
 @pytest.mark.parametrize("kv_type", ["f32", "f16"])
-@pytest.mark.parametrize("wtype", ["q8_0", "q5_0", "q4_0", "q4_1"])
+@pytest.mark.parametrize("wtype", ["q8_0", "q5_0", "q4_0", "q4_1", "q6_k"])
 def test_a_step_of_generated_tokens_gives_each_row_the_logits_of_one_token_steps(tiny_model, wtype, kv_type):
     # decode_kernels=True: up to 8 generated tokens get each matmul column --
     # attention's too, and repacked weights' (q4_0) -- rounded as a one-token
     # step rounds it (graph/blocks.pxi): by elelem's small-batch kernels where
-    # the CPU has them (q8_0, q5_0 and q4_1 here), else by ggml's one-column
-    # kernels; so bit for bit.  9 to 15 run tinyBLAS on 16 columns (zeros
-    # added), rounded as tinyBLAS rounds.
-    cfg = TinyConfig(n_embd=128, n_head=4, n_head_kv=2, n_ff=256, wtype=wtype, wtypes=(("output.weight", wtype),))
+    # the CPU has them (q8_0, q5_0, q4_1 and q6_k here), else by ggml's
+    # one-column kernels; so bit for bit.  9 to 15 run tinyBLAS on 16 columns
+    # (zeros added), rounded as tinyBLAS rounds.
+    cfg = _batched_config(wtype)
     path, _ = tiny_model(cfg)
     # amx=False: on a CPU with AMX, weights in AMX tiles run AMX's own kernels,
     # which this claim does not cover.
     with elelem.LLM(path, kv_type=kv_type, n_threads=2, n_seq_max=2, amx=False) as llm:
-        _generated_steps_against_one_token_steps(llm, cfg.n_vocab, (2, 3, 5, 8, 11, 15))
+        # Past 8 the rounding is ggml's batch kernels': with this wider K-quant
+        # model and an f16 cache, its batched attention differs by up to 0.03.
+        # The claim past 8 (tinyBLAS on 16 columns) is the other types'.
+        widths = (2, 3, 5, 8) if wtype == "q6_k" else (2, 3, 5, 8, 11, 15)
+        _generated_steps_against_one_token_steps(llm, cfg.n_vocab, widths)
 
 
-@pytest.mark.parametrize("wtype", ["q8_0", "q5_0", "q4_1", "q4_0"])
+@pytest.mark.parametrize("wtype", ["q8_0", "q5_0", "q4_1", "q6_k", "q4_0"])
 def test_small_batch_kernels_serve_plain_weights_of_their_types_where_the_cpu_has_them(tiny_model, wtype):
-    cfg = TinyConfig(n_embd=128, n_head=4, n_head_kv=2, n_ff=256, wtype=wtype, wtypes=(("output.weight", wtype),))
+    cfg = _batched_config(wtype)
     path, _ = tiny_model(cfg)
     with elelem.LLM(path, n_threads=2, n_seq_max=4, amx=False) as llm:
         ctx = llm.engine.context

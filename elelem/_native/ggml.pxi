@@ -304,6 +304,6 @@ cdef extern from "kernels/small_batch.h" nogil:
     int elelem_small_batch_cpu()
     int elelem_small_batch_serves(ggml_type weight)
     ggml_type elelem_small_batch_activation_type(ggml_type weight)
-    int64_t elelem_small_batch_prepared_bytes(int64_t n_in, int64_t n_columns)
+    int64_t elelem_small_batch_prepared_bytes(ggml_type weight, int64_t n_in, int64_t n_columns)
     void elelem_small_batch_prepare(ggml_tensor * dst, int ith, int nth, void * userdata)
     void elelem_small_batch_matmul(ggml_tensor * dst, int ith, int nth, void * userdata)

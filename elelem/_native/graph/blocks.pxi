@@ -170,7 +170,7 @@ cdef inline ggml_tensor * _small_batch(Step * st, ggml_tensor * w, ggml_tensor *
     cdef ggml_type columns_type = elelem_small_batch_activation_type(w.type)
     if st.paired_of != x or st.paired_type != columns_type:
         args[0] = ggml_cpy(st.ctx, x, ggml_new_tensor_2d(st.ctx, columns_type, x.ne[0], x.ne[1]))
-        st.paired = ggml_custom_4d(st.ctx, GGML_TYPE_I8, elelem_small_batch_prepared_bytes(x.ne[0], x.ne[1]),
+        st.paired = ggml_custom_4d(st.ctx, GGML_TYPE_I8, elelem_small_batch_prepared_bytes(w.type, x.ne[0], x.ne[1]),
                                    1, 1, 1, args, 1, elelem_small_batch_prepare, GGML_N_TASKS_MAX, NULL)
         st.paired_of = x
         st.paired_type = columns_type

@@ -6,7 +6,7 @@
  * run the same loop: per 32-value block, eight int32 lanes, lane j the sum
  * of the products of values 4j..4j+3 (exact integers, whichever instructions
  * make them), converted to float, then acc = fma(d_w * d_x, lanes, acc);
- * at the end the eight lanes are summed in one fixed order (hsum8 below).
+ * at the end the eight lanes are summed in one fixed order (hsum8, simd.h).
  * Q4_1 adds a scalar sum of m_w * s_x, contracted to an fma by the compiler.
  * Here each zmm holds two columns, one per 256-bit half, so each half runs
  * exactly that loop: same integers, same products, same fma order, same sum.
@@ -16,16 +16,16 @@
  * decoded once per row and serves every column: its values are made unsigned
  * (+128) for vpdpbusd, whose lanes then come out 128 * (sum of the column's
  * four values) too high; the prepare op stores that correction per column
- * and block, with the columns' scales and their bytes paired for the zmm. */
+ * and block, with the columns' scales and their bytes paired for the zmm.
+ * Q6_K has a kernel of its own: small_batch_q6_k.c. */
 #include "small_batch.h"
+#include "small_batch_q6_k.h"
+#include "simd.h"
 
-#include <immintrin.h>
-#include <stdint.h>
 #include <string.h>
 
 #define BLOCK 32
 
-typedef uint16_t half_bits;
 typedef struct { half_bits d; int8_t qs[BLOCK]; } block_q8_0_t;                 /* 34 bytes */
 typedef struct { half_bits d; half_bits s; int8_t qs[BLOCK]; } block_q8_1_t;    /* 36 bytes */
 typedef struct { half_bits d; uint8_t qs[BLOCK / 2]; } block_q4_0_t;            /* 18 bytes */
@@ -40,7 +40,7 @@ typedef struct {
     float sum[16];              /* Q8_1's s of the two columns in lanes 0 and 1 (for Q4_1) */
 } pair_block;
 
-#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#define TARGET SMALL_BATCH_TARGET
 
 int elelem_small_batch_cpu(void) {
     __builtin_cpu_init();
@@ -52,26 +52,18 @@ int elelem_small_batch_cpu(void) {
 
 int elelem_small_batch_serves(enum ggml_type weight) {
     return weight == GGML_TYPE_Q8_0 || weight == GGML_TYPE_Q5_0 || weight == GGML_TYPE_Q4_0
-        || weight == GGML_TYPE_Q4_1;
+        || weight == GGML_TYPE_Q4_1 || weight == GGML_TYPE_Q6_K;
 }
 
 enum ggml_type elelem_small_batch_activation_type(enum ggml_type weight) {
-    return weight == GGML_TYPE_Q4_1 ? GGML_TYPE_Q8_1 : GGML_TYPE_Q8_0;
+    return weight == GGML_TYPE_Q4_1 ? GGML_TYPE_Q8_1 : weight == GGML_TYPE_Q6_K ? GGML_TYPE_Q8_K : GGML_TYPE_Q8_0;
 }
 
-int64_t elelem_small_batch_prepared_bytes(int64_t n_in, int64_t n_columns) {
+int64_t elelem_small_batch_prepared_bytes(enum ggml_type weight, int64_t n_in, int64_t n_columns) {
+    if (weight == GGML_TYPE_Q6_K) {
+        return elelem_small_batch_q6_k_prepared_bytes(n_in, n_columns);
+    }
     return (n_in / BLOCK) * ((n_columns + 1) / 2) * (int64_t) sizeof(pair_block);
-}
-
-static TARGET inline float half_to_float(half_bits h) { return _cvtsh_ss(h); }
-
-/* ggml's hsum_float_8: this order, no other. */
-static TARGET inline float hsum8(__m256 x) {
-    __m128 r = _mm256_extractf128_ps(x, 1);
-    r = _mm_add_ps(r, _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
 }
 
 /* Columns 2p and 2p+1 of block ib (an odd last column pairs with itself;
@@ -108,6 +100,10 @@ static TARGET void prepare_pair(const struct ggml_tensor * x, int64_t p, int64_t
 void elelem_small_batch_prepare(struct ggml_tensor * dst, int ith, int nth, void * userdata) {
     (void) userdata;
     const struct ggml_tensor * x = dst->src[0];
+    if (x->type == GGML_TYPE_Q8_K) {
+        elelem_small_batch_q6_k_prepare(x, ith, nth, dst->data);
+        return;
+    }
     const int64_t nb = x->ne[0] / BLOCK, pairs = (x->ne[1] + 1) / 2, total = nb * pairs;
     pair_block * out = (pair_block *) dst->data;
     for (int64_t i = total * ith / nth; i < total * (ith + 1) / nth; i++) {
@@ -196,7 +192,7 @@ void elelem_small_batch_matmul(struct ggml_tensor * dst, int ith, int nth, void 
     (void) userdata;
     const struct ggml_tensor * w = dst->src[0];
     const pair_block * pb = (const pair_block *) dst->src[1]->data;
-    const int64_t m = w->ne[1], n = dst->ne[1], nb = w->ne[0] / BLOCK;
+    const int64_t m = w->ne[1], n = dst->ne[1], nb = w->ne[0] / BLOCK;  /* 32-value blocks */
     const int64_t r0 = m * ith / nth, r1 = m * (ith + 1) / nth;
     const char * wd = (const char *) w->data;
     float * out = (float *) dst->data;
@@ -209,6 +205,9 @@ void elelem_small_batch_matmul(struct ggml_tensor * dst, int ith, int nth, void 
         case GGML_TYPE_Q5_0: rows_q5_0(nb, wd, w->nb[1], r0, r1, pb, n, out, out_stride); break;
         case GGML_TYPE_Q4_0: rows_q4_0(nb, wd, w->nb[1], r0, r1, pb, n, out, out_stride); break;
         case GGML_TYPE_Q4_1: rows_q4_1(nb, wd, w->nb[1], r0, r1, pb, n, out, out_stride); break;
+        case GGML_TYPE_Q6_K:
+            elelem_small_batch_q6_k_rows(w->ne[0] / 256, wd, w->nb[1], r0, r1, pb, n, out, out_stride);
+            break;
         default: break;  /* the graph builder asks elelem_small_batch_serves() first */
     }
 }

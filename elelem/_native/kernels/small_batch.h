@@ -11,7 +11,7 @@
  *
  * Used as two ggml custom ops after ggml_cpy() has quantized the columns
  * (with the CPU backend's own quantizer, as its mul_mat does):
- *   prepared = custom(src0 = the Q8_0/Q8_1 columns) -> I8, prepared_bytes()
+ *   prepared = custom(src0 = the Q8_0/Q8_1/Q8_K columns) -> I8, prepared_bytes()
  *   y        = custom(src0 = weight, src1 = prepared) -> F32 (rows, columns)
  * Only for weights in plain host memory, and only where
  * elelem_small_batch_cpu() says the CPU has the instructions. */
@@ -28,9 +28,9 @@ extern "C" {
 #define ELELEM_SMALL_BATCH_MAX_COLUMNS 8
 
 int elelem_small_batch_cpu(void);                      /* AVX-512 F/BW/VL/DQ/VNNI, AVX2, FMA, F16C */
-int elelem_small_batch_serves(enum ggml_type weight);  /* Q8_0, Q5_0, Q4_0, Q4_1 */
-enum ggml_type elelem_small_batch_activation_type(enum ggml_type weight);  /* Q8_1 for Q4_1, else Q8_0 */
-int64_t elelem_small_batch_prepared_bytes(int64_t n_in, int64_t n_columns);
+int elelem_small_batch_serves(enum ggml_type weight);  /* Q8_0, Q5_0, Q4_0, Q4_1, Q6_K */
+enum ggml_type elelem_small_batch_activation_type(enum ggml_type weight);  /* Q8_1 for Q4_1, Q8_K for Q6_K, else Q8_0 */
+int64_t elelem_small_batch_prepared_bytes(enum ggml_type weight, int64_t n_in, int64_t n_columns);
 void elelem_small_batch_prepare(struct ggml_tensor * dst, int ith, int nth, void * userdata);
 void elelem_small_batch_matmul(struct ggml_tensor * dst, int ith, int nth, void * userdata);
 

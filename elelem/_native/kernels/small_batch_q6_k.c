@@ -1,0 +1,126 @@
+/* The small-batch kernel for Q6_K weights (against Q8_K columns).
+ *
+ * ggml's AVX2 ggml_vec_dot_q6_K_q8_K, per 256-value super-block: eight
+ * 32-byte vectors of 6-bit values (0..63), each multiplied with the column's
+ * bytes by maddubs (int16 pairs) and by its two 16-value scales by madd
+ * (int32 lanes), all summed into eight int32 lanes; minus 32 * (the column's
+ * 16-value sums times the scales), for the values' offset of 32; converted to
+ * float and accumulated by fma with d = d_column * d_weight; at the end
+ * hsum8.  Here each zmm carries two columns, so each half does exactly that
+ * (vpdpwssd is madd and add in one, on the same exact integers), while the
+ * weight's values and scales are unpacked once for every column. */
+#include "small_batch_q6_k.h"
+#include "simd.h"
+
+#include <string.h>
+
+#define QK_K 256
+
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; half_bits d; } block_q6_K_t;
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K_t;
+
+/* One super-block of a pair of columns, as the matmul reads it. */
+typedef struct {
+    int8_t values[8][64];     /* vector v of both columns: the first's 32 bytes, then the second's */
+    int16_t bsums[32];        /* the first column's 16 sums of 16 values, then the second's */
+    float scale[16];          /* the first column's d in lanes 0-7, the second's in 8-15 */
+} pair_superblock;
+
+int64_t elelem_small_batch_q6_k_prepared_bytes(int64_t n_in, int64_t n_columns) {
+    return (n_in / QK_K) * ((n_columns + 1) / 2) * (int64_t) sizeof(pair_superblock);
+}
+
+void elelem_small_batch_q6_k_prepare(const struct ggml_tensor * x, int ith, int nth, void * out_data) {
+    const int64_t n = x->ne[1], nb = x->ne[0] / QK_K, pairs = (n + 1) / 2, total = nb * pairs;
+    pair_superblock * out = (pair_superblock *) out_data;
+    for (int64_t i = total * ith / nth; i < total * (ith + 1) / nth; i++) {
+        const int64_t ib = i / pairs, p = i % pairs;
+        const int64_t c0 = 2 * p, c1 = 2 * p + 1 < n ? 2 * p + 1 : 2 * p;
+        const block_q8_K_t * a = (const block_q8_K_t *) ((const char *) x->data + c0 * x->nb[1]) + ib;
+        const block_q8_K_t * b = (const block_q8_K_t *) ((const char *) x->data + c1 * x->nb[1]) + ib;
+        pair_superblock * o = &out[ib * pairs + p];
+        for (int v = 0; v < 8; v++) {
+            memcpy(o->values[v], a->qs + 32 * v, 32);
+            memcpy(o->values[v] + 32, b->qs + 32 * v, 32);
+        }
+        memcpy(o->bsums, a->bsums, sizeof a->bsums);
+        memcpy(o->bsums + 16, b->bsums, sizeof b->bsums);
+        for (int l = 0; l < 8; l++) {
+            o->scale[l] = a->d;
+            o->scale[8 + l] = b->d;
+        }
+    }
+}
+
+/* ggml's get_scale_shuffle: bytes 0-7 scale 2i, bytes 8-15 scale 2i+1. */
+static SMALL_BATCH_TARGET inline __m512i vector_scales(const int8_t * scales, int v) {
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_set_epi64x(0x0101010101010101LL * (uint8_t) scales[2 * v + 1],
+                                                            0x0101010101010101LL * (uint8_t) scales[2 * v]));
+    return _mm512_broadcast_i64x4(s16);
+}
+
+/* The 8 vectors of 32 six-bit values, unpacked as ggml unpacks them. */
+static SMALL_BATCH_TARGET inline void unpack_q6(const block_q6_K_t * b, __m256i q[8]) {
+    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
+    for (int j = 0; j < 2; j++) {
+        const __m256i bits1 = _mm256_loadu_si256((const __m256i *) (b->ql + 64 * j));
+        const __m256i bits2 = _mm256_loadu_si256((const __m256i *) (b->ql + 64 * j + 32));
+        const __m256i high = _mm256_loadu_si256((const __m256i *) (b->qh + 32 * j));
+        const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(high, m3), 4);
+        const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(high, _mm256_set1_epi8(12)), 2);
+        const __m256i h2 = _mm256_and_si256(high, _mm256_set1_epi8(48));
+        const __m256i h3 = _mm256_srli_epi16(_mm256_and_si256(high, _mm256_set1_epi8(-64)), 2);
+        q[4 * j + 0] = _mm256_or_si256(_mm256_and_si256(bits1, m15), h0);
+        q[4 * j + 1] = _mm256_or_si256(_mm256_and_si256(bits2, m15), h1);
+        q[4 * j + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits1, 4), m15), h2);
+        q[4 * j + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits2, 4), m15), h3);
+    }
+}
+
+static inline __attribute__((always_inline)) SMALL_BATCH_TARGET void rows_q6_k_pairs(
+        const int NP, int64_t nb, const char * w, size_t w_stride, int64_t r0, int64_t r1,
+        const pair_superblock * pb, int64_t n, float * out, size_t out_stride) {
+    for (int64_t r = r0; r < r1; r++) {
+        const block_q6_K_t * xb = (const block_q6_K_t *) (w + r * w_stride);
+        __m512 acc[4];
+        _Pragma("GCC unroll 4") for (int p = 0; p < NP; p++) acc[p] = _mm512_setzero_ps();
+        for (int64_t ib = 0; ib < nb; ib++) {
+            const block_q6_K_t * b = &xb[ib];
+            const pair_superblock * y = &pb[ib * NP];
+            __m256i q[8];
+            unpack_q6(b, q);
+            __m512i sums[4];
+            _Pragma("GCC unroll 4") for (int p = 0; p < NP; p++) sums[p] = _mm512_setzero_si512();
+            for (int v = 0; v < 8; v++) {
+                const __m512i values = _mm512_broadcast_i64x4(q[v]);
+                const __m512i scales = vector_scales(b->scales, v);
+                _Pragma("GCC unroll 4") for (int p = 0; p < NP; p++) {
+                    const __m512i products = _mm512_maddubs_epi16(values, _mm512_loadu_si512(y[p].values[v]));
+                    sums[p] = _mm512_dpwssd_epi32(sums[p], products, scales);
+                }
+            }
+            const __m512i all_scales = _mm512_broadcast_i64x4(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) b->scales)));
+            const __m512 dw = _mm512_set1_ps(half_to_float(b->d));
+            _Pragma("GCC unroll 4") for (int p = 0; p < NP; p++) {
+                const __m512i offset = _mm512_slli_epi32(_mm512_madd_epi16(_mm512_loadu_si512(y[p].bsums), all_scales), 5);
+                const __m512i lanes = _mm512_sub_epi32(sums[p], offset);
+                acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(y[p].scale), dw), _mm512_cvtepi32_ps(lanes), acc[p]);
+            }
+        }
+        _Pragma("GCC unroll 4") for (int p = 0; p < NP; p++) {
+            out[(2 * p) * out_stride + r] = hsum8(_mm512_castps512_ps256(acc[p]));
+            if (2 * p + 1 < n) out[(2 * p + 1) * out_stride + r] = hsum8(_mm512_extractf32x8_ps(acc[p], 1));
+        }
+    }
+}
+
+SMALL_BATCH_TARGET void elelem_small_batch_q6_k_rows(int64_t nb, const char * w, size_t w_stride, int64_t r0, int64_t r1,
+                                  const void * prepared, int64_t n, float * out, size_t out_stride) {
+    const pair_superblock * pb = (const pair_superblock *) prepared;
+    switch ((n + 1) / 2) {  /* a constant count of pairs keeps the accumulators in registers */
+        case 1: rows_q6_k_pairs(1, nb, w, w_stride, r0, r1, pb, n, out, out_stride); break;
+        case 2: rows_q6_k_pairs(2, nb, w, w_stride, r0, r1, pb, n, out, out_stride); break;
+        case 3: rows_q6_k_pairs(3, nb, w, w_stride, r0, r1, pb, n, out, out_stride); break;
+        default: rows_q6_k_pairs(4, nb, w, w_stride, r0, r1, pb, n, out, out_stride); break;
+    }
+}
