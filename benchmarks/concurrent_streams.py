@@ -4,7 +4,7 @@
     python benchmarks/concurrent_streams.py [--models qwen2.5-coder-0.5b smollm2-135m]
         [--streams 1 4 8] [--tokens 64] [--threads 2] [--repeats 2]
         [--llama-python "$(python scripts/reference_llamacpp.py --check)"]
-        [--llamacpp-batched] [--installed] [--json out.json]
+        [--llamacpp-batched] [--flash-attn] [--installed] [--json out.json]
 
 For each model and repeat, one fresh subprocess per engine:
 - elelem: one ``LLM(path, n_ctx, n_threads)``, one session per stream
@@ -36,6 +36,11 @@ Figures per configuration (range over the repeats, and the median):
 Every worker first runs each prompt alone for 2 tokens, untimed (warm-up).
 A stream that reaches an end-of-generation token stops early; the token
 counts printed say so (``64`` when every stream made all it was asked).
+
+``--flash-attn`` runs all three with flash attention (ggml_flash_attn_ext).
+The streams share one KV cache, and without it every token attends over
+every stream's cells (masked); the fused kernel skips the cells a token's
+mask excludes.  elelem serve turns it on by default, as llama.cpp does.
 
 elelem's cache is ``--n-ctx`` positions per stream; an elelem whose sequences
 share one cache (``LLM(kv_size=...)``) gets ``--n-ctx`` x the most streams,
@@ -132,6 +137,8 @@ def worker_elelem(path: str, spec: dict) -> dict:
 
     import elelem
     options = dict(n_ctx=spec["n_ctx"], n_threads=spec["threads"])
+    if spec["flash_attn"]:
+        options["flash_attn"] = True
     if "kv_size" in inspect.signature(elelem.LLM).parameters:  # one cache shared by all sequences (issue 13)
         options["kv_size"] = spec["n_ctx"] * max(spec["streams"])  # room for every stream's n_ctx
     llm = elelem.LLM(path, **options)
@@ -154,7 +161,7 @@ def worker_llamacpp(path: str, spec: dict) -> dict:
     import numpy as np
     from llama_cpp import Llama
     llm = Llama(path, n_ctx=spec["n_ctx"], n_batch=512, n_threads=spec["threads"],
-                n_threads_batch=spec["threads"], verbose=False)
+                n_threads_batch=spec["threads"], flash_attn=spec["flash_attn"], verbose=False)
     lock = threading.Lock()  # a Llama is one context: one request at a time
     stops = set(spec["eos_ids"])
 
@@ -275,6 +282,8 @@ def main() -> None:
     ap.add_argument("--llama-python", help="a Python with llama_cpp (scripts/reference_llamacpp.py --check)")
     ap.add_argument("--llamacpp-batched", action="store_true",
                     help="also run llama.cpp's llama-batched-bench (built and cached on first use)")
+    ap.add_argument("--flash-attn", action="store_true",
+                    help="every engine with flash attention (elelem serve's default; llama.cpp's auto)")
     ap.add_argument("--json", help="also write every measurement to this file")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -293,7 +302,7 @@ def main() -> None:
         import llamacpp_batched_bench as batched_bench
         exe = batched_bench.build()
     spec = dict(streams=args.streams, tokens=args.tokens, threads=args.threads, n_ctx=args.n_ctx,
-                installed=args.installed)
+                installed=args.installed, flash_attn=args.flash_attn)
     report = []
     for name in args.models:
         path = _resolve(name)
@@ -309,7 +318,8 @@ def main() -> None:
                 raw["llama-cpp-python"].append(run_worker(args.llama_python, "llamacpp", path, ref_spec))
             if exe:
                 npl = sorted(set(args.streams) | {1})
-                batched += batched_bench.run(exe, path, npl=npl, ntg=args.tokens, threads=args.threads)
+                batched += batched_bench.run(exe, path, npl=npl, ntg=args.tokens, threads=args.threads,
+                                             flash_attn=args.flash_attn)
                 print(f"[{time.strftime('%H:%M:%S')}] llama-batched-bench {Path(path).name}: S_TG "
                       + ", ".join(f"B={r['pl']} {r['speed_tg']:.1f}" for r in batched[-len(npl):]),
                       file=sys.stderr, flush=True)

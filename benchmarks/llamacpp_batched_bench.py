@@ -120,11 +120,12 @@ def build(sdist: Path | None = None) -> Path:
 
 
 def run(exe: Path, model: str, *, npl=(1, 4, 8), npp: int = 32, ntg: int = 64, threads: int = 2,
-        n_ctx: int = 4096) -> list[dict]:
+        n_ctx: int = 4096, flash_attn: bool = False) -> list[dict]:
     """Run llama-batched-bench on one model; one dict per row of its table (its JSONL output)."""
     cmd = [str(exe), "-m", model, "-c", str(n_ctx), "-b", "512", "-ub", "512", "-npp", str(npp),
            "-ntg", str(ntg), "-npl", ",".join(map(str, npl)), "-t", str(threads), "-tb", str(threads),
-           "-fa", "off",  # off by default in elelem and llama-cpp-python; llama.cpp defaults to auto
+           # off by default in elelem's LLM and llama-cpp-python; llama.cpp defaults to auto
+           "-fa", "on" if flash_attn else "off",
            "--output-format", "jsonl"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:

@@ -22,12 +22,16 @@ through ``logit_bias`` so every answer has ``--tokens`` tokens.  One request
 is sent alone first, untimed (warm-up).
 
 Figures per server and N:
-- ``tok/s``: content chunks of all requests / wall time from the start of
-  the first request to the end of the last (one chunk is one token here:
-  no stop strings, and the answers are ASCII);
+- ``tok/s``: generated tokens of all requests / wall time from the start of
+  the first request to the end of the last.  The tokens are the usage's
+  ``completion_tokens`` (``stream_options.include_usage``), or the content
+  chunks where a server sends no usage: a chunk is one token there, but
+  elelem's speculative decoding can confirm several tokens in one step and
+  send them in one chunk;
 - ``TTFT p50/p99``: from sending a request to its first content chunk;
-- ``ITL p50/p99``: between successive content chunks of one request;
-- ``errors``: requests that failed or got fewer chunks than asked.
+- ``ITL p50/p99``: between successive content chunks of one request (a
+  chunk of several tokens counts once);
+- ``errors``: requests that failed or got fewer tokens than asked.
 The script prints numbers; it asserts nothing.
 """
 from __future__ import annotations
@@ -88,8 +92,9 @@ def wait_ready(url: str, process: subprocess.Popen, seconds: float = 120) -> Non
 
 def one_request(url: str, model: str, question: str, args, no_end: dict) -> dict:
     body = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": args.tokens,
-            "temperature": 0, "stream": True, "logit_bias": no_end}
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "logit_bias": no_end}
     times = []
+    usage_tokens = None
     t0 = time.perf_counter()
     try:
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as response:
@@ -100,9 +105,13 @@ def one_request(url: str, model: str, question: str, args, no_end: dict) -> dict
                 chunk = json.loads(line[6:])
                 if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
                     times.append(time.perf_counter())
+                if chunk.get("usage"):
+                    usage_tokens = chunk["usage"].get("completion_tokens")
     except (httpx.HTTPError, ValueError) as error:
-        return {"error": f"{type(error).__name__}: {error}", "times": times, "start": t0}
-    return {"error": None if len(times) >= args.tokens else f"{len(times)} chunks", "times": times, "start": t0}
+        return {"error": f"{type(error).__name__}: {error}", "times": times, "start": t0, "tokens": len(times)}
+    tokens = usage_tokens if usage_tokens is not None else len(times)
+    return {"error": None if tokens >= args.tokens else f"{tokens} tokens in {len(times)} chunks",
+            "times": times, "start": t0, "tokens": tokens}
 
 
 def run_load(url: str, model: str, n_clients: int, args, no_end: dict) -> dict:
@@ -125,7 +134,7 @@ def run_load(url: str, model: str, n_clients: int, args, no_end: dict) -> dict:
         thread.join()
     start = min(r["start"] for r in results)
     end = max([r["times"][-1] for r in results if r["times"]] or [start])
-    tokens = sum(len(r["times"]) for r in results)
+    tokens = sum(r["tokens"] for r in results)
     ttft = [r["times"][0] - r["start"] for r in results if r["times"]]
     itl = [b - a for r in results for a, b in zip(r["times"], r["times"][1:])]
     return {"clients": n_clients, "requests": len(results), "tokens": tokens,

@@ -108,7 +108,7 @@ def test_a_step_of_generated_tokens_gives_each_row_the_logits_of_one_token_steps
         # Past 8 the rounding is ggml's batch kernels': with this wider K-quant
         # model and an f16 cache, its batched attention differs by up to 0.03.
         # The claim past 8 (tinyBLAS on 16 columns) is the other types'.
-        widths = (2, 3, 5, 8) if wtype == "q6_k" else (2, 3, 5, 8, 11, 15)
+        widths = (1, 2, 3, 5, 8) if wtype == "q6_k" else (1, 2, 3, 5, 8, 11, 15)
         _generated_steps_against_one_token_steps(llm, cfg.n_vocab, widths)
 
 
@@ -130,6 +130,8 @@ def test_small_batch_kernels_serve_plain_weights_of_their_types_where_the_cpu_ha
             assert ops["CUSTOM"] == matmuls + ops["CPY"] and ops["CPY"] == 4 * cfg.n_layer + 1
         else:
             assert "CUSTOM" not in ops and ops["MUL_MAT"] == matmuls + 2 * cfg.n_layer
+        ctx.decode([9], [0], True, decode_kernels=True)   # one generated token: the same kernels
+        assert ("CUSTOM" in ctx.step_ops()) == ("CUSTOM" in ops)
         ctx.cache.seq_rm(0, 0)
         ctx.decode([5, 6, 7, 8], [0, 0, 0, 0], True)   # a prompt keeps ggml's batch kernels
         assert "CUSTOM" not in ctx.step_ops()
@@ -139,7 +141,7 @@ def test_small_batch_kernels_serve_plain_weights_of_their_types_where_the_cpu_ha
 def test_qwen_steps_of_generated_tokens_are_one_token_steps_bit_for_bit(qwen_path):
     # Q5_0 (widened), Q8_0, Q6_K and repacked Q4_K weights, an f16 cache.
     with elelem.LLM(qwen_path, n_ctx=256, n_threads=2, n_seq_max=2, amx=False) as llm:  # as above
-        _generated_steps_against_one_token_steps(llm, llm.n_vocab, (2, 4, 7, 8))
+        _generated_steps_against_one_token_steps(llm, llm.n_vocab, (1, 2, 4, 7, 8))
 
 
 def test_generation_stops_at_stop_ids(tiny_model):

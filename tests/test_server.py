@@ -512,7 +512,7 @@ def test_usage_reports_the_drafted_tokens(server, client, model_id):
     assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens > 0
 
 
-def test_serve_passes_the_speculation_switches_to_the_models(monkeypatch, smollm_path):
+def test_serve_passes_the_speculation_and_attention_switches_to_the_models(monkeypatch, smollm_path):
     import types
 
     import elelem.server.serving
@@ -521,13 +521,17 @@ def test_serve_passes_the_speculation_switches_to_the_models(monkeypatch, smollm
     apps = []
     monkeypatch.setattr(elelem.server.serving, "serve", lambda app, **where: apps.append(app) or 0)
     assert main(["serve", "--model", str(smollm_path), "--no-speculative"]) == 0
-    assert main(["serve", "--model", str(smollm_path), "--draft-model", str(smollm_path)]) == 0
+    assert main(["serve", "--model", str(smollm_path), "--draft-model", str(smollm_path), "--no-flash-attn"]) == 0
     configs = [app.state.server.registry.config for app in apps]
-    assert [(c.speculative, c.draft_model) for c in configs] == [(False, None), (True, str(smollm_path))]
+    assert [(c.speculative, c.draft_model, c.flash_attn) for c in configs] == [
+        (False, None, True), (True, str(smollm_path), False)]
     opened = []
     fake = types.SimpleNamespace(tokenizer=None, chat_template=None, closed=False)
-    ModelRegistry(configs[1], open_llm=lambda source, **options: opened.append(options) or fake).default.load()
-    assert opened[0]["speculative"] is True and opened[0]["draft_model"] == str(smollm_path)
+    for config in configs:
+        ModelRegistry(config, open_llm=lambda source, **options: opened.append(options) or fake).default.load()
+    assert opened[1]["speculative"] is True and opened[1]["draft_model"] == str(smollm_path)
+    # flash attention by default: every request's token skips the other requests' cells
+    assert [o["flash_attn"] for o in opened] == [True, False]
 
 
 def test_a_restarted_server_loads_the_system_prompt_from_its_prompt_cache(smollm_path, tmp_path):

@@ -246,10 +246,12 @@ cdef class Context:
 
         ``decode_kernels`` says that every token is a generated one (the next
         token of a stream, or a drafted guess): a step of up to 8 tokens then
-        runs its quantized matmuls with the kernels of a one-token step, which
-        are faster there than the batch kernels made for prompts, and whose
-        rounding is that of decoding token by token (graph/blocks.pxi).  A
-        prompt keeps the batch kernels, whose rounding is llama.cpp's for it.
+        runs its quantized matmuls with elelem's small-batch kernels where the
+        CPU has them (kernels/small_batch.h; one token too), else with ggml's
+        kernels of a one-token step -- both faster there than the batch
+        kernels made for prompts, and both rounding as decoding token by
+        token does (graph/blocks.pxi).  A prompt keeps the batch kernels,
+        whose rounding is llama.cpp's for it.
         """
         self._check_open()
         if self.busy:

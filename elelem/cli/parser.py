@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="unload a model after this long without requests (default 5m; -1: never)")
     serve.add_argument("--rpc", default=None, metavar="HOST:PORT,...", type=_rpc_servers,
                        help="split each model's layers over these 'elelem rpc-server's and this CPU")
+    serve.add_argument("--no-flash-attn", dest="flash_attn", action="store_false",
+                       help="attend with mul_mat + softmax, llama-cpp-python's default, instead of ggml's "
+                            "fused kernel (on by default, as in llama.cpp's server: it skips the cells of "
+                            "the other requests, which otherwise every token attends over)")
     serve.add_argument("--grace", type=float, default=10.0, metavar="S",
                        help="on SIGTERM, seconds running requests may take to finish before they are cancelled")
     serve.set_defaults(handler=_command("serve"))

@@ -27,7 +27,7 @@ def main(args: argparse.Namespace) -> int:
     models = [model_path(name) for name in (args.model or [None])]  # known names are pulled first
     config = ServerConfig(models=models, api_key=args.api_key, parallel=args.parallel, n_ctx=args.ctx,
                           n_threads=args.threads, keep_alive=parse_duration(args.keep_alive),
-                          speculative=args.speculative,
+                          speculative=args.speculative, flash_attn=args.flash_attn,
                           prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_size,
                           draft_model=None if args.draft_model is None else model_path(args.draft_model),
                           llm_options={"rpc_servers": args.rpc} if args.rpc else {})

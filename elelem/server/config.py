@@ -21,6 +21,12 @@ class ServerConfig:
     model stays loaded without requests (None: forever).  ``speculative``
     (default on) and ``draft_model`` are the models' ``LLM`` options of those
     names (speculative decoding: the same text, in fewer steps).
+    ``flash_attn`` (default on, unlike ``LLM``'s default; llama.cpp's server
+    turns it on too): the requests share one KV cache, and without ggml's
+    fused kernel every token attends over every request's cells, masked; the
+    fused kernel skips them.  With 8 requests of 100 cells each, a step of
+    their 8 tokens took 76 ms without it and 45 with it (Qwen2.5-Coder-0.5B,
+    2 threads).  The text is then llama.cpp's with flash attention.
     """
 
     models: list[str]
@@ -30,6 +36,7 @@ class ServerConfig:
     n_threads: Optional[int] = None
     keep_alive: Optional[float] = 300.0
     speculative: bool = True
+    flash_attn: bool = True
     draft_model: Optional[str] = None   # a path or known name, for every model served
     prompt_cache: Optional[str] = None  # a folder: LLM(prompt_cache=...), shared by every model served
     prompt_cache_bytes: Optional[int] = None

@@ -133,6 +133,15 @@ cdef inline ggml_tensor * norm_layer(Step * st, ggml_tensor * x, ggml_tensor * w
 # 11 tokens 95 -> 83 ms, 15: 109 -> 91; Gemma-3-270M 11: 74 -> 52.  Other
 # types are left alone: their kernels cost per column (SmolLM2's Q4_1 took
 # 54 ms for 9 columns padded to 16, against 38).
+#
+# Where the CPU has AVX-512 VNNI, elelem's own kernels (kernels/small_batch.h)
+# take the 1 to 8 columns of Q8_0, Q5_0, Q4_0, Q4_1 and Q6_K weights instead:
+# each weight block decoded once for all the columns, with the numbers of
+# ggml's one-column AVX2 kernels.  Measured on 2 cores (AMD EPYC, Zen 5),
+# benchmarks/step_widths.py, ms per step against ggml's one-column kernels:
+# Qwen2.5-Coder-0.5B 2 tokens 16 vs 38, 4: 20 vs 52, 8: 40 vs 75-99;
+# SmolLM2-135M 8: 15.6 vs 33; and a one-token step, which ggml runs through
+# its mul_mat, 14.5 vs 18.6 (SmolLM2 5.1 vs 7.1, Gemma-3-270M 8-9.6 vs 11.3).
 DEF DECODE_KERNEL_COLUMNS = 8
 DEF PADDED_COLUMNS = 16
 
@@ -184,13 +193,15 @@ cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) no
     """x @ w: (n_in, n) -> (n_out, n)."""
     cdef int64_t n = x.ne[1]
     cdef ggml_tensor * y
-    if (not st.decode_kernels or n < 2 or x.ne[2] != 1 or x.ne[3] != 1 or not ggml_is_contiguous(x)
+    if (not st.decode_kernels or x.ne[2] != 1 or x.ne[3] != 1 or not ggml_is_contiguous(x)
             or not (_plain_quantized(w) or _repacked(w))):
         return ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), x)
-    w = widened_weight(st.widened, w, x)
+    w = widened_weight(st.widened, w, x)  # one column keeps the smaller Q5_0 weight
     if (n <= ELELEM_SMALL_BATCH_MAX_COLUMNS and _small_batch_kernels and x.type == GGML_TYPE_F32
             and _plain_quantized(w) and elelem_small_batch_serves(w.type)):
-        return _small_batch(st, w, x)
+        return _small_batch(st, w, x)   # one token too: faster than ggml's mul_mat there, same numbers
+    if n < 2:
+        return ggml_mul_mat(st.ctx, w, x)
     if n <= DECODE_KERNEL_COLUMNS:
         return _one_column_each(st, w, x)
     if n < PADDED_COLUMNS and _cpu_tinyblas_quantized and _tinyblas_type(w.type) and w.extra == NULL:
