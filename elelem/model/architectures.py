@@ -291,6 +291,8 @@ def _rope_freq_scale(gguf: GGUFFile, prefix: str, key: Callable[[str, Any], Any]
     """
     type_key = prefix + "rope.scaling.type"
     kind = gguf.get(type_key, "linear")
+    if not isinstance(kind, str):  # an array, say: its == would compare element by element
+        raise ModelShapeError(f"{type_key} must be a string, got {type(kind).__name__}")
     if kind == "none":
         return 1.0
     if kind != "linear":
