@@ -30,7 +30,7 @@ cdef dict _cpu_choice = {}
 # The loaded CPU module runs quantized matmuls of two or more columns through
 # llamafile's tinyBLAS (x86 with AVX: Q8_0, Q4_0, Q5_0 and IQ4_NL weights).
 cdef bint _cpu_tinyblas_quantized = False
-cdef bint _small_batch_kernels = False    # graph/blocks.pxi: elelem's kernels for 2-8 generated tokens
+cdef bint _small_batch_kernels = False    # graph/blocks.pxi: elelem's kernels for 1-8 generated tokens
 SMALL_BATCH_ENV = "ELELEM_SMALL_BATCH"   # "0": leave those steps to ggml's one-column kernels
 
 

@@ -299,7 +299,7 @@ cdef extern from "ggml.h" nogil:
 
 
 cdef extern from "kernels/small_batch.h" nogil:
-    # elelem's own CPU kernels for steps of 2-8 generated tokens (graph/blocks.pxi)
+    # elelem's own CPU kernels for steps of 1-8 generated tokens (graph/blocks.pxi)
     enum: ELELEM_SMALL_BATCH_MAX_COLUMNS
     int elelem_small_batch_cpu()
     int elelem_small_batch_serves(ggml_type weight)

@@ -16,7 +16,7 @@ cdef struct Step:
     bint decode_kernels     # every token is a generated one: small matmuls as one-token steps run them
     ggml_tensor * paired_of     # the activations last prepared for elelem's small-batch kernels ...
     ggml_tensor * paired        # ... and that preparation, reused by the matmuls that share them (q/k/v, gate/up)
-    ggml_type paired_type       # its quantized type (Q8_0 or Q8_1)
+    ggml_type paired_type       # its quantized type (Q8_0, Q8_1 or Q8_K)
     ggml_tensor * inp_tokens    # I32 (n_tokens)
     ggml_tensor * inp_pos       # I32 (n_tokens): each token's position in its sequence
     ggml_tensor * inp_mask      # (n_kv, n_tokens): 0 or -inf, from the cells; F16 for flash attention, else F32 (as llama.cpp)

@@ -1,4 +1,4 @@
-/* Matmuls of 2 to 8 columns for steps of generated tokens, on x86 CPUs with
+/* Matmuls of 1 to 8 columns for steps of generated tokens, on x86 CPUs with
  * AVX-512 VNNI.  See small_batch.h for what they compute and why.
  *
  * How the arithmetic stays ggml's.  On an AVX2 build, ggml's one-column dot

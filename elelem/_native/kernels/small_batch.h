@@ -1,4 +1,4 @@
-/* Small-batch matmuls for steps of generated tokens (2 to 8 columns).
+/* Small-batch matmuls for steps of generated tokens (1 to 8 columns).
  *
  * A step that carries only generated tokens (several streams' next tokens,
  * or a draft being verified) multiplies each weight by a handful of columns.
@@ -7,7 +7,8 @@
  * while the weights are read once.  These kernels decode each block once for
  * all the columns and give, bit for bit, the numbers ggml's one-column AVX2
  * kernels give (small_batch.c says how), so a batched step rounds exactly as
- * token-by-token decoding does.
+ * token-by-token decoding does.  One column takes them too: they are faster
+ * than ggml's mul_mat for a one-token step, with the same numbers.
  *
  * Used as two ggml custom ops after ggml_cpy() has quantized the columns
  * (with the CPU backend's own quantizer, as its mul_mat does):
