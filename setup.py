@@ -195,8 +195,8 @@ def extensions():
     write_builder_includes()
     core = Extension(
         "elelem._core",  # its sources are the native layer, elelem/_native/
-        sources=["elelem/_native/core.pyx", "elelem/_native/kernels/small_batch.c",
-                 "elelem/_native/kernels/small_batch_q6_k.c"],
+        sources=["elelem/_native/core.pyx"] + [f"elelem/_native/kernels/{name}.c" for name in (
+            "small_batch", "small_batch_avx2", "small_batch_avx512", "small_batch_avx512_q6_k")],
         include_dirs=[str(GGML / "include"), numpy.get_include()],
         language="c++",
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

@@ -116,14 +116,15 @@ def widen_q5_0(requested: Optional[bool], repack: bool, extra_bytes: int) -> boo
 
 def small_batch_status(backend: dict) -> tuple[bool, str]:
     """(on, why) for elelem's own kernels for steps of 1-8 generated tokens
-    (elelem/_native/kernels/small_batch.h): they need AVX-512 VNNI, and give
-    the numbers of the CPU module's one-column kernels only where those are
-    ggml's AVX2 ones."""
+    (elelem/_native/kernels/small_batch.h): they need AVX2, FMA and F16C (and
+    take AVX-512 VNNI where the CPU has it), and give the numbers of the CPU
+    module's one-column kernels only where those are ggml's AVX2 ones."""
     if backend["small_batch_kernels"]:
-        return True, ("Q8_0, Q5_0, Q4_0, Q4_1 and Q6_K matmuls of 1-8 generated tokens decode each weight once "
-                      "for all of them; ELELEM_SMALL_BATCH=0 turns them off")
+        isa = "AVX-512 VNNI" if backend["small_batch_isa"] == "avx512" else "AVX2"
+        return True, (f"{isa}: Q8_0, Q5_0, Q4_0, Q4_1 and Q6_K matmuls of 1-8 generated tokens decode each "
+                      "weight once for all of them; ELELEM_SMALL_BATCH=0 turns them off")
     if not backend["small_batch_cpu"]:
-        return False, "this CPU has no AVX-512 VNNI (with BW, VL and DQ)"
+        return False, "this CPU has no AVX2, FMA or F16C"
     if not {"AVX2", "FMA", "F16C"} <= _compiled_features(backend):
         return False, f"the '{backend['variant']}' CPU module has no AVX2, FMA or F16C"
     return False, "turned off by ELELEM_SMALL_BATCH=0"

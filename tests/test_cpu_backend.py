@@ -139,22 +139,38 @@ def test_amx_reasons():
 
 def test_small_batch_kernels_follow_the_cpu_the_module_and_the_switch():
     avx2 = [("AVX2", "1"), ("FMA", "1"), ("F16C", "1")]
-    base = {"variant": "zen4", "features": avx2, "small_batch_cpu": True, "small_batch_kernels": True}
-    assert small_batch_status(base)[0]
-    assert small_batch_status(dict(base, small_batch_kernels=False, small_batch_cpu=False)) == (
-        False, "this CPU has no AVX-512 VNNI (with BW, VL and DQ)")
+    base = {"variant": "zen4", "features": avx2, "small_batch_cpu": "avx512", "small_batch_isa": "avx512",
+            "small_batch_kernels": True}
+    on, why = small_batch_status(base)
+    assert on and why.startswith("AVX-512 VNNI:")
+    assert small_batch_status(dict(base, small_batch_cpu="avx2", small_batch_isa="avx2"))[1].startswith("AVX2:")
+    assert small_batch_status(dict(base, small_batch_kernels=False, small_batch_cpu="", small_batch_isa="")) == (
+        False, "this CPU has no AVX2, FMA or F16C")
     on, why = small_batch_status(dict(base, variant="sandybridge", features=[("AVX", "1")], small_batch_kernels=False))
     assert not on and "'sandybridge'" in why
     assert "ELELEM_SMALL_BATCH=0" in small_batch_status(dict(base, small_batch_kernels=False))[1]
-    # the core itself: on exactly where the CPU has the instructions, unless switched off
+    # the core itself: the best set the CPU runs, unless switched off or capped
     info = _core.cpu_backend_info()
+    flags = cpu_flags()
+    expected_cpu = ("avx512" if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags else "avx2") \
+        if {"avx2", "fma", "f16c"} <= flags else ""
+    assert info["small_batch_cpu"] == expected_cpu
     compiled = {name for name, value in info["features"] if value == "1"}
-    assert info["small_batch_kernels"] == (info["small_batch_cpu"] and {"AVX2", "FMA", "F16C"} <= compiled
-                                           and os.environ.get("ELELEM_SMALL_BATCH", "") != "0")
-    assert info["small_batch_cpu"] == ({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= cpu_flags())
-    r = _python("-c", "import elelem._core as c; print(c.cpu_backend_info()['small_batch_kernels'])",
-                env_extra={"ELELEM_SMALL_BATCH": "0"})
-    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
+    switch = os.environ.get("ELELEM_SMALL_BATCH", "")
+    on = bool(expected_cpu) and {"AVX2", "FMA", "F16C"} <= compiled and switch != "0"
+    assert info["small_batch_kernels"] == on
+    assert info["small_batch_isa"] == ((expected_cpu if switch != "avx2" else "avx2") if on else "")
+    probe = "import elelem._core as c; i = c.cpu_backend_info(); print(i['small_batch_kernels'], i['small_batch_isa'])"
+    r = _python("-c", probe, env_extra={"ELELEM_SMALL_BATCH": "0"})
+    assert r.returncode == 0 and r.stdout.split() == ["False"], (r.stdout, r.stderr)
+    if on:
+        r = _python("-c", probe, env_extra={"ELELEM_SMALL_BATCH": "avx2"})
+        assert r.returncode == 0 and r.stdout.split() == ["True", "avx2"], (r.stdout, r.stderr)
+    with pytest.raises(ValueError, match="unknown"):
+        _core._set_small_batch_isa("avx3")
+    if expected_cpu != "avx512":
+        with pytest.raises(ValueError, match="cannot run"):
+            _core._set_small_batch_isa("avx512")
 
 
 def test_repack_false_keeps_every_weight_in_place(tiny_model):

@@ -30,8 +30,14 @@ cdef dict _cpu_choice = {}
 # The loaded CPU module runs quantized matmuls of two or more columns through
 # llamafile's tinyBLAS (x86 with AVX: Q8_0, Q4_0, Q5_0 and IQ4_NL weights).
 cdef bint _cpu_tinyblas_quantized = False
-cdef bint _small_batch_kernels = False    # graph/blocks.pxi: elelem's kernels for 1-8 generated tokens
-SMALL_BATCH_ENV = "ELELEM_SMALL_BATCH"   # "0": leave those steps to ggml's one-column kernels
+# graph/blocks.pxi: the instruction set of elelem's kernels for 1-8 generated
+# tokens (kernels/small_batch.h), ELELEM_SMALL_BATCH_NONE when they are off.
+cdef int _small_batch_isa = ELELEM_SMALL_BATCH_NONE
+# "0": leave those steps to ggml's one-column kernels; "avx2": the AVX2
+# kernels even where the CPU has AVX-512 VNNI (for tests and benchmarks).
+SMALL_BATCH_ENV = "ELELEM_SMALL_BATCH"
+SMALL_BATCH_ISAS = {"": ELELEM_SMALL_BATCH_NONE, "avx2": ELELEM_SMALL_BATCH_AVX2,
+                    "avx512": ELELEM_SMALL_BATCH_AVX512}
 
 
 def _variant_name(str path):
@@ -94,15 +100,19 @@ cdef void _load_cpu_backend() except *:
             ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU) == NULL:
         raise ImportError(f"{paths[chosen]} is not a ggml CPU backend elelem can drive")
     _cpu_choice.update(variant=chosen, path=paths[chosen], scores=scores, forced=bool(forced))
-    global _cpu_tinyblas_quantized, _small_batch_kernels
+    global _cpu_tinyblas_quantized, _small_batch_isa
     compiled = {name for name, value in _cpu_features() if value == "1"}
     _cpu_tinyblas_quantized = "LLAMAFILE" in compiled and "AVX" in compiled
     # elelem's kernels give the numbers of the module's one-column kernels only
-    # where those are ggml's AVX2 ones (kernels/small_batch.c).
-    _small_batch_cpu = bool(elelem_small_batch_cpu())
-    _small_batch_kernels = (_small_batch_cpu and {"AVX2", "FMA", "F16C"} <= compiled
-                            and os.environ.get(SMALL_BATCH_ENV, "").strip() != "0")
-    _cpu_choice.update(small_batch_cpu=_small_batch_cpu)
+    # where those are ggml's AVX2 ones (kernels/small_batch_avx2.c).
+    cdef int cpu_isa = elelem_small_batch_cpu()
+    _cpu_choice.update(small_batch_cpu=_isa_name(cpu_isa))
+    requested = os.environ.get(SMALL_BATCH_ENV, "").strip().lower()
+    if requested not in ("", "1", "0", "avx2", "avx512"):
+        _log.warning("%s=%r: expected 0, avx2 or avx512; using the best kernels for this CPU", SMALL_BATCH_ENV, requested)
+    wanted = SMALL_BATCH_ISAS[requested] if requested in ("avx2", "avx512") else cpu_isa
+    _small_batch_isa = ELELEM_SMALL_BATCH_NONE if requested == "0" or not {"AVX2", "FMA", "F16C"} <= compiled \
+        else min(cpu_isa, wanted)
     _log.debug("CPU backend: %s (scores %s)", chosen, scores)
 
 
@@ -179,5 +189,25 @@ def cpu_backend_info():
         "features": _cpu_features(),
         "extra_buffer_types": _cpu_extra_buffer_types(),
         "small_batch_cpu": _cpu_choice["small_batch_cpu"],
-        "small_batch_kernels": bool(_small_batch_kernels),
+        "small_batch_isa": _isa_name(_small_batch_isa),
+        "small_batch_kernels": _small_batch_isa != ELELEM_SMALL_BATCH_NONE,
     }
+
+
+cdef str _isa_name(int isa):
+    return next(name for name, value in SMALL_BATCH_ISAS.items() if value == isa)
+
+
+def _set_small_batch_isa(str name):
+    """Use the small-batch kernels of this instruction set ("" = off) in
+    graphs built from now on; returns the one in use before.  For tests that
+    check the AVX2 kernels on a CPU that would choose AVX-512's."""
+    global _small_batch_isa
+    if name not in SMALL_BATCH_ISAS:
+        raise ValueError(f"unknown small-batch kernels {name!r}: expected one of {sorted(SMALL_BATCH_ISAS)}")
+    cdef int isa = SMALL_BATCH_ISAS[name]
+    if isa > elelem_small_batch_cpu():
+        raise ValueError(f"this CPU cannot run the {name} small-batch kernels")
+    before = _isa_name(_small_batch_isa)
+    _small_batch_isa = isa
+    return before

@@ -301,9 +301,12 @@ cdef extern from "ggml.h" nogil:
 cdef extern from "kernels/small_batch.h" nogil:
     # elelem's own CPU kernels for steps of 1-8 generated tokens (graph/blocks.pxi)
     enum: ELELEM_SMALL_BATCH_MAX_COLUMNS
+    enum: ELELEM_SMALL_BATCH_NONE
+    enum: ELELEM_SMALL_BATCH_AVX2
+    enum: ELELEM_SMALL_BATCH_AVX512
     int elelem_small_batch_cpu()
     int elelem_small_batch_serves(ggml_type weight)
     ggml_type elelem_small_batch_activation_type(ggml_type weight)
-    int64_t elelem_small_batch_prepared_bytes(ggml_type weight, int64_t n_in, int64_t n_columns)
-    void elelem_small_batch_prepare(ggml_tensor * dst, int ith, int nth, void * userdata)
-    void elelem_small_batch_matmul(ggml_tensor * dst, int ith, int nth, void * userdata)
+    int64_t elelem_small_batch_prepared_bytes(int isa, ggml_type weight, int64_t n_in, int64_t n_columns)
+    void elelem_small_batch_prepare(ggml_tensor * dst, int ith, int nth, void * isa)
+    void elelem_small_batch_matmul(ggml_tensor * dst, int ith, int nth, void * isa)

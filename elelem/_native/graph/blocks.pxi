@@ -134,14 +134,16 @@ cdef inline ggml_tensor * norm_layer(Step * st, ggml_tensor * x, ggml_tensor * w
 # types are left alone: their kernels cost per column (SmolLM2's Q4_1 took
 # 54 ms for 9 columns padded to 16, against 38).
 #
-# Where the CPU has AVX-512 VNNI, elelem's own kernels (kernels/small_batch.h)
-# take the 1 to 8 columns of Q8_0, Q5_0, Q4_0, Q4_1 and Q6_K weights instead:
-# each weight block decoded once for all the columns, with the numbers of
-# ggml's one-column AVX2 kernels.  Measured on 2 cores (AMD EPYC, Zen 5),
-# benchmarks/step_widths.py, ms per step against ggml's one-column kernels:
-# Qwen2.5-Coder-0.5B 2 tokens 16 vs 38, 4: 20 vs 52, 8: 40 vs 75-99;
-# SmolLM2-135M 8: 15.6 vs 33; and a one-token step, which ggml runs through
-# its mul_mat, 14.5 vs 18.6 (SmolLM2 5.1 vs 7.1, Gemma-3-270M 8-9.6 vs 11.3).
+# Where the CPU has AVX2 (AVX-512 VNNI or not), elelem's own kernels
+# (kernels/small_batch.h) take the 1 to 8 columns of Q8_0, Q5_0, Q4_0, Q4_1
+# and Q6_K weights instead: each weight block decoded once for all the
+# columns, with the numbers of ggml's one-column AVX2 kernels.  Measured on 2
+# cores, benchmarks/step_widths.py, ms per step against ggml's one-column
+# kernels.  AMD EPYC Zen 5, AVX-512 kernels: Qwen2.5-Coder-0.5B 2 tokens 16
+# vs 38, 4: 20 vs 52, 8: 40 vs 75-99; SmolLM2-135M 8: 15.6 vs 33; and a
+# one-token step, which ggml runs through its mul_mat, 14.5 vs 18.6 (SmolLM2
+# 5.1 vs 7.1, Gemma-3-270M 8-9.6 vs 11.3).  AMD EPYC Zen 3, AVX2 kernels:
+# Qwen 8 tokens 98-101 vs 154-172, SmolLM2 41-48 vs 74-87, one token even.
 DEF DECODE_KERNEL_COLUMNS = 8
 DEF PADDED_COLUMNS = 16
 
@@ -177,16 +179,18 @@ cdef inline ggml_tensor * _small_batch(Step * st, ggml_tensor * w, ggml_tensor *
     decoded once for all of them.  The numbers are those of _one_column_each."""
     cdef ggml_tensor * args[2]
     cdef ggml_type columns_type = elelem_small_batch_activation_type(w.type)
+    cdef void * isa = <void *> <uintptr_t> _small_batch_isa
     if st.paired_of != x or st.paired_type != columns_type:
         args[0] = ggml_cpy(st.ctx, x, ggml_new_tensor_2d(st.ctx, columns_type, x.ne[0], x.ne[1]))
-        st.paired = ggml_custom_4d(st.ctx, GGML_TYPE_I8, elelem_small_batch_prepared_bytes(w.type, x.ne[0], x.ne[1]),
-                                   1, 1, 1, args, 1, elelem_small_batch_prepare, GGML_N_TASKS_MAX, NULL)
+        st.paired = ggml_custom_4d(st.ctx, GGML_TYPE_I8,
+                                   elelem_small_batch_prepared_bytes(_small_batch_isa, w.type, x.ne[0], x.ne[1]),
+                                   1, 1, 1, args, 1, elelem_small_batch_prepare, GGML_N_TASKS_MAX, isa)
         st.paired_of = x
         st.paired_type = columns_type
     args[0] = w
     args[1] = st.paired
     return ggml_custom_4d(st.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 2,
-                          elelem_small_batch_matmul, GGML_N_TASKS_MAX, NULL)
+                          elelem_small_batch_matmul, GGML_N_TASKS_MAX, isa)
 
 
 cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
@@ -197,7 +201,7 @@ cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) no
             or not (_plain_quantized(w) or _repacked(w))):
         return ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), x)
     w = widened_weight(st.widened, w, x)  # one column keeps the smaller Q5_0 weight
-    if (n <= ELELEM_SMALL_BATCH_MAX_COLUMNS and _small_batch_kernels and x.type == GGML_TYPE_F32
+    if (n <= ELELEM_SMALL_BATCH_MAX_COLUMNS and _small_batch_isa != ELELEM_SMALL_BATCH_NONE and x.type == GGML_TYPE_F32
             and _plain_quantized(w) and elelem_small_batch_serves(w.type)):
         return _small_batch(st, w, x)   # one token too: faster than ggml's mul_mat there, same numbers
     if n < 2:

@@ -10,12 +10,17 @@
  * token-by-token decoding does.  One column takes them too: they are faster
  * than ggml's mul_mat for a one-token step, with the same numbers.
  *
+ * Two instruction sets, chosen at run time: AVX-512 VNNI (two columns per
+ * zmm: small_batch_avx512.c) and AVX2 (a column per ymm: small_batch_avx2.c).
+ * Both give the same numbers, ggml's AVX2 ones.
+ *
  * Used as two ggml custom ops after ggml_cpy() has quantized the columns
- * (with the CPU backend's own quantizer, as its mul_mat does):
+ * (with the CPU backend's own quantizer, as its mul_mat does), the ISA
+ * passed as their userdata, (void *) (intptr_t) isa:
  *   prepared = custom(src0 = the Q8_0/Q8_1/Q8_K columns) -> I8, prepared_bytes()
  *   y        = custom(src0 = weight, src1 = prepared) -> F32 (rows, columns)
- * Only for weights in plain host memory, and only where
- * elelem_small_batch_cpu() says the CPU has the instructions. */
+ * Only for weights in plain host memory, and only with an ISA that
+ * elelem_small_batch_cpu() says this CPU runs. */
 #ifndef ELELEM_SMALL_BATCH_H
 #define ELELEM_SMALL_BATCH_H
 
@@ -28,12 +33,18 @@ extern "C" {
 
 #define ELELEM_SMALL_BATCH_MAX_COLUMNS 8
 
-int elelem_small_batch_cpu(void);                      /* AVX-512 F/BW/VL/DQ/VNNI, AVX2, FMA, F16C */
+enum elelem_small_batch_isa {
+    ELELEM_SMALL_BATCH_NONE = 0,
+    ELELEM_SMALL_BATCH_AVX2 = 1,     /* AVX2, FMA, F16C */
+    ELELEM_SMALL_BATCH_AVX512 = 2,   /* and AVX-512 F/BW/VL/DQ/VNNI */
+};
+
+int elelem_small_batch_cpu(void);                      /* the best ISA this CPU runs */
 int elelem_small_batch_serves(enum ggml_type weight);  /* Q8_0, Q5_0, Q4_0, Q4_1, Q6_K */
 enum ggml_type elelem_small_batch_activation_type(enum ggml_type weight);  /* Q8_1 for Q4_1, Q8_K for Q6_K, else Q8_0 */
-int64_t elelem_small_batch_prepared_bytes(enum ggml_type weight, int64_t n_in, int64_t n_columns);
-void elelem_small_batch_prepare(struct ggml_tensor * dst, int ith, int nth, void * userdata);
-void elelem_small_batch_matmul(struct ggml_tensor * dst, int ith, int nth, void * userdata);
+int64_t elelem_small_batch_prepared_bytes(int isa, enum ggml_type weight, int64_t n_in, int64_t n_columns);
+void elelem_small_batch_prepare(struct ggml_tensor * dst, int ith, int nth, void * isa);
+void elelem_small_batch_matmul(struct ggml_tensor * dst, int ith, int nth, void * isa);
 
 #ifdef __cplusplus
 }

@@ -9,15 +9,8 @@
  * hsum8.  Here each zmm carries two columns, so each half does exactly that
  * (vpdpwssd is madd and add in one, on the same exact integers), while the
  * weight's values and scales are unpacked once for every column. */
-#include "small_batch_q6_k.h"
+#include "small_batch_avx512_q6_k.h"
 #include "simd.h"
-
-#include <string.h>
-
-#define QK_K 256
-
-typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; half_bits d; } block_q6_K_t;
-typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K_t;
 
 /* One super-block of a pair of columns, as the matmul reads it. */
 typedef struct {
@@ -52,32 +45,7 @@ void elelem_small_batch_q6_k_prepare(const struct ggml_tensor * x, int ith, int 
     }
 }
 
-/* ggml's get_scale_shuffle: bytes 0-7 scale 2i, bytes 8-15 scale 2i+1. */
-static SMALL_BATCH_TARGET inline __m512i vector_scales(const int8_t * scales, int v) {
-    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_set_epi64x(0x0101010101010101LL * (uint8_t) scales[2 * v + 1],
-                                                            0x0101010101010101LL * (uint8_t) scales[2 * v]));
-    return _mm512_broadcast_i64x4(s16);
-}
-
-/* The 8 vectors of 32 six-bit values, unpacked as ggml unpacks them. */
-static SMALL_BATCH_TARGET inline void unpack_q6(const block_q6_K_t * b, __m256i q[8]) {
-    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
-    for (int j = 0; j < 2; j++) {
-        const __m256i bits1 = _mm256_loadu_si256((const __m256i *) (b->ql + 64 * j));
-        const __m256i bits2 = _mm256_loadu_si256((const __m256i *) (b->ql + 64 * j + 32));
-        const __m256i high = _mm256_loadu_si256((const __m256i *) (b->qh + 32 * j));
-        const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(high, m3), 4);
-        const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(high, _mm256_set1_epi8(12)), 2);
-        const __m256i h2 = _mm256_and_si256(high, _mm256_set1_epi8(48));
-        const __m256i h3 = _mm256_srli_epi16(_mm256_and_si256(high, _mm256_set1_epi8(-64)), 2);
-        q[4 * j + 0] = _mm256_or_si256(_mm256_and_si256(bits1, m15), h0);
-        q[4 * j + 1] = _mm256_or_si256(_mm256_and_si256(bits2, m15), h1);
-        q[4 * j + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits1, 4), m15), h2);
-        q[4 * j + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits2, 4), m15), h3);
-    }
-}
-
-static inline __attribute__((always_inline)) SMALL_BATCH_TARGET void rows_q6_k_pairs(
+static inline __attribute__((always_inline)) SMALL_BATCH_AVX512_TARGET void rows_q6_k_pairs(
         const int NP, int64_t nb, const char * w, size_t w_stride, int64_t r0, int64_t r1,
         const pair_superblock * pb, int64_t n, float * out, size_t out_stride) {
     for (int64_t r = r0; r < r1; r++) {
@@ -93,7 +61,7 @@ static inline __attribute__((always_inline)) SMALL_BATCH_TARGET void rows_q6_k_p
             _Pragma("GCC unroll 4") for (int p = 0; p < NP; p++) sums[p] = _mm512_setzero_si512();
             for (int v = 0; v < 8; v++) {
                 const __m512i values = _mm512_broadcast_i64x4(q[v]);
-                const __m512i scales = vector_scales(b->scales, v);
+                const __m512i scales = _mm512_broadcast_i64x4(q6_vector_scales(b->scales, v));
                 _Pragma("GCC unroll 4") for (int p = 0; p < NP; p++) {
                     const __m512i products = _mm512_maddubs_epi16(values, _mm512_loadu_si512(y[p].values[v]));
                     sums[p] = _mm512_dpwssd_epi32(sums[p], products, scales);
@@ -114,7 +82,7 @@ static inline __attribute__((always_inline)) SMALL_BATCH_TARGET void rows_q6_k_p
     }
 }
 
-SMALL_BATCH_TARGET void elelem_small_batch_q6_k_rows(int64_t nb, const char * w, size_t w_stride, int64_t r0, int64_t r1,
+SMALL_BATCH_AVX512_TARGET void elelem_small_batch_q6_k_rows(int64_t nb, const char * w, size_t w_stride, int64_t r0, int64_t r1,
                                   const void * prepared, int64_t n, float * out, size_t out_stride) {
     const pair_superblock * pb = (const pair_superblock *) prepared;
     switch ((n + 1) / 2) {  /* a constant count of pairs keeps the accumulators in registers */

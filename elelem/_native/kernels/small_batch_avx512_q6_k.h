@@ -1,7 +1,7 @@
-/* Internal to the small-batch kernels: the Q6_K one (small_batch_q6_k.c),
- * called by small_batch.c's entry points. */
-#ifndef ELELEM_SMALL_BATCH_Q6_K_H
-#define ELELEM_SMALL_BATCH_Q6_K_H
+/* Internal to the small-batch kernels: the AVX-512 Q6_K one (small_batch_avx512_q6_k.c),
+ * called by small_batch_avx512.c's entry points. */
+#ifndef ELELEM_SMALL_BATCH_AVX512_Q6_K_H
+#define ELELEM_SMALL_BATCH_AVX512_Q6_K_H
 
 #include <stddef.h>
 #include <stdint.h>
