@@ -21,8 +21,8 @@
 /* One 32-value block of one column, as the matmul reads it. */
 typedef struct {
     int8_t values[BLOCK];
-    float scale;   /* d */
-    float sum;     /* Q8_1's s (for Q4_1), else 0 */
+    float scale[8];   /* d, in every lane: the product with the weight's d is then one vmulps */
+    float sum;        /* Q8_1's s (for Q4_1), else 0 */
 } column_block;
 
 /* One Q8_K super-block of one column. */
@@ -41,17 +41,19 @@ int64_t elelem_small_batch_avx2_prepared_bytes(enum ggml_type weight, int64_t n_
 
 static TARGET void prepare_block(const struct ggml_tensor * x, int64_t c, int64_t ib, column_block * out) {
     const char * row = (const char *) x->data + c * x->nb[1];
+    half_bits d;
     if (x->type == GGML_TYPE_Q8_1) {
         const block_q8_1_t * b = (const block_q8_1_t *) row + ib;
         memcpy(out->values, b->qs, BLOCK);
-        out->scale = half_to_float(b->d);
+        d = b->d;
         out->sum = half_to_float(b->s);
     } else {
         const block_q8_0_t * b = (const block_q8_0_t *) row + ib;
         memcpy(out->values, b->qs, BLOCK);
-        out->scale = half_to_float(b->d);
+        d = b->d;
         out->sum = 0.0f;
     }
+    _mm256_storeu_ps(out->scale, _mm256_set1_ps(half_to_float(d)));
 }
 
 static void prepare_superblock(const struct ggml_tensor * x, int64_t c, int64_t ib, column_superblock * out) {
@@ -92,13 +94,13 @@ static inline __attribute__((always_inline)) TARGET void NAME##_columns(        
             const BLOCK_T * b = &xb[ib];                                                                \
             UNPACK;                                                                                     \
             const __m256i ax = SIGNED ? _mm256_sign_epi8(qx, qx) : qx;                                  \
-            const float dw = half_to_float(b->d);                                                       \
+            const __m256 dw = _mm256_set1_ps(half_to_float(b->d));                                      \
             const column_block * y = &cb[ib * N];                                                       \
             _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {                                       \
                 const __m256i yv = _mm256_loadu_si256((const __m256i *) y[c].values);                   \
                 const __m256i sy = SIGNED ? _mm256_sign_epi8(yv, qx) : yv;                              \
                 const __m256i lanes = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(ax, sy));            \
-                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y[c].scale), _mm256_cvtepi32_ps(lanes), acc[c]); \
+                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(y[c].scale)), _mm256_cvtepi32_ps(lanes), acc[c]); \
                 ADD_MIN;                                                                                \
             }                                                                                           \
         }                                                                                               \
