@@ -247,7 +247,7 @@ cdef class Context:
         ``decode_kernels`` says that every token is a generated one (the next
         token of a stream, or a drafted guess): a step of up to 8 tokens then
         runs its quantized matmuls with elelem's small-batch kernels where the
-        CPU has AVX2 (kernels/small_batch.h; one token too), else with ggml's
+        CPU has AVX2 (kernels/small_batch.h; one token too with AVX-512), else with ggml's
         kernels of a one-token step -- both faster there than the batch
         kernels made for prompts, and both rounding as decoding token by
         token does (graph/blocks.pxi).  A prompt keeps the batch kernels,

@@ -201,9 +201,12 @@ cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) no
             or not (_plain_quantized(w) or _repacked(w))):
         return ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), x)
     if (n <= ELELEM_SMALL_BATCH_MAX_COLUMNS and _small_batch_isa != ELELEM_SMALL_BATCH_NONE and x.type == GGML_TYPE_F32
+            and (n >= 2 or _small_batch_isa == ELELEM_SMALL_BATCH_AVX512)
             and _plain_quantized(w) and elelem_small_batch_serves(w.type)):
-        # One token too: faster than ggml's mul_mat there, same numbers.  A
-        # Q5_0 weight stays narrow: its blocks are unpacked once for all the
+        # One token too with AVX-512: faster than ggml's mul_mat there, same
+        # numbers.  The AVX2 kernels are only even with it for one token (Zen
+        # 3, step_widths.py: 0.90-1.05x), so it keeps ggml's there.  A Q5_0
+        # weight stays narrow: its blocks are unpacked once for all the
         # columns, so its Q8_0 copy would only be more bytes to read (Qwen, 8
         # tokens on Zen 3: 86-96 ms against 95-105 with the copies).
         return _small_batch(st, w, x)

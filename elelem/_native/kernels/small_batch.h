@@ -6,9 +6,10 @@
  * decoding every weight block again: compute that grows with the columns
  * while the weights are read once.  These kernels decode each block once for
  * all the columns and give, bit for bit, the numbers ggml's one-column AVX2
- * kernels give (small_batch.c says how), so a batched step rounds exactly as
- * token-by-token decoding does.  One column takes them too: they are faster
- * than ggml's mul_mat for a one-token step, with the same numbers.
+ * kernels give (small_batch_avx512.c says how), so a batched step rounds
+ * exactly as token-by-token decoding does.  They take one column too (the
+ * graph builder uses that with AVX-512, where it is faster than ggml's
+ * mul_mat for a one-token step, with the same numbers).
  *
  * Two instruction sets, chosen at run time: AVX-512 VNNI (two columns per
  * zmm: small_batch_avx512.c) and AVX2 (a column per ymm: small_batch_avx2.c).
