@@ -116,16 +116,16 @@ def small_batch_isa(request):
 
 
 @pytest.mark.parametrize("kv_type", ["f32", "f16"])
-@pytest.mark.parametrize("wtype", ["q8_0", "q5_0", "q4_0", "q4_1", "q6_k"])
+@pytest.mark.parametrize("wtype", ["q8_0", "q5_0", "q4_0", "q4_1", "q6_k", "q4_k"])
 def test_a_step_of_generated_tokens_gives_each_row_the_logits_of_one_token_steps(tiny_model, wtype, kv_type,
                                                                                  small_batch_isa):
     # decode_kernels=True: up to 8 generated tokens get each matmul column --
-    # attention's too, and repacked weights' (q4_0) -- rounded as a one-token
-    # step rounds it (graph/blocks.pxi): by elelem's small-batch kernels where
-    # the CPU has them (q8_0, q5_0, q4_1 and q6_k here; AVX-512's and AVX2's
-    # on a CPU with AVX-512 VNNI), else by ggml's
-    # one-column kernels; so bit for bit.  9 to 15 run tinyBLAS on 16 columns
-    # (zeros added), rounded as tinyBLAS rounds.
+    # attention's too, and repacked weights' (q4_0, q4_k) -- rounded as a
+    # one-token step rounds it (graph/blocks.pxi): by elelem's small-batch
+    # kernels where the CPU has them (q8_0, q5_0, q4_1 and q6_k here, AVX-512's
+    # and AVX2's on a CPU with AVX-512 VNNI; q4_k repacked, against ggml's
+    # gemv), else by ggml's one-column kernels; so bit for bit.  9 to 15 run
+    # tinyBLAS on 16 columns (zeros added), rounded as tinyBLAS rounds.
     cfg = _batched_config(wtype)
     path, _ = tiny_model(cfg)
     # amx=False: on a CPU with AMX, weights in AMX tiles run AMX's own kernels,
@@ -135,13 +135,13 @@ def test_a_step_of_generated_tokens_gives_each_row_the_logits_of_one_token_steps
         # batched attention can differ (by 0.03 for q6_k on Zen 5, for q4_0 at
         # 11 tokens on Zen 3), so the claim past 8 (tinyBLAS on 16 columns) is
         # checked with an f32 cache, and for the types tinyBLAS serves.
-        past_8 = (11, 15) if kv_type == "f32" and wtype != "q6_k" else ()
+        past_8 = (11, 15) if kv_type == "f32" and wtype not in ("q6_k", "q4_k") else ()
         widths = (1, 2, 3, 5, 8) + past_8
         _generated_steps_against_one_token_steps(llm, cfg.n_vocab, widths)
 
 
-@pytest.mark.parametrize("wtype", ["q8_0", "q5_0", "q4_1", "q6_k", "q4_0"])
-def test_small_batch_kernels_serve_plain_weights_of_their_types_where_the_cpu_has_them(tiny_model, wtype):
+@pytest.mark.parametrize("wtype", ["q8_0", "q5_0", "q4_1", "q6_k", "q4_0", "q4_k"])
+def test_small_batch_kernels_serve_the_weights_of_their_types_where_the_cpu_has_them(tiny_model, wtype):
     cfg = _batched_config(wtype)
     path, _ = tiny_model(cfg)
     with elelem.LLM(path, n_threads=2, n_seq_max=4, amx=False) as llm:
@@ -150,16 +150,21 @@ def test_small_batch_kernels_serve_plain_weights_of_their_types_where_the_cpu_ha
         ctx.decode([5, 6, 7, 8], [0, 1, 2, 3], True, decode_kernels=True)
         ops = ctx.step_ops()
         backend = cpu_backend_info()
-        repacked = wtype == "q4_0" and "CPU_REPACK" in backend["extra_buffer_types"]  # its gemv serves those
-        if backend["small_batch_kernels"] and not repacked:
+        repacked = wtype in ("q4_0", "q4_k") and "CPU_REPACK" in backend["extra_buffer_types"]
+        if backend["small_batch_kernels"] and wtype == "q4_k" and repacked:
+            # one custom op a matmul, reading its own Q8_K copy of the columns
+            assert ops.get("MUL_MAT", 0) == 2 * cfg.n_layer
+            assert ops["CUSTOM"] == matmuls and ops["CPY"] == matmuls
+        elif backend["small_batch_kernels"] and not repacked:
             # two custom ops a matmul: the preparation of its columns (shared by
             # q/k/v and by gate/up) and the product; attention's two stay ggml's
             assert ops.get("MUL_MAT", 0) == 2 * cfg.n_layer
             assert ops["CUSTOM"] == matmuls + ops["CPY"] and ops["CPY"] == 4 * cfg.n_layer + 1
-        else:
+        else:   # repacked q4_0: ggml's gemv, one column each
             assert "CUSTOM" not in ops and ops["MUL_MAT"] == matmuls + 2 * cfg.n_layer
-        ctx.decode([9], [0], True, decode_kernels=True)   # one generated token: the same kernels with AVX-512's
-        assert ("CUSTOM" in ctx.step_ops()) == ("CUSTOM" in ops and backend["small_batch_isa"] == "avx512")
+        ctx.decode([9], [0], True, decode_kernels=True)   # one generated token: ggml's gemv for repacked
+        plain_kernels = "CUSTOM" in ops and not repacked   # weights, the same kernels with AVX-512's
+        assert ("CUSTOM" in ctx.step_ops()) == (plain_kernels and backend["small_batch_isa"] == "avx512")
         ctx.cache.seq_rm(0, 0)
         ctx.decode([5, 6, 7, 8], [0, 0, 0, 0], True)   # a prompt keeps ggml's batch kernels
         assert "CUSTOM" not in ctx.step_ops()

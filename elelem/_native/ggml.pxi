@@ -19,6 +19,8 @@ cdef extern from "ggml.h" nogil:
         GGML_TYPE_Q4_0
         GGML_TYPE_Q5_0
         GGML_TYPE_Q8_0
+        GGML_TYPE_Q4_K
+        GGML_TYPE_Q8_K
         GGML_TYPE_IQ4_NL
         GGML_TYPE_I8
         GGML_TYPE_I32
@@ -310,3 +312,4 @@ cdef extern from "kernels/small_batch.h" nogil:
     int64_t elelem_small_batch_prepared_bytes(int isa, ggml_type weight, int64_t n_in, int64_t n_columns)
     void elelem_small_batch_prepare(ggml_tensor * dst, int ith, int nth, void * isa)
     void elelem_small_batch_matmul(ggml_tensor * dst, int ith, int nth, void * isa)
+    void elelem_small_batch_q4_k_matmul(ggml_tensor * dst, int ith, int nth, void * weight)

@@ -144,6 +144,12 @@ cdef inline ggml_tensor * norm_layer(Step * st, ggml_tensor * x, ggml_tensor * w
 # one-token step, which ggml runs through its mul_mat, 14.5 vs 18.6 (SmolLM2
 # 5.1 vs 7.1, Gemma-3-270M 8-9.6 vs 11.3).  AMD EPYC Zen 3, AVX2 kernels:
 # Qwen 8 tokens 98-101 vs 154-172, SmolLM2 41-48 vs 74-87, one token even.
+#
+# Q4_K weights that ggml repacked (CPU_REPACK) take 2 to 8 columns through
+# elelem's kernel for that layout (kernels/small_batch_q4_k.c, AVX2, with
+# the numbers of ggml's gemv), not a gemv per column: Qwen's 12 Q4_K
+# ffn_down, on Zen 3, 8 tokens 63-79 -> 60-66 ms a step, 4 tokens 39-41 ->
+# 36-40.  One token keeps ggml's gemv.
 DEF DECODE_KERNEL_COLUMNS = 8
 DEF PADDED_COLUMNS = 16
 
@@ -193,6 +199,24 @@ cdef inline ggml_tensor * _small_batch(Step * st, ggml_tensor * w, ggml_tensor *
                           elelem_small_batch_matmul, GGML_N_TASKS_MAX, isa)
 
 
+cdef inline bint _repacked_q4_k(const ggml_tensor * w) noexcept:
+    """A Q4_K weight ggml's CPU backend repacked: on x86 with AVX2 its layout
+    is block_q4_Kx8 (kernels/small_batch_q4_k.c reads it)."""
+    return w.type == GGML_TYPE_Q4_K and w.ne[1] % 8 == 0 and _repacked(w)
+
+
+cdef inline ggml_tensor * _small_batch_q4_k(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
+    """x @ w for a repacked Q4_K weight by elelem's kernel: the columns
+    quantized to Q8_K by the CPU backend (as its mul_mat does), then every
+    interleaved block unpacked once for all of them, with the numbers of the
+    one-column gemv of _one_column_each.  The weight travels as the op's
+    userdata: the CPU backend would refuse an op with a repacked source."""
+    cdef ggml_tensor * args[1]
+    args[0] = ggml_cpy(st.ctx, x, ggml_new_tensor_2d(st.ctx, GGML_TYPE_Q8_K, x.ne[0], x.ne[1]))
+    return ggml_custom_4d(st.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 1,
+                          elelem_small_batch_q4_k_matmul, GGML_N_TASKS_MAX, <void *> w)
+
+
 cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
     """x @ w: (n_in, n) -> (n_out, n)."""
     cdef int64_t n = x.ne[1]
@@ -210,6 +234,9 @@ cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) no
         # columns, so its Q8_0 copy would only be more bytes to read (Qwen, 8
         # tokens on Zen 3: 86-96 ms against 95-105 with the copies).
         return _small_batch(st, w, x)
+    if (2 <= n <= ELELEM_SMALL_BATCH_MAX_COLUMNS and _small_batch_isa != ELELEM_SMALL_BATCH_NONE
+            and x.type == GGML_TYPE_F32 and _repacked_q4_k(w)):
+        return _small_batch_q4_k(st, w, x)
     w = widened_weight(st.widened, w, x)  # one column keeps the smaller Q5_0 weight
     if n < 2:
         return ggml_mul_mat(st.ctx, w, x)

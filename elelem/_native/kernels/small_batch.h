@@ -47,6 +47,15 @@ int64_t elelem_small_batch_prepared_bytes(int isa, enum ggml_type weight, int64_
 void elelem_small_batch_prepare(struct ggml_tensor * dst, int ith, int nth, void * isa);
 void elelem_small_batch_matmul(struct ggml_tensor * dst, int ith, int nth, void * isa);
 
+/* Q4_K weights that ggml's CPU backend repacked (CPU_REPACK: block_q4_Kx8 on
+ * x86 with AVX2), 1 to 8 columns, with the numbers of its one-column gemv
+ * (small_batch_q4_k.c); the CPU must have AVX2, FMA and F16C:
+ *   y = custom(src0 = the Q8_K columns) -> F32 (rows, columns), the weight
+ *       tensor as userdata.
+ * The weight is no source of the op: the CPU backend accepts no op but its
+ * own matmuls on a tensor in a repack buffer. */
+void elelem_small_batch_q4_k_matmul(struct ggml_tensor * dst, int ith, int nth, void * weight);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,155 @@
+/* Steps of 2 to 8 generated tokens through Q4_K weights that ggml's CPU
+ * backend repacked (its CPU_REPACK buffer on x86 with AVX2: block_q4_Kx8,
+ * eight rows' super-blocks interleaved).
+ *
+ * A one-token step multiplies such a weight by its column with ggml's
+ * ggml_gemv_q4_K_8x8_q8_K, whose x86 code is AVX2 (with AVX-512 too); a step
+ * of N tokens ran that once per column (graph/blocks.pxi), unpacking every
+ * block N times.  This kernel unpacks each block once for all the columns
+ * and gives each column, bit for bit, what that gemv gives it:
+ * - the same unsigned-nibble x signed-byte maddubs, summed in int16 lanes
+ *   (wrapping adds, so their order cannot change the sum), times the
+ *   sub-blocks' 6-bit scales by madd into int32 lanes, the rows in the
+ *   gemv's lane order (0 4 1 5 2 6 3 7);
+ * - the mins as madd of the column's sub-block sums (pairs of its Q8_K
+ *   bsums, hadd) by the rows' 6-bit mins, rows in order;
+ * - per super-block the same two fma, by d_weight * d_column and
+ *   dmin_weight * d_column; at the end the same permute and subtraction.
+ * The columns are the CPU backend's own Q8_K quantization of them (a
+ * ggml_cpy, as its mul_mat quantizes them), read as they lie. */
+#include "small_batch.h"
+#include "simd.h"
+
+#define TARGET SMALL_BATCH_AVX2_TARGET
+#define ROWS 8   /* rows interleaved in a block_q4_Kx8 */
+
+typedef struct {
+    half_bits d[ROWS];
+    half_bits dmin[ROWS];
+    uint8_t scales[96];      /* per sub-block pair: 12 bytes for the first, 12 for the second */
+    uint8_t qs[QK_K * ROWS / 2];
+} block_q4_Kx8_t;
+
+/* One sub-block's 6-bit scales (bytes 0-7, one a row) and mins (bytes 8-15)
+ * from its 12 packed bytes: the low 6 bits of bytes 0-3 and 4-7 are rows
+ * 0-3's scales and mins, and rows 4-7 take bytes 8-11's nibbles plus the
+ * top 2 bits of bytes 0-7. */
+static inline __m128i scales_and_mins(const uint8_t * packed) {
+    uint32_t u[3];
+    memcpy(u, packed, sizeof u);
+    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+    const uint32_t scales_0_3 = u[0] & low6, mins_0_3 = u[1] & low6;
+    const uint32_t scales_4_7 = (u[2] & low4) | (((u[0] >> 6) & low2) << 4);
+    const uint32_t mins_4_7 = ((u[2] >> 4) & low4) | (((u[1] >> 6) & low2) << 4);
+    return _mm_set_epi32((int) mins_4_7, (int) mins_0_3, (int) scales_4_7, (int) scales_0_3);
+}
+
+static inline int32_t load32(const int8_t * p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) TARGET void q4_k_groups(
+        const int N, int64_t nb, const block_q4_Kx8_t * w, int64_t g0, int64_t g1,
+        const struct ggml_tensor * x, float * out, size_t out_stride) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    /* the rows' scales in the int32 lanes' order, twice each (two int16 a lane) */
+    const __m128i scale_order = _mm_set_epi8(7, 7, 3, 3, 6, 6, 2, 2, 5, 5, 1, 1, 4, 4, 0, 0);
+    /* d of rows 0 4 1 5 2 6 3 7, the lanes' order */
+    const __m128i d_order = _mm_set_epi8(15, 14, 7, 6, 13, 12, 5, 4, 11, 10, 3, 2, 9, 8, 1, 0);
+    const __m256i row_order = _mm256_set_epi32(7, 5, 3, 1, 6, 4, 2, 0);
+    const block_q8_K_t * columns[8];
+    _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
+        columns[c] = (const block_q8_K_t *) ((const char *) x->data + c * x->nb[1]);
+    }
+    for (int64_t g = g0; g < g1; g++) {
+        const block_q4_Kx8_t * wg = w + g * nb;
+        __m256 acc[8], acc_min[8];
+        _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
+            acc[c] = _mm256_setzero_ps();
+            acc_min[c] = _mm256_setzero_ps();
+        }
+        for (int64_t ib = 0; ib < nb; ib++) {
+            const block_q4_Kx8_t * b = &wg[ib];
+            __m256i sums[8], min_sums[8];
+            int32_t pair_sums[8][4];   /* a column's sub-block sums, two int16 a sub-block pair */
+            _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
+                sums[c] = min_sums[c] = _mm256_setzero_si256();
+                const __m128i bsums_0_7 = _mm_loadu_si128((const __m128i *) columns[c][ib].bsums);
+                const __m128i bsums_8_15 = _mm_loadu_si128((const __m128i *) (columns[c][ib].bsums + 8));
+                _mm_storeu_si128((__m128i *) pair_sums[c], _mm_hadd_epi16(bsums_0_7, bsums_8_15));
+            }
+            for (int sb = 0; sb < 4; sb++) {   /* sub-blocks 2 sb (low nibbles) and 2 sb + 1 (high) */
+                const __m128i first = scales_and_mins(b->scales + 24 * sb);
+                const __m128i second = scales_and_mins(b->scales + 24 * sb + 12);
+                const __m256i scales[2] = {_mm256_cvtepu8_epi16(_mm_shuffle_epi8(first, scale_order)),
+                                           _mm256_cvtepu8_epi16(_mm_shuffle_epi8(second, scale_order))};
+                const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(first, second));
+                for (int half = 0; half < 2; half++) {
+                    __m256i part[8];
+                    _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) part[c] = _mm256_setzero_si256();
+                    for (int k = 0; k < 4; k++) {
+                        __m256i rows_0_3 = _mm256_loadu_si256((const __m256i *) (b->qs + sb * 256 + 64 * k));
+                        __m256i rows_4_7 = _mm256_loadu_si256((const __m256i *) (b->qs + sb * 256 + 64 * k + 32));
+                        if (half) {
+                            rows_0_3 = _mm256_srli_epi16(rows_0_3, 4);
+                            rows_4_7 = _mm256_srli_epi16(rows_4_7, 4);
+                        }
+                        rows_0_3 = _mm256_and_si256(rows_0_3, m4);
+                        rows_4_7 = _mm256_and_si256(rows_4_7, m4);
+                        /* 4 bytes of each row a lane, rows 0 4 1 5 2 6 3 7: values 8k..8k+3, then 8k+4..8k+7 */
+                        const __m256i even = _mm256_blend_epi32(rows_0_3, _mm256_shuffle_epi32(rows_4_7, 177), 170);
+                        const __m256i odd = _mm256_blend_epi32(_mm256_shuffle_epi32(rows_0_3, 177), rows_4_7, 170);
+                        const int64_t at = sb * 64 + half * 32 + 8 * k;
+                        _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
+                            const int8_t * q = columns[c][ib].qs + at;
+                            part[c] = _mm256_add_epi16(part[c], _mm256_maddubs_epi16(even, _mm256_set1_epi32(load32(q))));
+                            part[c] = _mm256_add_epi16(part[c], _mm256_maddubs_epi16(odd, _mm256_set1_epi32(load32(q + 4))));
+                        }
+                    }
+                    _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
+                        sums[c] = _mm256_add_epi32(sums[c], _mm256_madd_epi16(part[c], scales[half]));
+                    }
+                }
+                _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
+                    min_sums[c] = _mm256_add_epi32(min_sums[c], _mm256_madd_epi16(_mm256_set1_epi32(pair_sums[c][sb]), mins));
+                }
+            }
+            const __m256 d = _mm256_cvtph_ps(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *) b->d), d_order));
+            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) b->dmin));
+            _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
+                const __m256 dc = _mm256_set1_ps(columns[c][ib].d);
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[c]), _mm256_mul_ps(d, dc), acc[c]);
+                acc_min[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_sums[c]), _mm256_mul_ps(dmin, dc), acc_min[c]);
+            }
+        }
+        _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
+            _mm256_storeu_ps(out + c * out_stride + g * ROWS,
+                             _mm256_sub_ps(_mm256_permutevar8x32_ps(acc[c], row_order), acc_min[c]));
+        }
+    }
+}
+
+static TARGET void q4_k_matmul(struct ggml_tensor * dst, int ith, int nth, const struct ggml_tensor * w) {
+    const struct ggml_tensor * x = dst->src[0];
+    const int64_t groups = w->ne[1] / ROWS, nb = w->ne[0] / QK_K;
+    const int64_t g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
+    const block_q4_Kx8_t * wd = (const block_q4_Kx8_t *) w->data;
+    float * out = (float *) dst->data;
+    const size_t stride = dst->nb[1] / sizeof(float);
+    switch (x->ne[1]) {  /* a constant count of columns keeps the accumulators in registers */
+        case 1: q4_k_groups(1, nb, wd, g0, g1, x, out, stride); break;
+        case 2: q4_k_groups(2, nb, wd, g0, g1, x, out, stride); break;
+        case 3: q4_k_groups(3, nb, wd, g0, g1, x, out, stride); break;
+        case 4: q4_k_groups(4, nb, wd, g0, g1, x, out, stride); break;
+        case 5: q4_k_groups(5, nb, wd, g0, g1, x, out, stride); break;
+        case 6: q4_k_groups(6, nb, wd, g0, g1, x, out, stride); break;
+        case 7: q4_k_groups(7, nb, wd, g0, g1, x, out, stride); break;
+        default: q4_k_groups(8, nb, wd, g0, g1, x, out, stride); break;
+    }
+}
+
+void elelem_small_batch_q4_k_matmul(struct ggml_tensor * dst, int ith, int nth, void * weight) {
+    q4_k_matmul(dst, ith, nth, (const struct ggml_tensor *) weight);
+}
