@@ -170,6 +170,61 @@ def test_small_batch_kernels_serve_the_weights_of_their_types_where_the_cpu_has_
         assert "CUSTOM" not in ctx.step_ops()
 
 
+@pytest.mark.parametrize("kv_type", ["f16", "f32"])
+def test_prompts_sharing_a_flash_attention_step_get_the_logits_they_get_alone(tiny_model, kv_type):
+    # A step of 64 rows or more would take ggml's tiled flash-attention kernel,
+    # which rounds otherwise than the one-row kernel a short prompt alone takes;
+    # the graph runs one op per sequence instead (graph/blocks.pxi), so each
+    # prompt of the batch ends with its solo logits, bit for bit.  (Seen on
+    # SmolLM2-135M: 0.6-1.1 apart before.)  Q8_0 weights: tinyBLAS gives a
+    # column the same numbers in a step of any width (f32 weights' kernels
+    # here do not, which is another matter).
+    cfg = TinyConfig(arch="llama", n_embd=64, n_head=4, n_head_kv=2, n_layer=2, seed=3, wtype="q8_0")
+    path, _ = tiny_model(cfg)
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, cfg.n_vocab, n).tolist() for n in (30, 25, 21, 40)]
+    with elelem.LLM(path, kv_type=kv_type, n_threads=2, n_seq_max=4, flash_attn=True, kv_size=1024) as llm:
+        ctx = llm.engine.context
+        alone = []
+        for prompt in prompts:
+            alone.append(ctx.decode(prompt, [0] * len(prompt))[-1])
+            ctx.cache.seq_rm(0, 0)
+        tokens = [t for p in prompts for t in p]
+        seqs = [s for s, p in enumerate(prompts) for _ in p]
+        together = ctx.decode(tokens, seqs)   # the last row of each sequence
+        assert len(tokens) >= 64
+        for s, row in enumerate(together):
+            np.testing.assert_array_equal(row, alone[s], err_msg=f"sequence {s}")
+        assert ctx.step_ops()["FLASH_ATTN_EXT"] == len(prompts) * cfg.n_layer
+        # Decoding on from there: one row each, the one-row kernel, as alone.
+        for s in range(len(prompts)):
+            ctx.cache.seq_rm(s, 0)
+        ctx.decode(tokens, seqs)
+        step = ctx.decode([1, 2, 3, 4], [0, 1, 2, 3], True, decode_kernels=True)
+        for s, prompt in enumerate(prompts):
+            for other in range(len(prompts)):
+                ctx.cache.seq_rm(other, 0)
+            ctx.decode(prompt, [0] * len(prompt))
+            np.testing.assert_array_equal(ctx.decode([s + 1], [0], True)[-1], step[s], err_msg=f"sequence {s}")
+
+
+@pytest.mark.real_model
+def test_qwen_prompts_sharing_a_step_get_their_solo_logits_with_flash_attention(qwen_path):
+    # Flash attention per sequence, and the repacked Q4_K weights' matmuls per
+    # sequence (gemm for 4 columns at a time, gemv for the rest, as alone).
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, 150000, n).tolist() for n in (47, 42, 40, 37)]
+    with elelem.LLM(qwen_path, n_ctx=256, n_threads=2, n_seq_max=4, flash_attn=True, kv_size=1024) as llm:
+        ctx = llm.engine.context
+        alone = []
+        for prompt in prompts:
+            alone.append(ctx.decode(prompt, [0] * len(prompt))[-1])
+            ctx.cache.seq_rm(0, 0)
+        together = ctx.decode([t for p in prompts for t in p], [s for s, p in enumerate(prompts) for _ in p])
+        for s, row in enumerate(together):
+            np.testing.assert_array_equal(row, alone[s], err_msg=f"sequence {s}")
+
+
 @pytest.mark.real_model
 def test_qwen_steps_of_generated_tokens_are_one_token_steps_bit_for_bit(qwen_path):
     # Q5_0 (widened), Q8_0, Q6_K and repacked Q4_K weights, an f16 cache.

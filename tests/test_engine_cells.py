@@ -237,3 +237,31 @@ def test_a_request_that_cannot_fit_waits_for_the_running_one(smollm_path):
         assert 0 < len(llm.new_session().generate_tokens(list(range(1, 50)), 40)) <= 64 - 49 + 1  # the last is never evaluated
         with pytest.raises(elelem.errors.ContextLimitError):
             llm.new_session().generate_tokens(list(range(1, 70)), 4)
+
+
+def test_a_sequences_new_cells_follow_the_cells_it_sees(tiny_model):
+    # Flash attention goes over the cells in order (an online softmax, one cell
+    # after another): a token placed in a free cell below its own prefix would
+    # sum in another order than alone.  So new cells go past the sequence's.
+    path, _ = tiny_model(TinyConfig(wtype="q8_0"))
+    llm = elelem.LLM(path, n_threads=1)
+    rng = np.random.default_rng(5)
+    first, second = rng.integers(0, 96, 10).tolist(), rng.integers(0, 96, 12).tolist()
+    try:
+        context = elelem._core.new_context(llm._model, KV_SIZE, 64, 1, "f16", True, N_SEQ)
+        context.decode(first, 0)        # cells 0-9
+        context.decode(second, 1)       # cells 10-21
+        context.cache.seq_rm(0, 0)      # cells 0-9 free again
+        got = context.decode([7], 1)[0]
+        pos, _, seqs = context.cache.cell_table()
+        assert np.nonzero((seqs == 2) & (pos == 12))[0].tolist() == [22]
+        context.close()
+        context = elelem._core.new_context(llm._model, KV_SIZE, 64, 1, "f16", True, N_SEQ)
+        context.decode(second, 0)
+        np.testing.assert_array_equal(got, context.decode([7], 0)[0])
+        context.decode(first, 1)        # and a sequence alone still fills the lowest free cells
+        pos, _, seqs = context.cache.cell_table()
+        assert np.nonzero(seqs == 2)[0].tolist() == list(range(13, 23))
+        context.close()
+    finally:
+        llm.close()

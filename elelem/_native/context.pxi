@@ -211,10 +211,15 @@ cdef class Context:
             raise
 
     cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs, bint embeddings,
-                           bint decode_kernels) except NULL:
+                           bint decode_kernels, const int32_t * seqs) except NULL:
         cdef Step * st = &self.graph_step
+        cdef int n_runs = 0
+        cdef int run_length[MAX_RUNS]
+        if not decode_kernels:
+            n_runs = _sequence_runs(n_tokens, seqs, run_length)
         if self.graph_ready and st.n_tokens == n_tokens and st.n_kv == n_kv and st.n_outputs == n_outputs \
-                and st.embeddings == embeddings and st.decode_kernels == decode_kernels:
+                and st.embeddings == embeddings and st.decode_kernels == decode_kernels and st.n_runs == n_runs \
+                and memcmp(st.run_length, run_length, n_runs * sizeof(int)) == 0:
             return st
         self._drop_graph()
         memset(st, 0, sizeof(Step))
@@ -223,6 +228,8 @@ cdef class Context:
         st.n_outputs = n_outputs
         st.embeddings = embeddings
         st.decode_kernels = decode_kernels
+        st.n_runs = n_runs
+        memcpy(st.run_length, run_length, n_runs * sizeof(int))
         self._build(st)
         if not self._sched_call(st.gf, 1, "allocating a step's graph"):
             self._drop_graph()
@@ -278,7 +285,7 @@ cdef class Context:
         cdef Step * st
         self.busy = True
         try:
-            st = self._graph_for(n, self.cache.n_kv(), n_outputs, embeddings, decode_kernels)
+            st = self._graph_for(n, self.cache.n_kv(), n_outputs, embeddings, decode_kernels, &seqs[0])
             _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0])
             self._compute()
         except BaseException:
@@ -471,8 +478,11 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
         c.cache = _new_kv_cache(model, cells, seqs, kv, kv_v, not flash_attn, layer_buft, c.rpc_timeout)
     finally:
         free(layer_buft)
-    # Graph metadata: a generous node budget per layer; the arena is reused by every step.
-    c.graph_size = max(<size_t> GGML_DEFAULT_GRAPH_SIZE, <size_t> model.hp.n_layer * 64 + 256)
+    # Graph metadata: a generous node budget per layer, and for a prompt step
+    # split by sequence (graph/blocks.pxi) 5 more nodes a run for attention and
+    # 3 a run for each of 7 matmuls; the arena is reused by every step.
+    c.graph_size = max(<size_t> GGML_DEFAULT_GRAPH_SIZE,
+                       <size_t> model.hp.n_layer * (64 + (5 + 7 * 3) * MAX_RUNS) + 256)
     c.graph_meta_size = ggml_tensor_overhead() * c.graph_size + ggml_graph_overhead_custom(c.graph_size, False)
     c.graph_meta = malloc(c.graph_meta_size)
     if c.graph_meta == NULL:
@@ -498,3 +508,19 @@ cdef void _init_device_backends(Context c, list devices) except *:
         c.backends[c.n_backends] = job.backend
         c.bufts[c.n_backends] = job.buft
         c.n_backends += 1
+
+
+cdef int _sequence_runs(int n, const int32_t * seqs, int * run_length) noexcept:
+    """The lengths of the runs of one sequence's tokens in a step, when there
+    are 2 to MAX_RUNS of them; else 0 (the step is not split)."""
+    cdef int i, runs = 1
+    run_length[0] = 1
+    for i in range(1, n):
+        if seqs[i] == seqs[i - 1]:
+            run_length[runs - 1] += 1
+        elif runs == MAX_RUNS:
+            return 0
+        else:
+            run_length[runs] = 1
+            runs += 1
+    return runs if runs > 1 else 0

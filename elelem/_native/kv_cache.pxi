@@ -179,20 +179,45 @@ cdef class KVCache:
         while self.used_end > 0 and self.cell_seqs[self.used_end - 1] == 0:
             self.used_end -= 1
 
+    cdef int _last_cell(self, int s) noexcept:
+        """The highest cell sequence s sees, -1 if none."""
+        cdef uint64_t bit = (<uint64_t> 1) << s
+        cdef int c = self.used_end - 1
+        while c >= 0 and not (self.cell_seqs[c] & bit):
+            c -= 1
+        return c
+
     cdef int place(self, int n, const int32_t * tokens, const int32_t * seqs, int32_t * cells,
                    int32_t * positions) except -1:
-        """Take ``n`` free cells (lowest first, so one sequence alone fills
-        0, 1, 2, ... as llama.cpp does) for a batch; each token goes to the
-        next position of its sequence.  Raises when too few cells are free."""
+        """Take ``n`` free cells for a batch; each token goes to the next
+        position of its sequence, in the lowest free cell past the cells that
+        sequence already sees (so one sequence alone fills 0, 1, 2, ... as
+        llama.cpp does), else the lowest free one.  Past them, because
+        attention goes over the cells in order (flash attention's online
+        softmax, one cell after another): cells in the order of their
+        positions make a sequence's sums the ones it makes alone, whatever
+        its neighbours, and whichever cells a shared prefix came in.  Raises
+        when too few cells are free."""
         if n > self.kv_size - self.n_used:
             raise errors.KVCacheFullError(
                 f"the KV cache has {self.kv_size - self.n_used} free cells of {self.kv_size}; "
                 f"this step needs {n}")
-        cdef int i, c = 0, s
+        cdef int i, c, s
+        cdef int after[MAX_SEQ]     # per sequence of the batch: the cell to search from
         for i in range(n):
-            while self.cell_seqs[c] != 0:
-                c += 1
+            after[seqs[i]] = -2
+        for i in range(n):
             s = seqs[i]
+            if after[s] == -2:
+                after[s] = self._last_cell(s) + 1
+            c = after[s]
+            while c < self.kv_size and self.cell_seqs[c] != 0:
+                c += 1
+            if c == self.kv_size:   # nothing free past them: the lowest free cell
+                c = 0
+                while self.cell_seqs[c] != 0:
+                    c += 1
+            after[s] = c + 1
             cells[i] = c
             positions[i] = self.seq_length[s]
             self.seq_length[s] += 1
