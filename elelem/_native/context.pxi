@@ -480,7 +480,8 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
         free(layer_buft)
     # Graph metadata: a generous node budget per layer, and for a prompt step
     # split by sequence (graph/blocks.pxi) 5 more nodes a run for attention and
-    # 3 a run for each of 7 matmuls; the arena is reused by every step.
+    # 3 a run for each repacked matmul (7 a layer at most); the arena is reused
+    # by every step.
     c.graph_size = max(<size_t> GGML_DEFAULT_GRAPH_SIZE,
                        <size_t> model.hp.n_layer * (64 + (5 + 7 * 3) * MAX_RUNS) + 256)
     c.graph_meta_size = ggml_tensor_overhead() * c.graph_size + ggml_graph_overhead_custom(c.graph_size, False)
