@@ -48,6 +48,19 @@ log = logging.getLogger("elelem")
 #: Generated tokens a consumer may leave unread before its request pauses:
 #: a stream that is not being read stops computing after a few steps.
 MAX_AHEAD = 8
+#: A reused prefix is a multiple of this many positions.  ggml's repacked
+#: matmuls (Q4_0/Q4_K/IQ4_NL on x86, Q2_K with AVX-512) take a prompt's
+#: columns 4 at a time (gemm) and the last n % 4 one by one (gemv), which
+#: round differently; a prefix cut on that grid leaves the rest of the prompt
+#: on the grid its evaluation afresh would use, so reuse gives the fresh
+#: logits bit for bit (a Qwen2.5-Coder prompt's last logits were 0.13-0.35
+#: apart otherwise).
+REUSE_ALIGNMENT = 4
+#: A new request waits a step for a prefix that another request admitted with
+#: it is about to evaluate, when that saves at least this many positions: many
+#: requests sharing a system prompt evaluate it once and fork it, rather than
+#: every one evaluating it in the same step.
+MIN_SHARED_WAIT = 16
 
 
 @dataclass
@@ -472,6 +485,9 @@ class Engine:
             # near-tie another greedy answer -- than the prompt evaluated afresh.
             limit = _reuse_limit(prompt)
             own, donor, shared = self._prefix_in_memory(request.seq, prompt, limit)
+            if self._prefix_coming(request, limit, shared):
+                request.admitted = False  # admitted at a later step, forking it
+                return
             loaded = self._load_cached_prefix(request, prompt, limit, shared)
             if loaded:
                 shared = loaded
@@ -511,14 +527,30 @@ class Engine:
         holds, and the longest one any sequence holds (``donor``: which other
         one, or None), at most ``limit`` positions.  Under the lock."""
         cache = self._ctx.cache
-        own = min(_common_prefix(cache.seq_tokens(seq), prompt), limit)
+        own = _aligned(min(_common_prefix(cache.seq_tokens(seq), prompt), limit))
         donor, shared = None, own
         for other in self._last_used:
             if other != seq:
-                n = min(_common_prefix(cache.seq_tokens(other), prompt), limit)
+                n = _aligned(min(_common_prefix(cache.seq_tokens(other), prompt), limit))
                 if n > shared:
                     donor, shared = other, n
         return own, donor, shared
+
+    def _prefix_coming(self, request: Request, limit: int, held: int) -> bool:
+        """Whether another admitted request's prompt shares at least
+        MIN_SHARED_WAIT more positions with ``request``'s than the ``held``
+        ones the cache offers (or a prefetched prompt-cache entry), and has
+        yet to evaluate them.  Under the lock."""
+        if request.prefetched is not None:
+            held = max(held, request.prefetched[0].n)
+        cache = self._ctx.cache
+        for other in self._active:
+            if other is request or not other.admitted or other.done or other.prompt is None:
+                continue
+            n = _aligned(min(_common_prefix(other.prompt, request.prompt), limit))
+            if n - held >= MIN_SHARED_WAIT and cache.seq_length_of(other.seq) < n:
+                return True
+        return False
 
     def _prefetch_cached_prefix(self, request: Request) -> None:
         """Read the prompt cache's best entry for a new request's prompt, in
@@ -553,7 +585,8 @@ class Engine:
         else:  # not prefetched (a request driven by another thread's call): read it here
             hit = disk.lookup(prompt, limit)
             entry = None
-        if hit is None or hit.n - held < disk.min_tokens:
+        n = _aligned(hit.n) if hit is not None else 0
+        if n - held < disk.min_tokens:
             return 0
         entry = entry if entry is not None else disk.read(hit)
         if entry is None:
@@ -561,12 +594,12 @@ class Engine:
         cache = self._ctx.cache
         cache.seq_rm(request.seq, 0)
         running = {r.seq for r in self._active if r.admitted} | {request.seq}
-        if self._make_room(hit.n, running) < hit.n:
+        if self._make_room(n, running) < n:
             return 0
-        self._ctx.seq_load(request.seq, prompt[:hit.n], entry[1], hit.stored)
-        disk.record_hit(hit.n)
-        log.debug("prompt cache: loaded %d of %d prompt tokens from %s", hit.n, len(prompt), hit.path.name)
-        return hit.n
+        self._ctx.seq_load(request.seq, prompt[:n], entry[1], hit.stored)
+        disk.record_hit(n)
+        log.debug("prompt cache: loaded %d of %d prompt tokens from %s", n, len(prompt), hit.path.name)
+        return n
 
     def _offer_finished(self) -> None:
         """Offer the sequences whose requests ended in this step to the prompt
@@ -730,6 +763,10 @@ def _common_prefix(a, b) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def _aligned(n: int) -> int:
+    return n - n % REUSE_ALIGNMENT
 
 
 def _reuse_limit(prompt) -> int:
