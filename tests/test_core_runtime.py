@@ -11,6 +11,7 @@ import pytest
 import elelem
 from elelem import _core
 from elelem.cpu import cpu_backend_info
+from elelem.engine.engine import REUSE_ALIGNMENT
 from synthetic import TinyConfig
 
 
@@ -23,8 +24,9 @@ def test_prefix_reuse_evaluates_only_new_tokens(tiny_model):
         before = llm.n_evaluated
         extended = prompt + first + [11, 12]
         llm.generate_tokens(extended, 3)
-        # the cache already held prompt + first[:-1]: first[-1] and the two new tokens are new
-        assert llm.n_evaluated - before == 3 + 2  # 3 prompt tokens, then 2 decode steps
+        # the cache already held prompt + first[:-1] (9 positions), reused as far
+        # as the reuse grid (8: a multiple of REUSE_ALIGNMENT), so 4 prompt tokens
+        assert llm.n_evaluated - before == len(extended) - 9 // REUSE_ALIGNMENT * REUSE_ALIGNMENT + 2
         before = llm.n_evaluated
         again = llm.generate_tokens(prompt, 4)  # a shorter prompt: rewind, re-evaluate its last two tokens
         assert again == first
@@ -165,9 +167,47 @@ def test_small_batch_kernels_serve_the_weights_of_their_types_where_the_cpu_has_
         ctx.decode([9], [0], True, decode_kernels=True)   # one generated token: ggml's gemv for repacked
         plain_kernels = "CUSTOM" in ops and not repacked   # weights, the same kernels with AVX-512's
         assert ("CUSTOM" in ctx.step_ops()) == (plain_kernels and backend["small_batch_isa"] == "avx512")
-        ctx.cache.seq_rm(0, 0)
-        ctx.decode([5, 6, 7, 8], [0, 0, 0, 0], True)   # a prompt keeps ggml's batch kernels
-        assert "CUSTOM" not in ctx.step_ops()
+        # A prompt keeps ggml's batch kernels (tinyBLAS, tiled K-quants, repacked
+        # gemm), but where ggml would run its one-column kernel on every column:
+        # Q4_1 always, Q6_K below the tiled kernel's 8 columns.
+        one_column_prompts = {"q4_1": (4, 9), "q6_k": (4,)}.get(wtype, ()) if plain_kernels else ()
+        for n in (4, 9):
+            ctx.cache.seq_rm(0, 0)
+            ctx.decode(list(range(5, 5 + n)), [0] * n, True)
+            assert ("CUSTOM" in ctx.step_ops()) == (n in one_column_prompts), f"a prompt of {n}"
+
+
+@pytest.mark.parametrize("wtype", ["q4_1", "q6_k"])
+def test_prompts_through_elelem_kernels_get_ggml_s_logits_bit_for_bit(tiny_model, wtype, small_batch_isa):
+    # ggml's mul_mat runs Q4_1 (which tinyBLAS does not take) and Q6_K below
+    # 8 columns (below its tiled K-quant kernel) as the one-column kernel on
+    # every column; elelem's kernels take those products in groups of 8
+    # columns with the same numbers (graph/blocks.pxi, _small_batch_takes).
+    cfg = _batched_config(wtype)
+    path, _ = tiny_model(cfg)
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(0, cfg.n_vocab, n).tolist() for n in (2, 5, 7, 8, 9, 16, 17, 33)]
+
+    def all_rows():
+        with elelem.LLM(path, n_threads=2, n_seq_max=2, amx=False) as llm:
+            ctx = llm.engine.context
+            rows = []
+            for prompt in prompts:
+                rows.append(ctx.decode(prompt, [0] * len(prompt), True))
+                ctx.cache.seq_rm(0, 0)
+            return rows, ctx.step_ops()
+
+    kernels, ops = all_rows()
+    before = _core._set_small_batch_isa("")    # ggml's own mul_mat for every product
+    try:
+        ggml_rows, ggml_ops = all_rows()
+    finally:
+        _core._set_small_batch_isa(before)
+    assert "CUSTOM" not in ggml_ops
+    if wtype == "q4_1":
+        assert "CUSTOM" in ops                    # the 33-token prompt ran the kernels
+    for prompt, got, want in zip(prompts, kernels, ggml_rows):
+        np.testing.assert_array_equal(got, want, err_msg=f"a prompt of {len(prompt)}")
 
 
 @pytest.mark.parametrize("kv_type", ["f16", "f32"])

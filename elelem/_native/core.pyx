@@ -17,7 +17,7 @@ before it reaches ggml: no input may reach a GGML_ASSERT.
 The graph builders live in graph/: shared blocks in blocks.pxi and one
 short builder per architecture in arch_*.pxi, each registering itself.
 """
-from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint8_t, uint32_t, uintptr_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint8_t, uint32_t, uintptr_t, uint64_t, INT64_MAX
 from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset, memcpy, memcmp, strcmp
 from libc.math cimport INFINITY
@@ -32,6 +32,7 @@ cimport numpy as cnp
 include "ggml.pxi"
 import logging
 import os
+import re
 import warnings
 
 import numpy as np

@@ -30,6 +30,10 @@ cdef dict _cpu_choice = {}
 # The loaded CPU module runs quantized matmuls of two or more columns through
 # llamafile's tinyBLAS (x86 with AVX: Q8_0, Q4_0, Q5_0 and IQ4_NL weights).
 cdef bint _cpu_tinyblas_quantized = False
+# ...and K-quant (and IQ) matmuls of this many columns or more through its
+# tiled kernel (ggml-cpu/tiled: x86 with AVX; 8, or 1 with
+# GGML_CPU_TILED_MM_FORCE=1; never with GGML_CPU_TILED_MM=0).
+cdef int64_t _cpu_tiled_min_columns = INT64_MAX
 # graph/blocks.pxi: the instruction set of elelem's kernels for 1-8 generated
 # tokens (kernels/small_batch.h), ELELEM_SMALL_BATCH_NONE when they are off.
 cdef int _small_batch_isa = ELELEM_SMALL_BATCH_NONE
@@ -38,6 +42,15 @@ cdef int _small_batch_isa = ELELEM_SMALL_BATCH_NONE
 SMALL_BATCH_ENV = "ELELEM_SMALL_BATCH"
 SMALL_BATCH_ISAS = {"": ELELEM_SMALL_BATCH_NONE, "avx2": ELELEM_SMALL_BATCH_AVX2,
                     "avx512": ELELEM_SMALL_BATCH_AVX512}
+
+
+def _env_int(str name, int default):
+    """An environment variable read as ggml reads it (atoi: 0 for text)."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    match = re.match(r"\s*[+-]?\d+", value)
+    return int(match.group()) if match else 0
 
 
 def _variant_name(str path):
@@ -100,9 +113,11 @@ cdef void _load_cpu_backend() except *:
             ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU) == NULL:
         raise ImportError(f"{paths[chosen]} is not a ggml CPU backend elelem can drive")
     _cpu_choice.update(variant=chosen, path=paths[chosen], scores=scores, forced=bool(forced))
-    global _cpu_tinyblas_quantized, _small_batch_isa
+    global _cpu_tinyblas_quantized, _cpu_tiled_min_columns, _small_batch_isa
     compiled = {name for name, value in _cpu_features() if value == "1"}
     _cpu_tinyblas_quantized = "LLAMAFILE" in compiled and "AVX" in compiled
+    _cpu_tiled_min_columns = INT64_MAX if "AVX" not in compiled or _env_int("GGML_CPU_TILED_MM", 1) == 0 \
+        else 1 if _env_int("GGML_CPU_TILED_MM_FORCE", 0) == 1 else 8
     # elelem's kernels give the numbers of the module's one-column kernels only
     # where those are ggml's AVX2 ones (kernels/small_batch_avx2.c).
     cdef int cpu_isa = elelem_small_batch_cpu()

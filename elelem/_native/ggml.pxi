@@ -20,6 +20,7 @@ cdef extern from "ggml.h" nogil:
         GGML_TYPE_Q5_0
         GGML_TYPE_Q8_0
         GGML_TYPE_Q4_K
+        GGML_TYPE_Q6_K
         GGML_TYPE_Q8_K
         GGML_TYPE_IQ4_NL
         GGML_TYPE_I8

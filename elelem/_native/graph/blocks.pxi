@@ -183,6 +183,11 @@ cdef inline bint _tinyblas_type(ggml_type t) noexcept:
     return t == GGML_TYPE_Q8_0 or t == GGML_TYPE_Q4_0 or t == GGML_TYPE_Q5_0 or t == GGML_TYPE_IQ4_NL
 
 
+cdef inline bint _ggml_tiled_type(ggml_type t) noexcept:
+    """A weight type of ggml's tiled CPU matmul (ggml-cpu/tiled) that elelem's kernels serve."""
+    return t == GGML_TYPE_Q6_K
+
+
 cdef inline ggml_tensor * _one_column_each(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
     """x @ w as n matrices of one column, w broadcast over them: ggml runs each
     with the kernel of a one-token step (tinyBLAS declines one column), each
@@ -251,6 +256,33 @@ cdef ggml_tensor * _matmul_per_run(Step * st, ggml_tensor * w, ggml_tensor * x) 
     return out
 
 
+cdef inline bint _small_batch_takes(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
+    """Whether elelem's kernels compute x @ w: where they give the numbers
+    ggml's one-column kernels would, and those are the numbers wanted.
+    - A step of 1 to 8 generated tokens: the one-token step's numbers.  One
+      token only with AVX-512: faster than ggml's mul_mat there, same numbers;
+      the AVX2 kernels are only even with it (Zen 3, step_widths.py:
+      0.90-1.05x).  A Q5_0 weight stays narrow: its blocks are unpacked once
+      for all the columns, so its Q8_0 copy would only be more bytes to read
+      (Qwen, 8 tokens on Zen 3: 86-96 ms against 95-105 with the copies).
+    - Any other product of 2 or more columns (a prompt, a step of 9 or more
+      generated tokens) that ggml's mul_mat would run as the one-column
+      kernel on every column: a weight neither tinyBLAS nor ggml's tiled
+      K-quant kernel takes (Q4_1 always, Q6_K below 8 columns).  The kernels
+      give its numbers, in groups of 8 columns (small_batch.c), decoding
+      each block once per group instead of once per column: SmolLM2-135M's
+      512-token prompt 2.4-2.7 s -> 1.26-1.42 on Zen 3, logits unchanged."""
+    cdef int64_t n = x.ne[1]
+    if (_small_batch_isa == ELELEM_SMALL_BATCH_NONE or x.type != GGML_TYPE_F32 or x.ne[2] != 1 or x.ne[3] != 1
+            or not ggml_is_contiguous(x) or not _plain_quantized(w) or not elelem_small_batch_serves(w.type)):
+        return False
+    if st.decode_kernels and n <= ELELEM_SMALL_BATCH_MAX_COLUMNS:
+        return n >= 2 or _small_batch_isa == ELELEM_SMALL_BATCH_AVX512
+    if _cpu_tinyblas_quantized and _tinyblas_type(w.type):
+        return False
+    return 2 <= n < (_cpu_tiled_min_columns if _ggml_tiled_type(w.type) else INT64_MAX)
+
+
 cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
     """x @ w: (n_in, n) -> (n_out, n)."""
     cdef int64_t n = x.ne[1]
@@ -258,19 +290,11 @@ cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) no
     if (st.n_runs > 1 and x.ne[1] == st.n_tokens and _repacked(w) and x.ne[2] == 1 and x.ne[3] == 1
             and ggml_is_contiguous(x)):  # not the output rows: they are no longer the step's runs
         return _matmul_per_run(st, w, x)
+    if _small_batch_takes(st, w, x):
+        return _small_batch(st, w, x)
     if (not st.decode_kernels or x.ne[2] != 1 or x.ne[3] != 1 or not ggml_is_contiguous(x)
             or not (_plain_quantized(w) or _repacked(w))):
         return ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), x)
-    if (n <= ELELEM_SMALL_BATCH_MAX_COLUMNS and _small_batch_isa != ELELEM_SMALL_BATCH_NONE and x.type == GGML_TYPE_F32
-            and (n >= 2 or _small_batch_isa == ELELEM_SMALL_BATCH_AVX512)
-            and _plain_quantized(w) and elelem_small_batch_serves(w.type)):
-        # One token too with AVX-512: faster than ggml's mul_mat there, same
-        # numbers.  The AVX2 kernels are only even with it for one token (Zen
-        # 3, step_widths.py: 0.90-1.05x), so it keeps ggml's there.  A Q5_0
-        # weight stays narrow: its blocks are unpacked once for all the
-        # columns, so its Q8_0 copy would only be more bytes to read (Qwen, 8
-        # tokens on Zen 3: 86-96 ms against 95-105 with the copies).
-        return _small_batch(st, w, x)
     if (2 <= n <= ELELEM_SMALL_BATCH_MAX_COLUMNS and _small_batch_isa != ELELEM_SMALL_BATCH_NONE
             and x.type == GGML_TYPE_F32 and _repacked_q4_k(w)):
         return _small_batch_q4_k(st, w, x)

@@ -1,4 +1,6 @@
-/* Small-batch matmuls for steps of generated tokens (1 to 8 columns).
+/* Small-batch matmuls for steps of generated tokens (1 to 8 columns), and
+ * for the wider products that ggml would run as its one-column kernel on
+ * every column (Q4_1 prompts: graph/blocks.pxi says which), in groups of 8.
  *
  * A step that carries only generated tokens (several streams' next tokens,
  * or a draft being verified) multiplies each weight by a handful of columns.
@@ -32,6 +34,8 @@
 extern "C" {
 #endif
 
+/* The columns the instruction sets' kernels take at once; a wider product
+ * runs as groups of this many (small_batch.c). */
 #define ELELEM_SMALL_BATCH_MAX_COLUMNS 8
 
 enum elelem_small_batch_isa {
