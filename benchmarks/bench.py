@@ -5,9 +5,13 @@
 """
 import argparse
 import json
+import sys
+from pathlib import Path
 
-from elelem.api.benchmark import run_benchmark
-from elelem.model.hub import DEFAULT_MODEL, resolve_model
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's elelem, not site-packages'
+
+from elelem.api.benchmark import run_benchmark  # noqa: E402
+from elelem.model.hub import DEFAULT_MODEL, resolve_model  # noqa: E402
 
 
 def main() -> None:

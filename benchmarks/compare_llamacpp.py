@@ -2,8 +2,9 @@
 """elelem against llama-cpp-python, side by side, on the same GGUF and prompt.
 
     python benchmarks/compare_llamacpp.py [--models qwen2.5-coder-0.5b smollm2-135m gemma3-270m]
-        [--threads 1 2] [--repeats 3] [--llama-python /path/to/venv/bin/python]
+        [--threads 1 2] [--repeats 3] [--llama-python /path/to/venv/bin/python] [--installed]
 
+elelem is this checkout's (``--installed``: the one installed for this Python).
 Each measurement runs in a fresh subprocess (so peak RSS is the engine's own),
 and the two engines alternate run by run.  Reported: medians of load time,
 prefill tok/s (512-token prompt), time to first token, decode tok/s (128
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 N_PROMPT, N_DECODE = 512, 128
 
@@ -47,6 +49,8 @@ def _peak_rss_mb() -> float:
 
 def worker_elelem(path: str, threads: int, options: str = "{}") -> dict:
     import numpy as np
+    if os.environ.get(CHECKOUT_ENV):  # this checkout's elelem, not an installed one
+        sys.path.insert(0, os.environ[CHECKOUT_ENV])
     from elelem import LLM  # imported before the clock starts, as llama_cpp is
     t0 = time.perf_counter()
     llm = LLM(path, n_threads=threads, n_ctx=1024, n_batch=512, **json.loads(options))
@@ -127,6 +131,19 @@ def bytes_per_token(path: str) -> int:
 # --------------------------------------------------------------------------
 # Driver.
 
+REPO = Path(__file__).resolve().parent.parent
+#: Set for an elelem worker that imports the checkout at this path (see checkout_env).
+CHECKOUT_ENV = "ELELEM_BENCH_CHECKOUT"
+
+
+def checkout_env(installed: bool) -> dict:
+    """The environment of an elelem worker: this checkout's elelem, unless
+    ``installed`` (then the one installed for the worker's Python).  A worker
+    started as ``python benchmarks/...`` would otherwise find whatever elelem
+    site-packages holds, since its path starts at benchmarks/."""
+    return {} if installed else {CHECKOUT_ENV: str(REPO)}
+
+
 def run_worker(python: str, kind: str, *args, env: dict | None = None) -> dict:
     cmd = [python, os.path.abspath(__file__), "--worker", kind, *map(str, args)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True,
@@ -142,6 +159,8 @@ def main() -> None:
     ap.add_argument("--llama-python", default=sys.executable,
                     help="a Python interpreter that can import llama_cpp (default: this one)")
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--installed", action="store_true",
+                    help="measure the elelem installed for this Python, not this checkout's")
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -154,6 +173,8 @@ def main() -> None:
             print(json.dumps(fn(rest[0], int(rest[1]), *rest[2:])))
         return
 
+    if not args.installed:
+        sys.path.insert(0, str(REPO))
     from elelem.model.hub import resolve_model
     rows = []
     for threads in args.threads:
@@ -163,7 +184,8 @@ def main() -> None:
             path = str(resolve_model(name))
             runs = {"elelem": [], "llama.cpp": []}
             for _ in range(args.repeats):  # interleaved
-                runs["elelem"].append(run_worker(sys.executable, "elelem", path, threads))
+                runs["elelem"].append(run_worker(sys.executable, "elelem", path, threads,
+                                                 env=checkout_env(args.installed)))
                 runs["llama.cpp"].append(run_worker(args.llama_python, "llamacpp", path, threads))
             med = {eng: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "tokens"}
                    for eng, rs in runs.items()}

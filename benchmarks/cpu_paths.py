@@ -24,14 +24,14 @@ import json
 import statistics
 import sys
 
-from compare_llamacpp import run_worker
+from compare_llamacpp import REPO, checkout_env, run_worker
 
 FIGURES = (("prefill_tok_s", "prefill tok/s"), ("decode_tok_s", "decode tok/s"), ("load_s", "load s"))
 
 
 def configurations(args) -> list[tuple[str, str, str, dict, dict]]:
     """(label, python, worker kind, environment, LLM options)."""
-    out = [("native", sys.executable, "elelem", {}, {})]
+    out = [("native", sys.executable, "elelem", checkout_env(False), {})]  # this checkout's build
     if args.portable_python:
         out.append(("portable", args.portable_python, "elelem", {}, {}))
         for v in args.variants:
@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
 
+    sys.path.insert(0, str(REPO))   # this checkout's elelem
     from elelem.model.hub import resolve_model
     configs = configurations(args)
     results = []

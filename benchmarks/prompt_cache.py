@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's elelem, not site-packages'
+
 N_NEW = 32
 QUESTIONS = {
     "A": "Write a Python function that returns the n-th Fibonacci number.",

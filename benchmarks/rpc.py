@@ -20,10 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from elelem.api.benchmark import run_benchmark
-from elelem.api.devices import check_server
-from elelem.errors import RPCError
-from elelem.model.hub import resolve_model
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # this checkout's elelem, not site-packages'
+
+from elelem.api.benchmark import run_benchmark  # noqa: E402
+from elelem.api.devices import check_server  # noqa: E402
+from elelem.errors import RPCError  # noqa: E402
+from elelem.model.hub import resolve_model  # noqa: E402
 
 
 def free_port() -> int:
@@ -35,7 +38,7 @@ def free_port() -> int:
 def start_server(threads: int):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "elelem", "rpc-server", "--port", str(port),
-                             "--threads", str(threads)], cwd=Path(__file__).parent,
+                             "--threads", str(threads)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 30
