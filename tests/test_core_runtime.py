@@ -61,7 +61,7 @@ def test_steps_from_other_threads_and_other_thread_counts_give_the_same_logits(t
             np.testing.assert_array_equal(rows, want)
 
 
-def _generated_steps_against_one_token_steps(llm, n_vocab: int, widths) -> None:
+def _generated_steps_against_one_token_steps(llm, n_vocab: int, widths, exact: bool = False) -> None:
     """Steps of generated tokens of two interleaved sequences (as streams and
     their drafts share a step) against the same tokens one step each."""
     ctx = llm.engine.context
@@ -82,7 +82,7 @@ def _generated_steps_against_one_token_steps(llm, n_vocab: int, widths) -> None:
         rewind()
         got = ctx.decode(tokens, seqs, True, decode_kernels=True)
         rewind()
-        if n <= 8:
+        if n <= 8 or exact:
             np.testing.assert_array_equal(got, one_by_one, err_msg=f"a step of {n}")
         else:
             np.testing.assert_allclose(got, one_by_one, rtol=1e-5, atol=1e-5, err_msg=f"a step of {n}")
@@ -126,8 +126,9 @@ def test_a_step_of_generated_tokens_gives_each_row_the_logits_of_one_token_steps
     # one-token step rounds it (graph/blocks.pxi): by elelem's small-batch
     # kernels where the CPU has them (q8_0, q5_0, q4_1 and q6_k here, AVX-512's
     # and AVX2's on a CPU with AVX-512 VNNI; q4_k repacked, against ggml's
-    # gemv), else by ggml's one-column kernels; so bit for bit.  9 to 15 run
-    # tinyBLAS on 16 columns (zeros added), rounded as tinyBLAS rounds.
+    # gemv), else by ggml's one-column kernels; so bit for bit.  Past 8 the
+    # kernels take groups of 8 (exact with flash attention: the next test);
+    # other types run tinyBLAS on 16 columns (zeros added).
     cfg = _batched_config(wtype)
     path, _ = tiny_model(cfg)
     # amx=False: on a CPU with AMX, weights in AMX tiles run AMX's own kernels,
@@ -140,6 +141,22 @@ def test_a_step_of_generated_tokens_gives_each_row_the_logits_of_one_token_steps
         past_8 = (11, 15) if kv_type == "f32" and wtype not in ("q6_k", "q4_k") else ()
         widths = (1, 2, 3, 5, 8) + past_8
         _generated_steps_against_one_token_steps(llm, cfg.n_vocab, widths)
+
+
+@pytest.mark.parametrize("wtype", ["q8_0", "q5_0", "q4_1", "q6_k", "q4_k"])
+def test_wide_steps_of_generated_tokens_give_one_token_logits_with_flash_attention(tiny_model, wtype,
+                                                                                   small_batch_isa):
+    # Past 8 tokens (drafts being verified, many streams), elelem's kernels
+    # take the served types' matmuls in groups of 8 columns, and flash
+    # attention's one-row kernel runs below 64 rows: one-token numbers at any
+    # width.  (Without flash attention, attention's products past 8 are
+    # ggml's batched ones; repacked Q4_0 keeps ggml's gemm.)
+    cfg = _batched_config(wtype)
+    path, _ = tiny_model(cfg)
+    with elelem.LLM(path, n_threads=2, n_seq_max=2, amx=False, flash_attn=True) as llm:
+        # without AVX2, FMA and F16C, ggml's batch kernels run past 8: close, not equal
+        _generated_steps_against_one_token_steps(llm, cfg.n_vocab, (9, 16, 20),
+                                                 exact=cpu_backend_info()["small_batch_kernels"])
 
 
 @pytest.mark.parametrize("wtype", ["q8_0", "q5_0", "q4_1", "q6_k", "q4_0", "q4_k"])
@@ -270,6 +287,8 @@ def test_qwen_steps_of_generated_tokens_are_one_token_steps_bit_for_bit(qwen_pat
     # Q5_0 (widened), Q8_0, Q6_K and repacked Q4_K weights, an f16 cache.
     with elelem.LLM(qwen_path, n_ctx=256, n_threads=2, n_seq_max=2, amx=False) as llm:  # as above
         _generated_steps_against_one_token_steps(llm, llm.n_vocab, (1, 2, 4, 7, 8))
+    with elelem.LLM(qwen_path, n_ctx=256, n_threads=2, n_seq_max=2, amx=False, flash_attn=True) as llm:
+        _generated_steps_against_one_token_steps(llm, llm.n_vocab, (12, 20), exact=True)  # groups of 8
 
 
 def test_generation_stops_at_stop_ids(tiny_model):

@@ -137,7 +137,8 @@ cdef inline ggml_tensor * norm_layer(Step * st, ggml_tensor * x, ggml_tensor * w
 # 33, 41, 53, 67, then 80 at 10 but 91 at 12.  Gemma-3-270M: 4 tokens 37 ->
 # 29 ms, 8: 45 -> 42, 12: 53 -> 58.  So up to 8 columns.
 #
-# Past 8, tinyBLAS is kept, but its tiles run 9 to 15 columns slower than 16:
+# Past 8, tinyBLAS is kept for the types elelem's kernels do not serve (below:
+# they take any width in groups of 8), but its tiles run 9 to 15 columns slower than 16:
 # the Q8_0 output head above took 29-38 ms for 9-15 columns against 21 for
 # 16, the Q8_0 copies of its 48 gate and up weights 35-44 against 33.  So a
 # step of 9 to 15 generated tokens gives tinyBLAS's matmuls 16 columns (zeros
@@ -259,7 +260,10 @@ cdef ggml_tensor * _matmul_per_run(Step * st, ggml_tensor * w, ggml_tensor * x) 
 cdef inline bint _small_batch_takes(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
     """Whether elelem's kernels compute x @ w: where they give the numbers
     ggml's one-column kernels would, and those are the numbers wanted.
-    - A step of 1 to 8 generated tokens: the one-token step's numbers.  One
+    - A step of generated tokens: the one-token step's numbers, past 8
+      tokens in groups of 8 columns (a Qwen2.5-Coder step of 12 was 0.35
+      away from one-token steps through tinyBLAS, Gemma-3's 1.6, and took
+      137-147 ms against 284; 33 tokens 360-371 against 477).  One
       token only with AVX-512: faster than ggml's mul_mat there, same numbers;
       the AVX2 kernels are only even with it (Zen 3, step_widths.py:
       0.90-1.05x).  A Q5_0 weight stays narrow: its blocks are unpacked once
@@ -276,7 +280,7 @@ cdef inline bint _small_batch_takes(Step * st, ggml_tensor * w, ggml_tensor * x)
     if (_small_batch_isa == ELELEM_SMALL_BATCH_NONE or x.type != GGML_TYPE_F32 or x.ne[2] != 1 or x.ne[3] != 1
             or not ggml_is_contiguous(x) or not _plain_quantized(w) or not elelem_small_batch_serves(w.type)):
         return False
-    if st.decode_kernels and n <= ELELEM_SMALL_BATCH_MAX_COLUMNS:
+    if st.decode_kernels:
         return n >= 2 or _small_batch_isa == ELELEM_SMALL_BATCH_AVX512
     if _cpu_tinyblas_quantized and _tinyblas_type(w.type):
         return False
@@ -295,7 +299,7 @@ cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) no
     if (not st.decode_kernels or x.ne[2] != 1 or x.ne[3] != 1 or not ggml_is_contiguous(x)
             or not (_plain_quantized(w) or _repacked(w))):
         return ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), x)
-    if (2 <= n <= ELELEM_SMALL_BATCH_MAX_COLUMNS and _small_batch_isa != ELELEM_SMALL_BATCH_NONE
+    if (2 <= n and _small_batch_isa != ELELEM_SMALL_BATCH_NONE
             and x.type == GGML_TYPE_F32 and _repacked_q4_k(w)):
         return _small_batch_q4_k(st, w, x)
     w = widened_weight(st.widened, w, x)  # one column keeps the smaller Q5_0 weight

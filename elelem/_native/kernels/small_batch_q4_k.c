@@ -151,5 +151,15 @@ static TARGET void q4_k_matmul(struct ggml_tensor * dst, int ith, int nth, const
 }
 
 void elelem_small_batch_q4_k_matmul(struct ggml_tensor * dst, int ith, int nth, void * weight) {
-    q4_k_matmul(dst, ith, nth, (const struct ggml_tensor *) weight);
+    /* More than 8 columns: groups of 8, each a product of its own (as small_batch.c's). */
+    const struct ggml_tensor * x = dst->src[0];
+    for (int64_t c = 0; c < x->ne[1]; c += ELELEM_SMALL_BATCH_MAX_COLUMNS) {
+        struct ggml_tensor columns = *x, out = *dst;
+        columns.ne[1] = x->ne[1] - c < ELELEM_SMALL_BATCH_MAX_COLUMNS ? x->ne[1] - c : ELELEM_SMALL_BATCH_MAX_COLUMNS;
+        columns.data = (char *) x->data + c * x->nb[1];
+        out.src[0] = &columns;
+        out.ne[1] = columns.ne[1];
+        out.data = (char *) dst->data + c * dst->nb[1];
+        q4_k_matmul(&out, ith, nth, (const struct ggml_tensor *) weight);
+    }
 }
