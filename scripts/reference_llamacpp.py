@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -167,7 +168,8 @@ def build(fp: dict) -> Path:
                               "-d", str(sdist_dir)], logfile)
             sdist = next(sdist_dir.glob("llama_cpp_python-*.tar.gz"))
             run_logged(pip + ["install", *EXTRA_PACKAGES], logfile)
-            env = dict(os.environ, CMAKE_ARGS=" ".join(fp["cmake_args"]), CMAKE_BUILD_PARALLEL_LEVEL=BUILD_JOBS,
+            # scikit-build-core shlex-splits CMAKE_ARGS: a flags value with spaces must be quoted.
+            env = dict(os.environ, CMAKE_ARGS=shlex.join(fp["cmake_args"]), CMAKE_BUILD_PARALLEL_LEVEL=BUILD_JOBS,
                        FORCE_CMAKE="1")
             env.pop("SOURCE_DATE_EPOCH", None)  # it would turn GGML_NATIVE's default off
             log(f"compiling llama.cpp with CMAKE_ARGS={env['CMAKE_ARGS']!r}, {BUILD_JOBS} jobs")
@@ -186,6 +188,10 @@ def build(fp: dict) -> Path:
             os.chmod(tmp, 0o755)  # mkdtemp made it private
             os.rename(tmp, final)  # atomic on one file system: it is either absent or complete
         except BaseException:
+            failed_log = root / f"{final.name}.failed.log"  # the partial directory goes; its log stays
+            if logfile.exists():
+                shutil.copyfile(logfile, failed_log)
+                log(f"build log kept at {failed_log}")
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         log(f"built in {time.monotonic() - start:.0f} s")
