@@ -2,7 +2,7 @@
 """elelem's CPU kernel paths side by side, with llama-cpp-python as the yardstick.
 
     python benchmarks/cpu_paths.py --llama-python REF/bin/python \
-        [--portable-python dist/work/venv/bin/python] [--variants icelake sapphirerapids] [--amx]
+        [--portable-python dist/work/venv/bin/python] [--variants icelake sapphirerapids] [--amx] [--amx-sets q4_K ...]
         [--models ...] [--threads 1 2] [--repeats 3]
 
 Configurations, each run in fresh subprocesses and interleaved run by run:
@@ -12,6 +12,8 @@ Configurations, each run in fresh subprocesses and interleaved run by run:
   e.g. ``zen4`` or ``icelake`` (AVX-512 repack path) against ``sapphirerapids``;
 - with ``--amx``, ``amx-off`` next to each: the same build with ``amx=False``,
   so AMX and the AVX-512 path are compared on one machine;
+- with ``--amx-sets q4_K q4_K,q6_K``, ``amx=q4_K`` (...) next to each: AMX for
+  those weight types only, to find which types AMX speeds up;
 - ``llama.cpp``: ``--llama-python``'s llama-cpp-python (scripts/reference_llamacpp.py
   builds it; on AMX CPUs without AMX).
 Prints the medians (prefill of 512 tokens, decode of 128) and each one's ratio
@@ -36,8 +38,12 @@ def configurations(args) -> list[tuple[str, str, str, dict, dict]]:
         out.append(("portable", args.portable_python, "elelem", {}, {}))
         for v in args.variants:
             out.append((f"portable:{v}", args.portable_python, "elelem", {"ELELEM_CPU_VARIANT": v}, {}))
+    elelem_configs = list(out)
     if args.amx:
-        out += [(label + " amx-off", py, kind, env, {"amx": False}) for label, py, kind, env, _ in list(out)]
+        out += [(label + " amx-off", py, kind, env, {"amx": False}) for label, py, kind, env, _ in elelem_configs]
+    for types in args.amx_sets:  # AMX for these weight types only, the rest on the AVX-512 path
+        out += [(f"{label} amx={types}", py, kind, env, {"amx": types.split(",")})
+                for label, py, kind, env, _ in elelem_configs]
     if args.llama_python:
         out.append(("llama.cpp", args.llama_python, "llamacpp", {}, {}))
     return out
@@ -51,6 +57,8 @@ def main() -> None:
     ap.add_argument("--portable-python")
     ap.add_argument("--variants", nargs="*", default=[])
     ap.add_argument("--amx", action="store_true", help="add amx=False runs of each elelem configuration")
+    ap.add_argument("--amx-sets", nargs="*", default=[], metavar="TYPES",
+                    help="add runs with AMX for these comma-separated weight types only (q4_K,q6_K)")
     ap.add_argument("--llama-python")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()

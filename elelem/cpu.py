@@ -50,12 +50,20 @@ def cpu_model_name() -> Optional[str]:
     return None
 
 
-def amx_types(amx: Optional[bool]) -> Optional[list[str]]:
+def amx_types(amx) -> Optional[list[str]]:
     """The ``amx_types`` the core takes for ``LLM(amx=...)``: None (every type
-    ggml's AMX kernels take), or the list of types allowed."""
+    ggml's AMX kernels take), or the list of types allowed.  ``amx`` is None
+    (the default choice), a bool, or ggml type names (``{"q4_1", "q8_0"}``)."""
     if amx is None:
         return None if not AMX_SLOWER_TYPES else [t for t in _AMX_KERNEL_TYPES if t not in AMX_SLOWER_TYPES]
-    return None if amx else []
+    if isinstance(amx, bool):
+        return None if amx else []
+    names = [amx] if isinstance(amx, str) else list(amx)
+    unknown = [t for t in names if t not in _AMX_KERNEL_TYPES]
+    if unknown:
+        raise ValueError(f"amx: {', '.join(map(repr, unknown))} not among the types AMX takes "
+                         f"({', '.join(_AMX_KERNEL_TYPES)})")
+    return names
 
 
 # The types ggml's AMX mul_mat has kernels for (qtype_has_amx_kernels in

@@ -186,9 +186,12 @@ AMX_PROMPT = np.random.default_rng(7).integers(0, 96, 40)  # a batch of 40 rows:
 
 @pytest.mark.hardware
 @pytest.mark.skipif(not AMX_ON, reason=f"AMX is off here: {system_info()['amx_reason']}")
-@pytest.mark.parametrize("wtype", ["q8_0"])
-def test_amx_matmul_matches_numpy_and_the_avx512_path(tiny_model, wtype):
-    cfg = TinyConfig(wtype=wtype)
+@pytest.mark.parametrize("wtype, dims", [("q8_0", {}), ("q4_1", {}),
+                                          ("q4_1", dict(n_embd=576, n_ff=1536, n_head=9, n_head_kv=3))])
+def test_amx_matmul_matches_numpy_and_the_avx512_path(tiny_model, wtype, dims):
+    """At SmolLM2-135M's shapes AMX's sums part from the AVX-512 path's (by
+    0.7% of the logits' scale, measured), but they stay as near NumPy's."""
+    cfg = TinyConfig(wtype=wtype, **dims)
     path, weights = tiny_model(cfg)
     want = reference_logits(weights, cfg, AMX_PROMPT)
     with elelem.LLM(path, kv_type="f32", amx=True) as llm:
@@ -202,3 +205,4 @@ def test_amx_matmul_matches_numpy_and_the_avx512_path(tiny_model, wtype):
     assert np.abs(amx - want).max() <= 3e-2 * scale
     assert np.abs(amx - plain).max() <= 1e-2 * scale
     assert (amx.argmax(-1) == want.argmax(-1)).all()
+    assert np.abs(amx - want).max() <= 1.1 * np.abs(plain - want).max()  # as accurate as the AVX-512 path

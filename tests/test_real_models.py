@@ -44,10 +44,14 @@ def _cases(model):
 @pytest.mark.parametrize("model,case", [c for m in SHARED for c in _cases(m)])
 def test_first_16_greedy_tokens_follow_llama_cpp(request, model, case):
     """Teacher-forced over llama.cpp's tokens: at each of the first 16 steps
-    elelem's greedy choice is llama.cpp's, or a near-tie with it."""
+    elelem's greedy choice is llama.cpp's, or a near-tie with it.  On an AMX
+    CPU it runs without AMX, the kernels nearest the fixtures' (Gemma 3's
+    "haiku" prompt flips twice with AMX); the AMX path follows the live
+    reference in test_teacher_forced_along_llama_cpp_greedy_path."""
+    from llamacpp_reference import elelem_kernel_options
     path = request.getfixturevalue(SHARED[model][1])
     want = case["greedy_ids"][:N_COMPARED]
-    with elelem.LLM(path, n_ctx=512) as llm:
+    with elelem.LLM(path, n_ctx=512, **elelem_kernel_options()) as llm:
         assert llm.spec.arch.name == model
         logits = llm.eval(case["prompt_ids"])
         flips = []
@@ -105,7 +109,9 @@ LOGIT_TOLERANCE = 0.0
 # kernels that sum nearly alike; across ISAs (AMX against AVX-512, say) the reference's gap reaches 0.23.
 NEAR_TIE_GAP = 0.1
 # With AMX on, elelem runs kernels the reference (built without AMX) lacks: it is then held to the gaps
-# measured across ISAs above (at most 0.311), not to exact logits.  The AMX kernels themselves are
+# measured across ISAs above (at most 0.311), not to exact logits.  Measured on Sapphire Rapids over the
+# 39 prompts: elelem-with-AMX's logits for llama.cpp's top two are up to 1.48 away (Gemma 3; SmolLM2 0.85),
+# as AMX sums its int8 products in another order, and three steps of 3900 met a third token in a near-tie.  The AMX kernels themselves are
 # checked against NumPy in tests/test_cpu_backend.py.
 CROSS_ISA_NEAR_TIE_GAP = 0.35
 
@@ -162,7 +168,10 @@ def test_teacher_forced_along_llama_cpp_greedy_path(request, llamacpp, model, in
             value_diffs.append(float(np.abs(logits[want_ids] - want_logits).max()))
             if top != token:
                 gap = float(want_logits[0] - want_logits[1])
-                assert top == case["runner_up_ids"][i] and gap < near_tie, (
+                # Other arithmetic (AMX) can bring a third token into a near-tie:
+                # then elelem's pick must be as near llama.cpp's token in elelem's own logits.
+                third_ok = kernels == "amx" and float(logits[top] - logits[token]) < near_tie
+                assert (top == case["runner_up_ids"][i] or third_ok) and gap < near_tie, (
                     f"step {i}: elelem picks {top}, llama.cpp {token} (runner-up {case['runner_up_ids'][i]}, "
                     f"llama.cpp's gap {gap:.4f}, elelem's {float(logits[top] - logits[token]):.4f})")
                 flips.append(i)
@@ -186,11 +195,17 @@ def test_opening_maps_the_weights_without_reading_them(qwen_path):
     with elelem.LLM(qwen_path, n_ctx=512, widen=False) as llm:
         opened = _rss_mb()
         assert llm.gguf.file_size > 400 * 2**20
-        assert opened - before < 120, f"RSS grew by {opened - before:.0f} MB on open"
+        # Repacking reads the weights it copies (their mapped pages become
+        # resident) and holds the copies: with AMX that is most of the file
+        # (436 MB on Sapphire Rapids), as in llama.cpp.
+        repacked = sum(llm.repacked_bytes.values()) / 2**20
+        assert llm.repacked and repacked > 0
+        assert opened - before < 120 + 2 * repacked, (
+            f"RSS grew by {opened - before:.0f} MB on open, with {repacked:.0f} MB of repacked copies")
         llm.eval([1, 2, 3])  # now the pages are touched, and RSS may grow
     before = _rss_mb()
     with elelem.LLM(qwen_path, n_ctx=512, widen=True) as llm:
         n_widened, widened_bytes = llm.widened
         read = widened_bytes * 22 // 34  # the Q5_0 weights copied
-        grown = _rss_mb() - before - (read + widened_bytes) / 2**20
+        grown = _rss_mb() - before - (read + widened_bytes) / 2**20 - 2 * sum(llm.repacked_bytes.values()) / 2**20
         assert n_widened == 0 or grown < 120, f"RSS grew by {grown:.0f} MB on open besides the widened weights"

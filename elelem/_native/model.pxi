@@ -103,6 +103,7 @@ cdef class Model:
     cdef ggml_backend_buffer_t repack_buf[MAX_EXTRA_BUFTS]
     cdef readonly int n_repacked
     cdef readonly dict repacked        # buffer type name -> number of weights repacked into it
+    cdef readonly dict repacked_bytes  # buffer type name -> bytes of its copies
     # Q8_0 copies of Q5_0 matmul weights, for steps of two or more tokens (widen.pxi).
     cdef ggml_context * widened_ctx
     cdef ggml_backend_buffer_t widened_buf
@@ -144,6 +145,7 @@ cdef class Model:
             self.repack_buf[i] = NULL
         self.n_repacked = 0
         self.repacked = {}
+        self.repacked_bytes = {}
         self.widened_ctx = NULL
         self.widened_buf = NULL
         memset(&self.widened, 0, sizeof(WidenedWeights))
@@ -509,6 +511,7 @@ cdef void _repack_weights(Model m, list names, tied_from, amx_types) except *:
                     ggml_backend_tensor_set(r, w.data, 0, ggml_nbytes(w))  # the buffer repacks on write
             m.n_repacked += len(chosen)
             m.repacked[buft_name.decode()] = len(chosen)
+            m.repacked_bytes[buft_name.decode()] = ggml_backend_buffer_get_size(m.repack_buf[ib])
             _log.debug("repacked %d weights into %s", len(chosen), buft_name.decode())
             chosen_set = set(chosen)
             pending = [n for n in pending if n not in chosen_set]

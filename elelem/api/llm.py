@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from contextlib import contextmanager
-from typing import Optional
+from typing import Iterable, Optional, Union
 
 from .._core import DEFAULT_RPC_TIMEOUT, new_context, open_model, place_layers  # names, not the package
 from ..cpu import amx_types, widen_q5_0
@@ -116,7 +116,8 @@ class LLM:
     copies; ``repack=False`` uses every weight in place from the file.
     ``amx`` chooses AMX per weight type: None (default) follows
     ``elelem.cpu.AMX_SLOWER_TYPES``, False never uses AMX, True uses it for
-    every type it takes.  ``widen`` gives Q5_0 weights (most of a Q4_K_M
+    every type it takes, and a set of ggml type names (``{"q4_1"}``) uses
+    it for those types only.  ``widen`` gives Q5_0 weights (most of a Q4_K_M
     file whose rows are not a multiple of 256, as Qwen2.5-0.5B's) a Q8_0
     copy holding the same values, for the steps of two or more tokens --
     prompts, speculative verification, batched streams -- where ggml's
@@ -164,7 +165,7 @@ class LLM:
 
     def __init__(self, model_path: str | os.PathLike | None = None, *, n_ctx: Optional[int] = None,
                  n_threads: Optional[int] = None, n_batch: int = 512, kv_type: Optional[str] = None,
-                 flash_attn: bool = False, repack: bool = True, amx: Optional[bool] = None,
+                 flash_attn: bool = False, repack: bool = True, amx: Union[bool, Iterable[str], None] = None,
                  use_mmap: bool = True, n_seq_max: int = DEFAULT_N_SEQ_MAX, kv_size: Optional[int] = None,
                  type_k: Optional[str] = None, type_v: Optional[str] = None,
                  progress: Optional[ProgressFn] = None, speculative: bool = True, draft_model=None,
@@ -284,6 +285,11 @@ class LLM:
         """How many weights the CPU backend repacked, by buffer type
         (e.g. ``{"CPU_REPACK": 168}``, ``{"AMX": 120}``); empty when none."""
         return dict(self._model.repacked)
+
+    @property
+    def repacked_bytes(self) -> dict:
+        """The memory of those repacked copies, in bytes by buffer type."""
+        return dict(self._model.repacked_bytes)
 
     @property
     def widened(self) -> tuple[int, int]:
