@@ -4,7 +4,7 @@
     python benchmarks/concurrent_streams.py [--models qwen2.5-coder-0.5b smollm2-135m]
         [--streams 1 4 8] [--tokens 64] [--threads 2] [--repeats 2]
         [--llama-python "$(python scripts/reference_llamacpp.py --check)"]
-        [--llamacpp-batched] [--flash-attn] [--installed] [--json out.json]
+        [--llamacpp-batched] [--flash-attn] [--installed] [--elelem-options JSON] [--json out.json]
 
 For each model and repeat, one fresh subprocess per engine:
 - elelem: one ``LLM(path, n_ctx, n_threads)``, one session per stream
@@ -141,6 +141,7 @@ def worker_elelem(path: str, spec: dict) -> dict:
         options["flash_attn"] = True
     if "kv_size" in inspect.signature(elelem.LLM).parameters:  # one cache shared by all sequences (issue 13)
         options["kv_size"] = spec["n_ctx"] * max(spec["streams"])  # room for every stream's n_ctx
+    options.update(spec.get("elelem_options", {}))
     llm = elelem.LLM(path, **options)
     template = llm.chat_template
     prompts = [llm.tokenize(template.render([{"role": "user", "content": text}], add_generation_prompt=True),
@@ -284,6 +285,8 @@ def main() -> None:
                     help="also run llama.cpp's llama-batched-bench (built and cached on first use)")
     ap.add_argument("--flash-attn", action="store_true",
                     help="every engine with flash attention (elelem serve's default; llama.cpp's auto)")
+    ap.add_argument("--elelem-options", default="{}", metavar="JSON",
+                    help='more LLM() options for elelem, e.g. \'{"amx": false}\' to compare kernel paths')
     ap.add_argument("--json", help="also write every measurement to this file")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -302,7 +305,8 @@ def main() -> None:
         import llamacpp_batched_bench as batched_bench
         exe = batched_bench.build()
     spec = dict(streams=args.streams, tokens=args.tokens, threads=args.threads, n_ctx=args.n_ctx,
-                installed=args.installed, flash_attn=args.flash_attn)
+                installed=args.installed, flash_attn=args.flash_attn,
+                elelem_options=json.loads(args.elelem_options))
     report = []
     for name in args.models:
         path = _resolve(name)
