@@ -19,7 +19,7 @@ import pytest
 
 import elelem
 from elelem import _core
-from elelem.cpu import amx_status, cpu_flags, small_batch_status, system_info
+from elelem.cpu import amx_status, amx_types, cpu_flags, small_batch_status, system_info
 from synthetic import TinyConfig, reference_logits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,6 +135,21 @@ def test_amx_reasons():
     on_cpu, why = amx_status(spr, {"amx_tile", "amx_int8"})
     assert not on_cpu and "arch_prctl" in why
     assert amx_status(dict(spr, extra_buffer_types=["AMX", "CPU_REPACK"]), {"amx_tile", "amx_int8"})[0]
+
+
+def test_amx_takes_a_bool_or_the_weight_types_it_serves(tiny_model):
+    """LLM(amx=...) as the core gets it: None or True lets every AMX type in
+    (empty AMX_SLOWER_TYPES), False none, and names exactly those types."""
+    assert amx_types(True) is None and amx_types(False) == []
+    assert amx_types(None) is None
+    assert amx_types({"q4_1"}) == ["q4_1"] and amx_types("q8_0") == ["q8_0"]
+    with pytest.raises(ValueError, match="'bf16' not among the types AMX takes"):
+        amx_types(["q4_1", "bf16"])
+    path, _ = tiny_model(TinyConfig(wtype="q8_0"))
+    with pytest.raises(ValueError, match="amx: 'f16'"):
+        elelem.LLM(path, amx={"f16"})
+    with elelem.LLM(path, amx={"q4_1"}) as llm:  # no Q4_1 weight here, so nothing goes to AMX
+        assert "AMX" not in llm.repacked
 
 
 def test_small_batch_kernels_follow_the_cpu_the_module_and_the_switch():

@@ -110,9 +110,9 @@ LOGIT_TOLERANCE = 0.0
 NEAR_TIE_GAP = 0.1
 # With AMX on, elelem runs kernels the reference (built without AMX) lacks: it is then held to the gaps
 # measured across ISAs above (at most 0.311), not to exact logits.  Measured on Sapphire Rapids over the
-# 39 prompts: elelem-with-AMX's logits for llama.cpp's top two are up to 1.48 away (Gemma 3; SmolLM2 0.85),
-# as AMX sums its int8 products in another order, and three steps of 3900 met a third token in a near-tie.  The AMX kernels themselves are
-# checked against NumPy in tests/test_cpu_backend.py.
+# 39 prompts: elelem-with-AMX's logits for llama.cpp's top two are up to 1.48 away (Gemma 3; SmolLM2
+# 0.85), as AMX sums its int8 products in another order, and three steps of 3900 met a third token in a
+# near-tie.  The AMX kernels themselves are checked against NumPy in tests/test_cpu_backend.py.
 CROSS_ISA_NEAR_TIE_GAP = 0.35
 
 
