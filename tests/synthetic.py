@@ -26,6 +26,7 @@ QTYPES = {
     "q5_0": gguf.GGMLQuantizationType.Q5_0,
     "q4_k": gguf.GGMLQuantizationType.Q4_K,
     "q6_k": gguf.GGMLQuantizationType.Q6_K,
+    "mxfp4": gguf.GGMLQuantizationType.MXFP4,
 }
 # gguf can dequantize but not quantize these; tests/kquants.py does.
 _OWN_QUANTIZERS = {"q4_k": quantize_q4_k, "q6_k": quantize_q6_k}
@@ -54,6 +55,18 @@ class TinyConfig:
     rope_freqs: bool = False          # llama3-style frequency factors
     seed: int = 0
     extra_keys: tuple = ()           # ((key template, value), ...) written as-is
+    # Mixture of experts (qwen3moe, gpt-oss, glm4moe), as llama.cpp's converter writes them
+    n_expert: int = 8
+    n_expert_used: int = 2
+    n_ff_exp: int = 32
+    n_expert_shared: int = 1          # glm4moe's shared experts
+    n_dense_lead: int = 1             # glm4moe's leading dense layers
+    n_nextn: int = 1                  # glm4moe's multi-token-prediction layers (written, never run)
+    expert_scale: float = 1.5         # glm4moe's expert_weights_scale
+    yarn: float = 0.0                 # rope.scaling.type=yarn with this factor (gpt-oss, mistral3)
+    yarn_orig_ctx: int = 256          # ... and this rope.scaling.original_context_length
+    yarn_log_mul: float = 0.0         # mistral3's rope.scaling.yarn_log_multiplier
+    attn_temp: float = 0.0            # mistral3's attention.temperature_scale
 
     @property
     def hd(self) -> int:
@@ -63,9 +76,13 @@ class TinyConfig:
     def rot(self) -> int:
         return self.n_rot or self.hd
 
+    @property
+    def moe(self) -> bool:
+        return self.arch in _MOE_ARCHS
+
     def tensor_type(self, name: str, arr: np.ndarray) -> str:
-        if arr.ndim != 2:
-            return "f32"
+        if arr.ndim < 2 or name.endswith(".bias") or name.endswith("ffn_gate_inp.weight"):
+            return "f32"  # as llama.cpp's converter keeps them (the router too)
         if name == "token_embd.weight":
             return self.embd_type
         return next((t for key, t in self.wtypes if name == key or name.endswith("." + key)), self.wtype)
@@ -74,13 +91,26 @@ class TinyConfig:
         return replace(self, **kw)
 
 
+_MOE_ARCHS = ("qwen3moe", "gpt-oss", "glm4moe")
+
+
 def _features(arch: str) -> dict:
-    return {
-        "qwen2": dict(bias=True, qk_norm=False, post_norms=False, neox=True, gelu=False),
-        "llama": dict(bias=False, qk_norm=False, post_norms=False, neox=False, gelu=False),
-        "qwen3": dict(bias=False, qk_norm=True, post_norms=False, neox=True, gelu=False),
-        "gemma3": dict(bias=False, qk_norm=True, post_norms=True, neox=True, gelu=True),
-    }[arch]
+    base = dict(bias=False, out_bias=False, qk_norm=False, post_norms=False, neox=True, gelu=False, sinks=False,
+                ffn_norm="ffn_norm")
+    return dict(base, **{
+        "qwen2": dict(bias=True),
+        "llama": dict(neox=False),
+        "mistral3": dict(neox=False),
+        "qwen3": dict(qk_norm=True),
+        "gemma3": dict(qk_norm=True, post_norms=True, gelu=True),
+        "qwen3moe": dict(qk_norm=True),
+        "gpt-oss": dict(bias=True, out_bias=True, sinks=True, ffn_norm="post_attention_norm"),
+        "glm4moe": dict(bias=True, ffn_norm="post_attention_norm"),
+    }[arch])
+
+
+def _moe_layer(cfg: "TinyConfig", i: int) -> bool:
+    return cfg.moe and not (cfg.arch == "glm4moe" and i < cfg.n_dense_lead)
 
 
 def make_weights(cfg: TinyConfig) -> dict[str, np.ndarray]:
@@ -102,7 +132,10 @@ def make_weights(cfg: TinyConfig) -> dict[str, np.ndarray]:
         w["output.weight"] = mat(cfg.n_vocab, e)
     if cfg.rope_freqs:
         w["rope_freqs.weight"] = (1.0 + rng.uniform(0, 3, cfg.rot // 2)).astype(np.float32)
-    for i in range(cfg.n_layer):
+    def vec(n, scale=0.1):
+        return (scale * rng.standard_normal(n)).astype(np.float32)
+
+    for i in range(cfg.n_layer + (cfg.n_nextn if cfg.arch == "glm4moe" else 0)):
         p = f"blk.{i}."
         w[p + "attn_norm.weight"] = norm(e)
         w[p + "attn_q.weight"] = mat(q, e)
@@ -111,17 +144,46 @@ def make_weights(cfg: TinyConfig) -> dict[str, np.ndarray]:
         w[p + "attn_output.weight"] = mat(e, q)
         if f["bias"]:
             for n, size in (("q", q), ("k", kv), ("v", kv)):
-                w[p + f"attn_{n}.bias"] = (0.1 * rng.standard_normal(size)).astype(np.float32)
+                w[p + f"attn_{n}.bias"] = vec(size)
+        if f["out_bias"]:
+            w[p + "attn_output.bias"] = vec(e)
+        if f["sinks"]:
+            w[p + "attn_sinks.weight"] = vec(cfg.n_head, 1.0)
         if f["qk_norm"]:
             w[p + "attn_q_norm.weight"] = norm(hd)
             w[p + "attn_k_norm.weight"] = norm(hd)
         if f["post_norms"]:
             w[p + "post_attention_norm.weight"] = norm(e)
             w[p + "post_ffw_norm.weight"] = norm(e)
-        w[p + "ffn_norm.weight"] = norm(e)
-        w[p + "ffn_gate.weight"] = mat(cfg.n_ff, e)
-        w[p + "ffn_up.weight"] = mat(cfg.n_ff, e)
-        w[p + "ffn_down.weight"] = mat(e, cfg.n_ff)
+        w[p + f["ffn_norm"] + ".weight"] = norm(e)
+        if not _moe_layer(cfg, i):
+            w[p + "ffn_gate.weight"] = mat(cfg.n_ff, e)
+            w[p + "ffn_up.weight"] = mat(cfg.n_ff, e)
+            w[p + "ffn_down.weight"] = mat(e, cfg.n_ff)
+            continue
+        # Experts stacked as llama.cpp's converter writes them: numpy (n_expert, n_out, n_in),
+        # GGUF (n_in, n_out, n_expert).  A router scaled up, so that the choice of experts is
+        # clear-cut rather than a near tie.
+        x, fe = cfg.n_expert, cfg.n_ff_exp
+        w[p + "ffn_gate_inp.weight"] = 4.0 * mat(x, e)
+        w[p + "ffn_gate_exps.weight"] = np.stack([mat(fe, e) for _ in range(x)])
+        w[p + "ffn_up_exps.weight"] = np.stack([mat(fe, e) for _ in range(x)])
+        w[p + "ffn_down_exps.weight"] = np.stack([mat(e, fe) for _ in range(x)])
+        if cfg.arch == "gpt-oss":
+            w[p + "ffn_gate_inp.bias"] = vec(x)
+            w[p + "ffn_gate_exps.bias"] = vec((x, fe))
+            w[p + "ffn_up_exps.bias"] = vec((x, fe))
+            w[p + "ffn_down_exps.bias"] = vec((x, e))
+        if cfg.arch == "glm4moe":
+            w[p + "exp_probs_b.bias"] = vec(x)
+            fs = fe * cfg.n_expert_shared
+            w[p + "ffn_gate_shexp.weight"] = mat(fs, e)
+            w[p + "ffn_up_shexp.weight"] = mat(fs, e)
+            w[p + "ffn_down_shexp.weight"] = mat(e, fs)
+        if cfg.arch == "glm4moe" and i >= cfg.n_layer:   # the NextN block's own tensors
+            w[p + "nextn.eh_proj.weight"] = mat(e, 2 * e)
+            w[p + "nextn.enorm.weight"] = norm(e)
+            w[p + "nextn.hnorm.weight"] = norm(e)
     return w
 
 
@@ -166,6 +228,7 @@ def write_model(path: Path, cfg: TinyConfig,
     if cfg.rope_linear:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(cfg.rope_linear)
+    add_moe_keys(writer, cfg)
     for key, value in cfg.extra_keys:
         if isinstance(value, float):
             writer.add_float32(key.format(arch=a), value)
@@ -185,7 +248,7 @@ def write_model(path: Path, cfg: TinyConfig,
         else:
             qtype = QTYPES[wtype]
             data = quantize(arr, wtype)
-            writer.add_tensor(name, data, raw_dtype=qtype)  # data: (n_out, bytes per row)
+            writer.add_tensor(name, data, raw_dtype=qtype)  # data: (..., n_out, bytes per row)
             stored.raw[name] = data
             stored[name] = gguf.quants.dequantize(data, qtype).reshape(arr.shape).astype(np.float32)
     writer.write_header_to_file()
@@ -195,11 +258,35 @@ def write_model(path: Path, cfg: TinyConfig,
     return stored
 
 
+def add_moe_keys(writer: gguf.GGUFWriter, cfg: TinyConfig) -> None:
+    """The keys llama.cpp's converter writes for the experts, sliding windows
+    and RoPE scaling of cfg's architecture."""
+    if cfg.moe:
+        writer.add_expert_count(cfg.n_expert)
+        writer.add_expert_used_count(cfg.n_expert_used)
+        writer.add_expert_feed_forward_length(cfg.n_ff_exp)
+    if cfg.arch == "glm4moe":
+        writer.add_expert_shared_count(cfg.n_expert_shared)
+        writer.add_leading_dense_block_count(cfg.n_dense_lead)
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        writer.add_expert_weights_scale(cfg.expert_scale)
+        writer.add_expert_weights_norm(True)
+        writer.add_nextn_predict_layers(cfg.n_nextn)
+    if cfg.yarn:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(cfg.yarn)
+        writer.add_rope_scaling_orig_ctx_len(cfg.yarn_orig_ctx)
+    if cfg.yarn_log_mul:
+        writer.add_rope_scaling_yarn_log_mul(cfg.yarn_log_mul)
+    if cfg.attn_temp:
+        writer.add_attn_temperature_scale(cfg.attn_temp)
+
+
 def add_shape_keys(writer: gguf.GGUFWriter, cfg) -> None:
     """The hyperparameters every architecture has, from ``cfg``'s fields of those names."""
     writer.add_context_length(cfg.n_ctx_train)
     writer.add_embedding_length(cfg.n_embd)
-    writer.add_block_count(cfg.n_layer)
+    writer.add_block_count(cfg.n_layer + (cfg.n_nextn if cfg.arch == "glm4moe" else 0))
     writer.add_feed_forward_length(cfg.n_ff)
     writer.add_head_count(cfg.n_head)
 

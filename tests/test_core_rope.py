@@ -80,10 +80,10 @@ def test_scaling_type_none_ignores_the_factor(tiny_model):
         assert llm.spec.hparams["rope_scale"] == 1.0
 
 
-@pytest.mark.parametrize("kind", ["yarn", "longrope", "dynamic"])
+@pytest.mark.parametrize("kind", ["longrope", "dynamic"])
 def test_unimplemented_scaling_types_are_refused_naming_the_key(tiny_model, kind):
-    """YaRN changes every frequency band and the magnitude: running it as
-    unscaled would give wrong tokens silently, so it is refused."""
+    """LongRoPE changes every frequency band: running it as unscaled would
+    give wrong tokens silently, so it is refused (YaRN is implemented)."""
     keys = (("{arch}.rope.scaling.type", kind), ("{arch}.rope.scaling.factor", 4.0),
             ("{arch}.rope.scaling.original_context_length", 512))
     path, _ = tiny_model(TinyConfig(extra_keys=keys))

@@ -28,6 +28,25 @@ cdef struct HParams:
     float norm_eps        # LayerNorm's epsilon (BERT)
     bint causal           # a token sees only earlier positions; else its whole sequence (BERT's default)
     bint encoder          # no output head: the output is the last hidden state (BERT family)
+    # RoPE scaling beyond linear (YaRN), as ggml_rope_ext takes it
+    int n_ctx_orig        # the context YaRN extends (rope.scaling.original_context_length; n_ctx_train)
+    float rope_ext_factor # 0 without YaRN
+    float rope_attn_factor
+    float yarn_beta_fast
+    float yarn_beta_slow
+    # Attention temperature (mistral3): Q *= 1 + attn_temp_scale * log(floor(pos / attn_temp_floor) + 1)
+    float attn_temp_scale # 0: none
+    int attn_temp_floor
+    # Mixture of experts (llama.cpp's build_moe_ffn arguments); n_expert 0 for a dense model
+    int n_expert
+    int n_expert_used     # experts each token is routed to
+    int n_ff_exp          # each expert's FFN width
+    int n_layer_dense_lead  # the first layers have the dense FFN instead (GLM)
+    int expert_gating     # router: 0 softmax, 1 sigmoid, 2 softmax over the chosen logits (gpt-oss)
+    bint expert_norm      # the chosen weights renormalised to sum 1
+    float expert_scale    # and multiplied by this (0 or 1: not)
+    bint expert_swiglu_oai  # gpt-oss's clamped SwiGLU (alpha 1.702, limit 7), else SwiGLU
+    bint late_output_rows # the unwanted rows dropped after the last layer, not before its FFN (gpt-oss)
 
 cdef struct LayerWeights:
     ggml_tensor * attn_norm       # (n_embd)
@@ -56,6 +75,20 @@ cdef struct LayerWeights:
     ggml_tensor * ffn_down_b      # (n_embd)
     ggml_tensor * layer_out_norm  # LayerNorm after the FFN + residual (n_embd)
     ggml_tensor * layer_out_norm_b
+    ggml_tensor * attn_sinks      # optional (n_head): each head's sink logit (gpt-oss)
+    # Mixture of experts: NULL in a dense layer
+    ggml_tensor * ffn_gate_inp    # the router (n_embd, n_expert)
+    ggml_tensor * ffn_gate_inp_b  # optional (n_expert)
+    ggml_tensor * ffn_gate_exps   # (n_embd, n_ff_exp, n_expert)
+    ggml_tensor * ffn_up_exps     # (n_embd, n_ff_exp, n_expert)
+    ggml_tensor * ffn_down_exps   # (n_ff_exp, n_embd, n_expert)
+    ggml_tensor * ffn_gate_exps_b # optional (n_ff_exp, n_expert)
+    ggml_tensor * ffn_up_exps_b   # optional (n_ff_exp, n_expert)
+    ggml_tensor * ffn_down_exps_b # optional (n_embd, n_expert)
+    ggml_tensor * ffn_exp_probs_b # optional (n_expert): added to the probabilities for choosing only (GLM)
+    ggml_tensor * ffn_gate_shexp  # optional shared experts (n_embd, n_ff_shexp) ...
+    ggml_tensor * ffn_up_shexp
+    ggml_tensor * ffn_down_shexp  # ... (n_ff_shexp, n_embd)
 
 cdef struct WidenedWeights:
     # Q5_0 weights and their Q8_0 copies, pairwise (widen.pxi); n is 0 when none.
@@ -67,7 +100,10 @@ cdef struct WidenedWeights:
 LAYER_ROLES = ("attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo", "q_norm", "k_norm",
                "attn_post_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "ffn_post_norm",
                "wqkv", "bqkv", "attn_out_norm", "attn_out_norm_b", "ffn_up_b", "ffn_down_b",
-               "layer_out_norm", "layer_out_norm_b")
+               "layer_out_norm", "layer_out_norm_b", "attn_sinks",
+               "ffn_gate_inp", "ffn_gate_inp_b", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+               "ffn_gate_exps_b", "ffn_up_exps_b", "ffn_down_exps_b", "ffn_exp_probs_b",
+               "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 
 cdef inline ggml_tensor ** _role_slot(LayerWeights * lw, int i) noexcept:
     return (<ggml_tensor **> lw) + i
@@ -360,6 +396,22 @@ cdef void _fill_hparams(HParams * hp, dict h) except *:
     hp.norm_eps = h.get("norm_eps", 1e-12)
     hp.causal = h.get("causal", True)
     hp.encoder = h.get("encoder", False)
+    hp.n_ctx_orig = h.get("n_ctx_orig", h["n_ctx_train"])
+    hp.rope_ext_factor = h.get("rope_ext_factor", 0.0)
+    hp.rope_attn_factor = h.get("rope_attn_factor", 1.0)
+    hp.yarn_beta_fast = h.get("yarn_beta_fast", 32.0)
+    hp.yarn_beta_slow = h.get("yarn_beta_slow", 1.0)
+    hp.attn_temp_scale = h.get("attn_temp_scale", 0.0)
+    hp.attn_temp_floor = h.get("attn_temp_floor", 1)
+    hp.n_expert = h.get("n_expert", 0)
+    hp.n_expert_used = h.get("n_expert_used", 0)
+    hp.n_ff_exp = h.get("n_ff_exp", 0)
+    hp.n_layer_dense_lead = h.get("n_layer_dense_lead", 0)
+    hp.expert_gating = h.get("expert_gating", 0)
+    hp.expert_norm = h.get("expert_norm", False)
+    hp.expert_scale = h.get("expert_scale", 0.0)
+    hp.expert_swiglu_oai = h.get("expert_swiglu_oai", False)
+    hp.late_output_rows = h.get("late_output_rows", False)
 
 
 cdef void _map_weights(Model m, bytes bpath, bint use_mmap) except *:
@@ -432,7 +484,8 @@ cdef ssize_t _read_fully(int fd, char * dest, size_t size) noexcept nogil:
     return <ssize_t> done
 
 
-cdef bint _repack_supported(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, ggml_tensor * w) except -1:
+cdef bint _repack_supported(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, ggml_tensor * w,
+                            int n_used) except -1:
     """Would the CPU backend run mul_mat(w, x) with w in ``buft``?  (The test
     llama.cpp makes: a dummy op over a 512-column batch, w in a 0-byte buffer.)"""
     cdef ggml_init_params p
@@ -447,7 +500,11 @@ cdef bint _repack_supported(ggml_backend_dev_t dev, ggml_backend_buffer_type_t b
     cdef bint ok = False
     cdef ggml_tensor * op
     if dummy != NULL:
-        op = ggml_mul_mat(tmp, w, ggml_new_tensor_4d(tmp, GGML_TYPE_F32, w.ne[0], 512, w.ne[2], w.ne[3]))
+        if w.ne[2] > 1 and n_used > 0:  # stacked experts: the op is mul_mat_id, as llama.cpp asks it
+            op = ggml_mul_mat_id(tmp, w, ggml_new_tensor_3d(tmp, GGML_TYPE_F32, w.ne[0], n_used, 512),
+                                 ggml_new_tensor_2d(tmp, GGML_TYPE_I32, n_used, 512))
+        else:
+            op = ggml_mul_mat(tmp, w, ggml_new_tensor_4d(tmp, GGML_TYPE_F32, w.ne[0], 512, w.ne[2], w.ne[3]))
         w.buffer = dummy
         ok = ggml_backend_dev_supports_op(dev, op)
         w.buffer = saved
@@ -483,7 +540,7 @@ cdef void _repack_weights(Model m, list names, tied_from, amx_types) except *:
         for name in pending:
             w = ggml_get_tensor(m.weights_ctx, name.encode())
             if w != NULL and (allowed is None or ggml_type_name(w.type).decode() in allowed) \
-                    and _repack_supported(dev, bufts[ib], w):
+                    and _repack_supported(dev, bufts[ib], w, m.hp.n_expert_used):
                 chosen.append(name)
         if chosen:
             p.mem_size = ggml_tensor_overhead() * (len(chosen) + 1)

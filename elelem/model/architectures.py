@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
+import numpy as np
+
 from ..errors import ModelShapeError, UnsupportedArchitectureError
 from ..gguf.reader import GGUFFile
 
@@ -49,6 +51,23 @@ LAYER_TENSOR_NAMES = {
     "ffn_down_b": "blk.{i}.ffn_down.bias",
     "layer_out_norm": "blk.{i}.layer_output_norm.weight",
     "layer_out_norm_b": "blk.{i}.layer_output_norm.bias",
+    # Attention sinks (gpt-oss): one learned logit per head, a cell no token fills.
+    "attn_sinks": "blk.{i}.attn_sinks.weight",
+    # Mixture of experts: the router, the experts stacked along a third
+    # dimension (n_in, n_out, n_expert), their biases (gpt-oss), the expert
+    # selection bias (GLM) and the shared experts (GLM).
+    "ffn_gate_inp": "blk.{i}.ffn_gate_inp.weight",
+    "ffn_gate_inp_b": "blk.{i}.ffn_gate_inp.bias",
+    "ffn_gate_exps": "blk.{i}.ffn_gate_exps.weight",
+    "ffn_up_exps": "blk.{i}.ffn_up_exps.weight",
+    "ffn_down_exps": "blk.{i}.ffn_down_exps.weight",
+    "ffn_gate_exps_b": "blk.{i}.ffn_gate_exps.bias",
+    "ffn_up_exps_b": "blk.{i}.ffn_up_exps.bias",
+    "ffn_down_exps_b": "blk.{i}.ffn_down_exps.bias",
+    "ffn_exp_probs_b": "blk.{i}.exp_probs_b.bias",
+    "ffn_gate_shexp": "blk.{i}.ffn_gate_shexp.weight",
+    "ffn_up_shexp": "blk.{i}.ffn_up_shexp.weight",
+    "ffn_down_shexp": "blk.{i}.ffn_down_shexp.weight",
 }
 GLOBAL_TENSOR_NAMES = {
     "tok_embd": "token_embd.weight",
@@ -70,18 +89,53 @@ _MATRIX_TYPES = frozenset({
 })
 # Norm weights, biases and RoPE factors take part in element-wise F32 ops.
 _VECTOR_TYPES = frozenset({"F32"})
+# Biases of the stacked experts are matrices (one row per expert) but are
+# added (ggml_add_id), so they are F32 like the vectors.
+_F32_MATRIX_ROLES = frozenset({"ffn_gate_exps_b", "ffn_up_exps_b", "ffn_down_exps_b", "type_embd"})
+# llama.cpp's LLAMA_MAX_EXPERTS: it refuses more; and the experts one token
+# is routed to, at most (graph/experts.pxi's MAX_USED_EXPERTS; real models use 4 to 10).
+MAX_EXPERTS = 512
+MAX_USED_EXPERTS = 64
 # Bounds that keep every count a C int and every loop over layers short,
 # checked before anything is sized from them.
 MAX_LAYERS = 1024
 MAX_WIDTH = 1 << 20
 
-_MATMUL_ROLES = frozenset({"wq", "wk", "wv", "wqkv", "wo", "ffn_gate", "ffn_up", "ffn_down"})
-_ATTN_FFN = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+_MATMUL_ROLES = frozenset({"wq", "wk", "wv", "wqkv", "wo", "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_inp",
+                           "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+                           "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"})
+_ATTN = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm")
+_DENSE_FFN = ("ffn_gate", "ffn_up", "ffn_down")
+_ATTN_FFN = _ATTN + _DENSE_FFN
+_EXPERTS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+_EXPERT_BIASES = ("ffn_gate_inp_b", "ffn_gate_exps_b", "ffn_up_exps_b", "ffn_down_exps_b")
+_SHARED_EXPERTS = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 _DECODER_GLOBALS = ("tok_embd", "output_norm")
 # BERT-family blocks: post-norm LayerNorms with biases; Q/K/V separate or fused.
 _ENCODER_BLOCK = ("wo", "attn_out_norm", "attn_out_norm_b", "ffn_up", "ffn_down",
                   "layer_out_norm", "layer_out_norm_b")
 _ENCODER_OPTIONAL = ("wq", "wk", "wv", "bq", "bk", "bv", "wqkv", "bqkv", "bo", "ffn_up_b", "ffn_down_b")
+
+
+@dataclass(frozen=True)
+class Experts:
+    """How an architecture's expert FFN routes tokens: the arguments
+    llama.cpp's build_moe_ffn takes for it.  Layers from
+    ``leading_dense_block_count`` on have experts, those before it the dense
+    FFN (GLM-4.5's first layer)."""
+    gating: str = "softmax"          # router probabilities: "softmax", "sigmoid", or "softmax_weight"
+                                     # (the raw logits, softmax over the chosen experts only: gpt-oss)
+    normalize: Optional[bool] = True # renormalise the chosen weights to sum 1; None: the file says
+                                     # (expert_weights_norm)
+    activation: str = "silu"         # SwiGLU, or "swiglu_oai": gpt-oss's clamped variant
+    required: tuple[str, ...] = _EXPERTS   # per-layer roles of an expert layer
+    optional: tuple[str, ...] = ()
+
+
+# The router's gating functions as HParams.expert_gating numbers (blocks.pxi).
+_GATING = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}
+# llama.cpp's LLM_KV_EXPERT_GATING_FUNC values.
+_GATING_KEY = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
 
 
 @dataclass(frozen=True)
@@ -98,6 +152,8 @@ class Architecture:
     global_required: tuple[str, ...] = _DECODER_GLOBALS   # model-wide roles that must exist
     global_optional: tuple[str, ...] = ("output", "rope_freqs")
     encoder: bool = False             # no output head: embeddings only (BERT family)
+    experts: Optional[Experts] = None # a mixture-of-experts FFN (its layers lack the dense FFN roles)
+    tensor_names: Mapping[str, str] = field(default_factory=dict)  # roles under another GGUF name
 
 
 def _gemma3(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
@@ -139,6 +195,97 @@ def _encoder(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
         raise ModelShapeError(f"attention.layer_norm_epsilon = {h['norm_eps']} must be positive")
 
 
+def _flag(gguf: GGUFFile, key: str, default: bool) -> bool:
+    value = gguf.get(key, default)
+    if not isinstance(value, bool):
+        raise ModelShapeError(f"{key} = {value!r} must be a boolean")
+    return value
+
+
+def _expert_hparams(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile, experts: Experts) -> None:
+    """The routing hyperparameters of a mixture-of-experts model, as
+    llama.cpp reads them, checked before anything is sized from them."""
+    prefix = gguf.get("general.architecture") + "."
+    h["n_expert"] = n_expert = int(key("expert_count", 0))
+    h["n_expert_used"] = n_used = int(key("expert_used_count", 0))
+    if not 0 < n_expert <= MAX_EXPERTS:
+        raise ModelShapeError(f"{prefix}expert_count = {n_expert} must be in 1..{MAX_EXPERTS}")
+    if not 0 < n_used <= min(n_expert, MAX_USED_EXPERTS):
+        raise ModelShapeError(f"{prefix}expert_used_count = {n_used} must be in 1..{prefix}expert_count "
+                              f"({n_expert}), and at most {MAX_USED_EXPERTS}")
+    h["n_ff_exp"] = int(key("expert_feed_forward_length", h["n_ff"] // n_used))
+    h["n_expert_shared"] = int(key("expert_shared_count", 0))
+    h["n_ff_shexp"] = h["n_ff_exp"] * h["n_expert_shared"]
+    h["n_layer_dense_lead"] = int(key("leading_dense_block_count", 0))
+    if not 0 < h["n_ff_exp"] <= MAX_WIDTH or not 0 <= h["n_expert_shared"] <= 64:
+        raise ModelShapeError(f"{prefix}expert_feed_forward_length = {h['n_ff_exp']} or "
+                              f"expert_shared_count = {h['n_expert_shared']} is out of range")
+    if not 0 <= h["n_layer_dense_lead"] <= h["n_layer"]:
+        raise ModelShapeError(f"{prefix}leading_dense_block_count = {h['n_layer_dense_lead']} is out of range")
+    gating = experts.gating
+    if gguf.get(prefix + "expert_gating_func") is not None:
+        code = int(key("expert_gating_func"))
+        if code != 0:  # 0: unset, the architecture's own
+            if code not in _GATING_KEY:
+                raise ModelShapeError(f"{prefix}expert_gating_func = {code} is not one elelem knows "
+                                      f"(1 softmax, 2 sigmoid, 3 softmax over the chosen)")
+            gating = _GATING_KEY[code]
+    h["expert_gating"] = _GATING[gating]
+    h["expert_norm"] = (experts.normalize if experts.normalize is not None
+                        else _flag(gguf, prefix + "expert_weights_norm", False))
+    h["expert_scale"] = float(key("expert_weights_scale", 0.0))
+    h["expert_swiglu_oai"] = experts.activation == "swiglu_oai"
+
+
+def _nextn(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
+    # Multi-token-prediction (NextN) blocks are counted in block_count but
+    # come after the model's layers; llama.cpp's main graph skips them, and
+    # so does elelem (their weights stay mapped, never read).
+    nextn = int(key("nextn_predict_layers", 0))
+    if not 0 <= nextn < h["n_layer"]:
+        raise ModelShapeError(f"nextn_predict_layers = {nextn} must be below block_count = {h['n_layer']}")
+    h["n_layer_nextn"] = nextn
+    h["n_layer"] -= nextn
+
+
+def _swa_pattern(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile, default: int) -> None:
+    """Which layers attend over the sliding window, as llama.cpp's
+    set_swa_pattern: every layer but each ``pattern``-th (an array in the
+    file names them one by one)."""
+    prefix = gguf.get("general.architecture") + "."
+    raw = gguf.get(prefix + "attention.sliding_window_pattern", default)
+    if isinstance(raw, list):
+        if len(raw) < h["n_layer"] or not all(isinstance(v, (bool, int)) for v in raw):
+            raise ModelShapeError(f"{prefix}attention.sliding_window_pattern must hold a flag per layer")
+        h["swa_layers"] = [bool(v) for v in raw[:h["n_layer"]]]
+        return
+    pattern = int(key("attention.sliding_window_pattern", default))
+    if pattern < 0:
+        raise ModelShapeError(f"{prefix}attention.sliding_window_pattern = {pattern} must not be negative")
+    h["swa_layers"] = [pattern == 0 or il % pattern < pattern - 1 for il in range(h["n_layer"])]
+
+
+def _gpt_oss(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
+    # Sliding-window and full attention layers alternate (pattern 2: even
+    # layers slide), both with the same RoPE unless the file gives the
+    # window's own base; Q.K is scaled by 1/sqrt(n_rot).
+    h["n_swa"] = int(key("attention.sliding_window"))
+    _swa_pattern(h, key, gguf, 2)
+    h["rope_base_swa"] = float(key("rope.freq_base_swa", h["rope_base"]))
+    h["rope_scale_swa"] = h["rope_scale"]
+    h["attn_scale"] = 1.0 / math.sqrt(h["n_rot"])
+    h["late_output_rows"] = True
+
+
+def _mistral3(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
+    # Attention temperature (llama.cpp's llama-4-style tuning): Q is scaled
+    # by 1 + temperature_scale * log(floor(pos / n_ctx_orig_yarn) + 1).
+    h["attn_temp_scale"] = float(key("attention.temperature_scale", 0.0))
+    h["attn_temp_floor"] = h["n_ctx_orig"]
+    if h["attn_temp_scale"] != 0.0 and not 0 < h["attn_temp_floor"] < 2**31:
+        raise ModelShapeError("attention temperature scaling needs rope.scaling.original_context_length > 0")
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
@@ -151,6 +298,20 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("gemma3", "gemma3", "neox",
                      _ATTN_FFN + ("q_norm", "k_norm", "attn_post_norm", "ffn_post_norm"),
                      activation="gelu", derive=_gemma3, description="Gemma 3"),
+        Architecture("qwen3moe", "decoder", "neox", _ATTN + ("q_norm", "k_norm"), experts=Experts(),
+                     description="Qwen3-MoE, Qwen3-Coder (30B-A3B, 480B-A35B)"),
+        Architecture("gpt-oss", "decoder", "neox", _ATTN + ("bq", "bk", "bv", "bo", "attn_sinks"),
+                     experts=Experts(gating="softmax_weight", normalize=False, activation="swiglu_oai",
+                                     required=_EXPERTS + _EXPERT_BIASES),
+                     tensor_names={"ffn_norm": "blk.{i}.post_attention_norm.weight"}, derive=_gpt_oss,
+                     description="gpt-oss (20b, 120b)"),
+        Architecture("glm4moe", "decoder", "neox", _ATTN, optional=("bq", "bk", "bv", "q_norm", "k_norm"),
+                     experts=Experts(gating="sigmoid", normalize=None,
+                                     required=_EXPERTS + ("ffn_exp_probs_b",)),
+                     tensor_names={"ffn_norm": "blk.{i}.post_attention_norm.weight"}, derive=_nextn,
+                     description="GLM-4.5, GLM-4.5-Air, GLM-4.6"),
+        Architecture("mistral3", "decoder", "normal", _ATTN_FFN, optional=("bo",), derive=_mistral3,
+                     description="Mistral 3: Ministral 3, Devstral Small 2, Mistral Small 3.x"),
         Architecture("bert", "bert", "neox", _ENCODER_BLOCK, optional=_ENCODER_OPTIONAL,
                      activation="gelu", derive=_encoder, encoder=True,
                      global_required=("tok_embd", "pos_embd", "tok_norm", "tok_norm_b"),
@@ -193,9 +354,26 @@ class ModelSpec:
     @property
     def description(self) -> str:
         h = self.hparams
+        ffn = (f"{h['n_expert']} experts ({h['n_expert_used']} used) of n_ff {h['n_ff_exp']}"
+               if "n_expert" in h else f"n_ff {h['n_ff']}")
         return (f"{self.arch.name}: {h['n_layer']} layers, n_embd {h['n_embd']}, "
-                f"{h['n_head']} heads ({h['n_head_kv']} KV), n_ff {h['n_ff']}, "
+                f"{h['n_head']} heads ({h['n_head_kv']} KV), {ffn}, "
                 f"vocab {h['n_vocab']}, trained context {h['n_ctx_train']}")
+
+    def parameter_counts(self, tensors: Mapping[str, Any]) -> tuple[int, int]:
+        """(total, active): the weights' element count, and how many of them
+        one token reads -- the experts it is routed to, not all of them (the
+        embedding table counts once, as llama.cpp's n_params does)."""
+        total = active = 0
+        used = set()
+        for table in [self.global_tensors] + self.layer_tensors:
+            used.update(n for n in table.values() if n)
+        for name in used:
+            n = math.prod(tensors[name].shape)
+            total += n
+            is_expert = any(name.endswith(s) for s in ("_exps.weight", "_exps.bias"))
+            active += n * self.hparams["n_expert_used"] // self.hparams["n_expert"] if is_expert else n
+        return total, active
 
 
 def model_spec(gguf: GGUFFile) -> ModelSpec:
@@ -232,7 +410,9 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
         "n_embd": int(key("embedding_length")),
         "n_layer": int(key("block_count")),
         "n_head": int(key("attention.head_count")),
-        "n_ff": int(key("feed_forward_length")),
+        # A model whose every layer has experts may have no dense FFN width.
+        "n_ff": int(key("feed_forward_length", gguf.get(prefix + "expert_feed_forward_length")
+                        if arch.experts else None)),
         "n_ctx_train": int(key("context_length")),
         "rms_eps": float(key("attention.layer_norm_rms_epsilon", 1e-5)),
         "rope_base": float(key("rope.freq_base", 10000.0)),
@@ -256,8 +436,10 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
         if not 0 < h[name] <= 4096:
             raise ModelShapeError(f"{name} = {h[name]} is out of range")
     h["n_rot"] = int(key("rope.dimension_count", h["head_dim_k"]))
-    h["rope_scale"] = _rope_freq_scale(gguf, prefix, key)
+    h.update(_rope_scaling(gguf, prefix, key, h["n_ctx_train"]))
     h["attn_scale"] = 1.0 / math.sqrt(h["head_dim_k"])
+    if arch.experts is not None:
+        _expert_hparams(h, key, gguf, arch.experts)
     if arch.derive is not None:
         arch.derive(h, key, gguf)
 
@@ -280,37 +462,66 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
     return h
 
 
-def _rope_freq_scale(gguf: GGUFFile, prefix: str, key: Callable[[str, Any], Any]) -> float:
-    """RoPE's position scale: 1/factor for linear scaling, else 1.
+def _rope_scaling(gguf: GGUFFile, prefix: str, key: Callable[[str, Any], Any], n_ctx_train: int) -> dict:
+    """RoPE's position scale (1/factor for linear and YaRN scaling, else 1),
+    and YaRN's parameters, as llama.cpp derives them (llama-context.cpp).
 
-    As llama.cpp reads it: the type defaults to linear, and the factor comes
-    from rope.scaling.factor or the older rope.scale_linear (0 or absent: no
-    scaling).  YaRN and LongRoPE also change the rotation's frequencies and
-    magnitude, which elelem does not implement, so they are refused rather
-    than run as if unscaled.
+    The type defaults to linear, and the factor comes from
+    rope.scaling.factor or the older rope.scale_linear (0 or absent: no
+    scaling).  LongRoPE also changes the rotation's frequencies, which
+    elelem does not implement, so it is refused rather than run as if
+    unscaled.
     """
     type_key = prefix + "rope.scaling.type"
     kind = gguf.get(type_key, "linear")
     if not isinstance(kind, str):  # an array, say: its == would compare element by element
         raise ModelShapeError(f"{type_key} must be a string, got {type(kind).__name__}")
-    if kind == "none":
-        return 1.0
-    if kind != "linear":
-        raise ModelShapeError(f"{type_key} = {kind!r} is not supported: elelem implements only "
-                              f"'linear' and 'none' RoPE scaling")
+    if kind not in ("none", "linear", "yarn"):
+        raise ModelShapeError(f"{type_key} = {kind!r} is not supported: elelem implements 'none', "
+                              f"'linear' and 'yarn' RoPE scaling")
+    out = {"rope_scale": 1.0, "rope_ext_factor": 0.0, "rope_attn_factor": 1.0, "yarn_beta_fast": 32.0,
+           "yarn_beta_slow": 1.0, "n_ctx_orig": int(key("rope.scaling.original_context_length", n_ctx_train))}
+    if not 0 < out["n_ctx_orig"] < 2**31:
+        raise ModelShapeError(f"{prefix}rope.scaling.original_context_length = {out['n_ctx_orig']} is out of range")
     name = "rope.scaling.factor" if gguf.get(prefix + "rope.scaling.factor") is not None else "rope.scale_linear"
     factor = float(key(name, 0.0))
-    if factor == 0.0:
-        return 1.0
-    if not (factor > 0 and math.isfinite(factor)):
+    if factor != 0.0 and not (factor > 0 and math.isfinite(factor)):
         raise ModelShapeError(f"{prefix + name} = {factor} must be a positive number")
-    return 1.0 / factor
+    if kind != "none" and factor != 0.0:
+        out["rope_scale"] = float(np.float32(1.0) / np.float32(factor))
+    if kind == "yarn":
+        out["yarn_beta_fast"] = float(key("rope.scaling.yarn_beta_fast", 32.0))
+        out["yarn_beta_slow"] = float(key("rope.scaling.yarn_beta_slow", 1.0))
+        out["rope_ext_factor"] = ext = float(key("rope.scaling.yarn_ext_factor", -1.0))
+        if ext < 0:
+            out["rope_ext_factor"] = 1.0
+        out["rope_attn_factor"] = _yarn_attn_factor(out["rope_scale"], out["rope_ext_factor"],
+                                                    float(key("rope.scaling.yarn_log_multiplier", 0.0)))
+    out["rope_attn_factor"] = float(np.float32(out["rope_attn_factor"]) *
+                                    np.float32(key("rope.scaling.attn_factor", 1.0)))
+    return out
+
+
+def _yarn_attn_factor(freq_scale: float, ext_factor: float, log_mul: float) -> float:
+    """llama.cpp's cparams.yarn_attn_factor, in float32 as it computes it:
+    the magnitude scale of YaRN, divided by the 1 + 0.1 ln(factor) that
+    ggml's rope multiplies in again (llama.cpp#17945)."""
+    if ext_factor == 0:
+        return 1.0
+    f32 = np.float32
+    factor = f32(1.0) / f32(freq_scale)
+
+    def mscale(scale, m):  # 0.1 * m * logf(scale) + 1, or 1 for scale <= 1
+        return f32(1.0) if scale <= 1.0 else f32(f32(f32(0.1) * f32(m)) * f32(math.log(scale))) + f32(1.0)
+
+    attn = mscale(factor, 1.0) / mscale(factor, log_mul) if log_mul != 0.0 else mscale(factor, 1.0)
+    return float(f32(attn) * (f32(1.0) / (f32(1.0) + f32(f32(0.1) * f32(math.log(factor))))))
 
 
 def _expected_shapes(h: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     e, q, kv_k, kv_v = h["n_embd"], h["n_head"] * h["head_dim_k"], h["n_head_kv"] * h["head_dim_k"], \
         h["n_head_kv"] * h["head_dim_v"]
-    return {
+    shapes = {
         "attn_norm": (e,), "ffn_norm": (e,), "attn_post_norm": (e,), "ffn_post_norm": (e,),
         "wq": (e, q), "wk": (e, kv_k), "wv": (e, kv_v), "wo": (h["n_head"] * h["head_dim_v"], e),
         "bq": (q,), "bk": (kv_k,), "bv": (kv_v,), "bo": (e,),
@@ -321,15 +532,25 @@ def _expected_shapes(h: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         "wqkv": (e, q + kv_k + kv_v), "bqkv": (q + kv_k + kv_v,),
         "attn_out_norm": (e,), "attn_out_norm_b": (e,), "layer_out_norm": (e,), "layer_out_norm_b": (e,),
         "ffn_up_b": (h["n_ff"],), "ffn_down_b": (e,),
+        "attn_sinks": (h["n_head"],),
         "pos_embd": (e, h["n_ctx_train"]), "type_embd": (e, h.get("n_token_types", 0)),
         "tok_norm": (e,), "tok_norm_b": (e,),
     }
+    if "n_expert" in h:
+        x, f, fs = h["n_expert"], h["n_ff_exp"], h["n_ff_shexp"]
+        shapes.update({
+            "ffn_gate_inp": (e, x), "ffn_gate_inp_b": (x,), "ffn_exp_probs_b": (x,),
+            "ffn_gate_exps": (e, f, x), "ffn_up_exps": (e, f, x), "ffn_down_exps": (f, e, x),
+            "ffn_gate_exps_b": (f, x), "ffn_up_exps_b": (f, x), "ffn_down_exps_b": (e, x),
+            "ffn_gate_shexp": (e, fs), "ffn_up_shexp": (e, fs), "ffn_down_shexp": (fs, e),
+        })
+    return shapes
 
 
 def _check_shape(gguf: GGUFFile, role: str, name: str, want: tuple[int, ...]) -> None:
     info = gguf.tensors[name]
     # The token-type table is added as a vector (its row 0), so it is F32 too.
-    allowed = _VECTOR_TYPES if len(want) == 1 or role == "type_embd" else _MATRIX_TYPES
+    allowed = _VECTOR_TYPES if len(want) == 1 or role in _F32_MATRIX_ROLES else _MATRIX_TYPES
     if info.type_name not in allowed:
         raise ModelShapeError(f"tensor {name!r} ({role}) has type {info.type_name}, which elelem cannot "
                               f"compute with here; expected one of {', '.join(sorted(allowed))}")
@@ -356,10 +577,11 @@ def _tensor_tables(gguf: GGUFFile, arch: Architecture, h: dict[str, Any]):
     layers = []
     for i in range(h["n_layer"]):
         table: dict[str, Optional[str]] = {}
-        for role in arch.required + arch.optional:
-            name = LAYER_TENSOR_NAMES[role].format(i=i)
+        required, optional = _layer_roles(arch, h, i)
+        for role in required + optional:
+            name = arch.tensor_names.get(role, LAYER_TENSOR_NAMES[role]).format(i=i)
             if name not in gguf.tensors:
-                if role in arch.required:
+                if role in required:
                     raise ModelShapeError(f"required tensor {name!r} is missing")
                 continue
             _check_shape(gguf, role, name, shapes[role])
@@ -370,6 +592,19 @@ def _tensor_tables(gguf: GGUFFile, arch: Architecture, h: dict[str, Any]):
             _check_encoder_projections(i, table)
         layers.append(table)
     return globals_, layers
+
+
+def _layer_roles(arch: Architecture, h: Mapping[str, Any], i: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The roles layer ``i`` must have and may have: an expert layer's FFN is
+    the router and the experts (and shared experts where the model has them),
+    a leading dense layer's the plain gated FFN."""
+    experts = arch.experts
+    if experts is None:
+        return arch.required, arch.optional
+    if i < h["n_layer_dense_lead"]:
+        return arch.required + _DENSE_FFN, arch.optional
+    shared = _SHARED_EXPERTS if h["n_expert_shared"] > 0 else ()
+    return arch.required + experts.required + shared, arch.optional + experts.optional
 
 
 def _check_encoder_projections(i: int, table: dict[str, Optional[str]]) -> None:

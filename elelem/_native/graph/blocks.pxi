@@ -30,6 +30,7 @@ cdef struct Step:
     ggml_tensor * inp_k_idx     # I64 (n_tokens): the cells this step's K (and V) go to
     ggml_tensor * inp_v_idx     # I64 (v_row * n_tokens): cache elements of transposed V; NULL with flash_attn
     ggml_tensor * inp_out_ids   # I32 (n_outputs): rows kept for the output; NULL when every row is
+    ggml_tensor * inp_attn_scale  # F32 (1, 1, n_tokens): attention temperature per token (mistral3); NULL if none
     ggml_tensor * logits        # F32 (n_vocab, n_outputs); (n_embd, n_outputs) for embeddings
     # A prompt step that mixes sequences: the lengths of its runs of one
     # sequence's tokens (n_runs 0 otherwise, and for steps of generated
@@ -64,6 +65,11 @@ cdef void _make_inputs(Step * st) except *:
         ggml_set_input(st.inp_out_ids)
     else:
         st.inp_out_ids = NULL
+    if st.hp.attn_temp_scale != 0.0:
+        st.inp_attn_scale = ggml_new_tensor_3d(st.ctx, GGML_TYPE_F32, 1, 1, st.n_tokens)
+        ggml_set_input(st.inp_attn_scale)
+    else:
+        st.inp_attn_scale = NULL
 
 
 cdef inline void _set_input(ggml_tensor * t, const void * data, size_t size) noexcept:
@@ -94,6 +100,8 @@ cdef void _set_inputs(Step * st, KVCache cache, const int32_t * tokens, const in
         _set_input(st.inp_k_idx, idx, st.n_tokens * sizeof(int64_t))
         if st.inp_out_ids != NULL:
             _set_input(st.inp_out_ids, out_rows, st.n_outputs * sizeof(int32_t))
+        if st.inp_attn_scale != NULL:
+            _set_attn_scale(st, positions)
         if st.inp_v_idx != NULL:
             # V is stored transposed: element (channel c, cell j) at c * kv_size + j;
             # this step's V, flattened, holds (c, token t) at c + t * v_row.
@@ -112,6 +120,22 @@ cdef void _set_inputs(Step * st, KVCache cache, const int32_t * tokens, const in
     finally:
         free(mask)
         free(idx)
+
+
+cdef void _set_attn_scale(Step * st, const int32_t * positions) except *:
+    """llama.cpp's llm_graph_input_attn_temp: each token's Q scale,
+    log(floor(pos / floor_scale) + 1) * temp_scale + 1, with the float and
+    double steps it takes."""
+    cdef float * scale = <float *> malloc(st.n_tokens * sizeof(float))
+    cdef int i
+    cdef float quotient
+    if scale == NULL:
+        raise MemoryError()
+    for i in range(st.n_tokens):
+        quotient = (<float> positions[i]) / (<float> st.hp.attn_temp_floor)
+        scale[i] = <float> (log(<double> floorf(quotient) + 1.0) * <double> st.hp.attn_temp_scale + 1.0)
+    _set_input(st.inp_attn_scale, scale, st.n_tokens * sizeof(float))
+    free(scale)
 
 
 cdef inline ggml_tensor * norm_rms(Step * st, ggml_tensor * x, ggml_tensor * weight) noexcept:
@@ -322,17 +346,21 @@ cdef inline ggml_tensor * linear(Step * st, ggml_tensor * w, ggml_tensor * b, gg
 cdef inline ggml_tensor * rope(Step * st, ggml_tensor * x, float freq_base, float freq_scale,
                                ggml_tensor * freq_factors) noexcept:
     """Rotary position embedding of (head_dim, n_heads, n_tokens) at inp_pos."""
-    return ggml_rope_ext(st.ctx, x, st.inp_pos, freq_factors, st.hp.n_rot, st.hp.rope_type,
-                         st.hp.n_ctx_train, freq_base, freq_scale,
-                         0.0, 1.0, 32.0, 1.0)  # no YaRN: ext_factor 0, attn_factor 1, beta 32/1
+    cdef const HParams * hp = st.hp
+    return ggml_rope_ext(st.ctx, x, st.inp_pos, freq_factors, hp.n_rot, hp.rope_type, hp.n_ctx_orig,
+                         freq_base, freq_scale, hp.rope_ext_factor, hp.rope_attn_factor,
+                         hp.yarn_beta_fast, hp.yarn_beta_slow)  # without YaRN: ext_factor 0, attn_factor 1
 
 
 cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, ggml_tensor * k,
-                             ggml_tensor * v, ggml_tensor * mask, float kq_scale) noexcept:
+                             ggml_tensor * v, ggml_tensor * mask, float kq_scale,
+                             ggml_tensor * sinks=NULL) noexcept:
     """Store this step's K and V in its cells, then attend over cells [0, n_kv).
 
     q: (head_dim_k, n_head, n_tokens), k: (head_dim_k, n_head_kv, n_tokens),
     v: (head_dim_v * n_head_kv, n_tokens).  Returns (head_dim_v * n_head, n_tokens).
+    sinks, optional (n_head): a logit per head that joins every softmax
+    without a value (gpt-oss), as llama.cpp's soft_max/flash_attn add_sinks.
 
     K rows are stored per cell: (head_dim_k * n_head_kv, kv_size).  V is
     stored the same way for flash attention, and transposed otherwise, so
@@ -368,22 +396,24 @@ cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, 
         values = ggml_view_3d(ctx, vc, hp.head_dim_v, st.n_kv, hp.n_head_kv,
                               vc.nb[1], ggml_row_size(vc.type, hp.head_dim_v), 0)
         if st.n_runs > 1 and st.n_tokens >= FA_TILE_ROWS:
-            return _flash_attention_per_run(st, q, keys, values, mask, kq_scale)
+            return _flash_attention_per_run(st, q, keys, values, mask, kq_scale, sinks)
         out = ggml_flash_attn_ext(ctx, q, keys, values, mask, kq_scale, 0.0, 0.0)
+        ggml_flash_attn_ext_add_sinks(out, sinks)
         return ggml_reshape_2d(ctx, out, hp.head_dim_v * hp.n_head, st.n_tokens)
     values = ggml_view_3d(ctx, vc, st.n_kv, hp.head_dim_v, hp.n_head_kv,
                           cache.kv_size * v_el, cache.kv_size * v_el * hp.head_dim_v, 0)  # (n_kv, head_dim_v, n_head_kv)
     if st.decode_kernels and 2 <= st.n_tokens <= DECODE_KERNEL_COLUMNS:
-        return _attention_per_token(st, q, keys, values, mask, kq_scale)
+        return _attention_per_token(st, q, keys, values, mask, kq_scale, sinks)
     out = ggml_mul_mat(ctx, keys, q)                                       # (n_kv, n_tokens, n_head)
     out = ggml_soft_max_ext(ctx, out, mask, kq_scale, 0.0)
+    ggml_soft_max_add_sinks(out, sinks)
     out = ggml_mul_mat(ctx, values, out)                                   # (head_dim_v, n_tokens, n_head)
     out = ggml_permute(ctx, out, 0, 2, 1, 3)                               # (head_dim_v, n_head, n_tokens)
     return ggml_cont_2d(ctx, out, hp.head_dim_v * hp.n_head, st.n_tokens)
 
 
 cdef ggml_tensor * _flash_attention_per_run(Step * st, ggml_tensor * q, ggml_tensor * keys, ggml_tensor * values,
-                                            ggml_tensor * mask, float kq_scale) noexcept:
+                                            ggml_tensor * mask, float kq_scale, ggml_tensor * sinks) noexcept:
     """attention()'s flash attention for a step holding several sequences'
     tokens, FA_TILE_ROWS rows or more (prompts that arrived together): one op
     per run of a sequence's tokens, so that each takes the kernel it takes in
@@ -408,6 +438,7 @@ cdef ggml_tensor * _flash_attention_per_run(Step * st, ggml_tensor * q, ggml_ten
             ctx, ggml_view_3d(ctx, q, q.ne[0], rows, q.ne[2], q.nb[1], q.nb[2], <size_t> first * q.nb[1]),
             keys, values, ggml_view_2d(ctx, mask, mask.ne[0], rows, mask.nb[1], <size_t> first * mask.nb[1]),
             kq_scale, 0.0, 0.0)
+        ggml_flash_attn_ext_add_sinks(part, sinks)
         part = ggml_reshape_2d(ctx, part, hp.head_dim_v * hp.n_head, rows)
         if rows != n:
             part = ggml_view_2d(ctx, part, part.ne[0], 1, part.nb[1], <size_t> (start - first) * part.nb[1])
@@ -417,7 +448,7 @@ cdef ggml_tensor * _flash_attention_per_run(Step * st, ggml_tensor * q, ggml_ten
 
 
 cdef ggml_tensor * _attention_per_token(Step * st, ggml_tensor * q, ggml_tensor * keys, ggml_tensor * values,
-                                        ggml_tensor * mask, float kq_scale) noexcept:
+                                        ggml_tensor * mask, float kq_scale, ggml_tensor * sinks) noexcept:
     """attention()'s products for a step of generated tokens (decode_kernels):
     one column per head and token, as a one-token step computes them, so
     that each token attends exactly as it would alone.  q: (head_dim_k,
@@ -430,6 +461,7 @@ cdef ggml_tensor * _attention_per_token(Step * st, ggml_tensor * q, ggml_tensor 
     cdef ggml_tensor * kq = ggml_mul_mat(ctx, keys, q)                   # (n_kv, 1, n_head, n_tokens)
     kq = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, kq, st.n_kv, hp.n_head, st.n_tokens), 0, 2, 1, 3))
     kq = ggml_soft_max_ext(ctx, kq, mask, kq_scale, 0.0)                 # (n_kv, n_tokens, n_head): a mask row per token
+    ggml_soft_max_add_sinks(kq, sinks)
     kq = ggml_reshape_4d(ctx, ggml_cont(ctx, ggml_permute(ctx, kq, 0, 2, 1, 3)), st.n_kv, 1, hp.n_head, st.n_tokens)
     cdef ggml_tensor * out = ggml_mul_mat(ctx, values, kq)               # (head_dim_v, 1, n_head, n_tokens)
     return ggml_reshape_2d(ctx, out, hp.head_dim_v * hp.n_head, st.n_tokens)
@@ -437,10 +469,15 @@ cdef ggml_tensor * _attention_per_token(Step * st, ggml_tensor * q, ggml_tensor 
 
 cdef inline ggml_tensor * ffn_gated(Step * st, LayerWeights * lw, ggml_tensor * x, bint gelu) noexcept:
     """down(act(gate(x)) * up(x)), with SiLU (SwiGLU) or tanh-GELU (GeGLU)."""
-    cdef ggml_tensor * g = linear(st, lw.ffn_gate, NULL, x)
-    cdef ggml_tensor * u = linear(st, lw.ffn_up, NULL, x)
+    return gated(st, lw.ffn_gate, lw.ffn_up, lw.ffn_down, x, gelu)
+
+
+cdef inline ggml_tensor * gated(Step * st, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down,
+                                ggml_tensor * x, bint gelu) noexcept:
+    cdef ggml_tensor * g = linear(st, gate, NULL, x)
+    cdef ggml_tensor * u = linear(st, up, NULL, x)
     x = ggml_geglu_split(st.ctx, g, u) if gelu else ggml_swiglu_split(st.ctx, g, u)
-    return linear(st, lw.ffn_down, NULL, x)
+    return linear(st, down, NULL, x)
 
 
 cdef inline ggml_tensor * select_outputs(Step * st, ggml_tensor * x) noexcept:

@@ -1,0 +1,58 @@
+# The pre-norm decoder of the 2025-2026 models: qwen3moe, gpt-oss, glm4moe
+# and mistral3, after llama.cpp's graphs of those names (src/models/).  One
+# block, its features switched by what the model has:
+# - Q/K/V/output biases, per-head Q/K norms, RoPE frequency factors;
+# - layers that attend over a sliding window, with their own RoPE base
+#   (gpt-oss: every other layer), and attention sinks (gpt-oss);
+# - the attention temperature of mistral3 (Q scaled per position);
+# - the FFN: routed experts, shared experts, or the dense SwiGLU of leading
+#   dense layers (graph/experts.pxi).
+# gpt-oss keeps every row through the last layer and drops the unwanted ones
+# before the output norm, as its llama.cpp graph does (the last layer's
+# matmuls then see the step's full width, and round as there).
+
+cdef ggml_tensor * build_decoder(Model m, KVCache cache, Step * st) except NULL:
+    cdef const HParams * hp = st.hp
+    cdef ggml_context * ctx = st.ctx
+    cdef LayerWeights * lw
+    cdef ggml_tensor * x = embed_tokens(st, m)   # the residual stream, (n_embd, n_tokens)
+    cdef ggml_tensor * h
+    cdef ggml_tensor * q
+    cdef ggml_tensor * k
+    cdef ggml_tensor * v
+    cdef bint swa
+    cdef float base
+    cdef float scale
+    cdef int il
+    for il in range(hp.n_layer):
+        lw = &m.layers[il]
+        swa = m.swa_layers[il] != 0
+        base = hp.rope_base_swa if swa else hp.rope_base
+        scale = hp.rope_scale_swa if swa else hp.rope_scale
+        h = norm_rms(st, x, lw.attn_norm)
+        q = ggml_reshape_3d(ctx, linear(st, lw.wq, lw.bq, h), hp.head_dim_k, hp.n_head, st.n_tokens)
+        k = ggml_reshape_3d(ctx, linear(st, lw.wk, lw.bk, h), hp.head_dim_k, hp.n_head_kv, st.n_tokens)
+        v = linear(st, lw.wv, lw.bv, h)
+        if lw.q_norm != NULL:
+            q = norm_rms(st, q, lw.q_norm)
+        if lw.k_norm != NULL:
+            k = norm_rms(st, k, lw.k_norm)
+        q = rope(st, q, base, scale, m.rope_freqs)
+        k = rope(st, k, base, scale, m.rope_freqs)
+        if st.inp_attn_scale != NULL:
+            q = ggml_mul(ctx, q, st.inp_attn_scale)
+        h = linear(st, lw.wo, lw.bo, attention(st, cache, il, q, k, v, st.inp_mask_swa if swa else st.inp_mask,
+                                               hp.attn_scale, lw.attn_sinks))
+        if il == hp.n_layer - 1 and not hp.late_output_rows:
+            h = select_outputs(st, h)
+            x = select_outputs(st, x)
+        x = ggml_add(ctx, h, x)
+        h = ffn_layer(st, lw, norm_rms(st, x, lw.ffn_norm))
+        x = ggml_add(ctx, h, x)
+    if hp.late_output_rows:
+        x = select_outputs(st, x)
+    x = norm_rms(st, x, m.output_norm)
+    return output_head(st, m, x)   # (n_vocab, n_outputs), or (n_embd, n_outputs)
+
+
+_register_builder("decoder", build_decoder)

@@ -1,0 +1,130 @@
+# The mixture-of-experts FFN, included into core.pyx after blocks.pxi.
+# Written to follow llama.cpp's build_moe_ffn (llama-graph.cpp) op for op,
+# so that on the same kernels the logits are its own: the router and top-k
+# choice, the chosen experts through ggml_mul_mat_id (biases through
+# ggml_add_id), each expert's output weighted, then summed in expert order.
+#
+# Batching.  ggml's plain mul_mat_id computes each token's rows with the
+# one-column dot product, whatever else is in the step; but the CPU
+# backend's repacked experts (CPU_REPACK: Q4_0, Q4_K, IQ4_NL, MXFP4 ... on
+# x86) take an expert's tokens 4 at a time through a gemm and the rest one
+# by one (gemv), which round differently.  So where the step's tokens are
+# not one sequence's prompt, the expert products run in pieces that give
+# each token the numbers it gets alone: a run of one sequence's prompt
+# tokens each (as _matmul_per_run), and generated tokens in threes (three
+# or fewer tokens routed to one expert all take the gemv).
+
+DEF MAX_USED_EXPERTS = 64       # experts a token is routed to, at most (elelem.model.architectures checks)
+DEF EXPERT_TOKENS_PER_PIECE = 3   # repack.cpp: "more than three rows in src1, use gemm"
+DEF MAX_EXPERT_PIECES = 16        # a step of generated tokens split at most so (48 tokens); wider ones run whole
+
+
+cdef inline ggml_tensor * _mul_mat_id_piece(Step * st, ggml_tensor * w, ggml_tensor * x, ggml_tensor * ids,
+                                            int start, int n) noexcept:
+    """w's experts times tokens [start, start + n) of x (n_in, n_x, n_tokens),
+    each with its ids (n_used, n_tokens)."""
+    cdef ggml_tensor * xs = ggml_view_3d(st.ctx, x, x.ne[0], x.ne[1], n, x.nb[1], x.nb[2], <size_t> start * x.nb[2])
+    cdef ggml_tensor * ids_s = ggml_view_2d(st.ctx, ids, ids.ne[0], n, ids.nb[1], <size_t> start * ids.nb[1])
+    return ggml_mul_mat_id(st.ctx, w, xs, ids_s)
+
+
+cdef ggml_tensor * matmul_id(Step * st, ggml_tensor * w, ggml_tensor * x, ggml_tensor * ids) noexcept:
+    """The chosen experts of w (n_in, n_out, n_expert) times x (n_in, 1 or
+    n_used, n_tokens): (n_out, n_used, n_tokens).  See the top of this file."""
+    cdef int64_t n_tokens = x.ne[2]
+    cdef ggml_tensor * out = NULL
+    cdef ggml_tensor * part
+    cdef int r, start = 0, n
+    if not _repacked(w) or n_tokens < 2:
+        return ggml_mul_mat_id(st.ctx, w, x, ids)
+    if st.decode_kernels and n_tokens > EXPERT_TOKENS_PER_PIECE \
+            and n_tokens <= EXPERT_TOKENS_PER_PIECE * MAX_EXPERT_PIECES:
+        while start < n_tokens:
+            n = min(EXPERT_TOKENS_PER_PIECE, n_tokens - start)
+            part = _mul_mat_id_piece(st, w, x, ids, start, n)
+            out = part if out == NULL else ggml_concat(st.ctx, out, part, 2)
+            start += n
+        return out
+    if st.n_runs > 1 and n_tokens == st.n_tokens:
+        for r in range(st.n_runs):
+            n = st.run_length[r]
+            part = _mul_mat_id_piece(st, w, x, ids, start, n)
+            out = part if out == NULL else ggml_concat(st.ctx, out, part, 2)
+            start += n
+        return out
+    return ggml_mul_mat_id(st.ctx, w, x, ids)
+
+
+cdef ggml_tensor * ffn_moe(Step * st, LayerWeights * lw, ggml_tensor * x) noexcept:
+    """The routed experts of one layer for x (n_embd, n_tokens): (n_embd, n_tokens)."""
+    cdef const HParams * hp = st.hp
+    cdef ggml_context * ctx = st.ctx
+    cdef int64_t n_embd = x.ne[0]
+    cdef int64_t n_tokens = x.ne[1]
+    cdef int n_used = hp.n_expert_used
+    cdef ggml_tensor * logits = linear(st, lw.ffn_gate_inp, lw.ffn_gate_inp_b, x)   # (n_expert, n_tokens)
+    cdef ggml_tensor * probs
+    if hp.expert_gating == 0:
+        probs = ggml_soft_max(ctx, logits)
+    elif hp.expert_gating == 1:
+        probs = ggml_sigmoid(ctx, logits)
+    else:                       # softmax over the chosen experts' logits, below
+        probs = logits
+    # A selection bias (GLM, DeepSeek V3) moves the choice, not the weights.
+    cdef ggml_tensor * choice = ggml_add(ctx, probs, lw.ffn_exp_probs_b) if lw.ffn_exp_probs_b != NULL else probs
+    cdef ggml_tensor * chosen = ggml_argsort_top_k(ctx, choice, n_used)              # I32 (n_used, n_tokens)
+    cdef ggml_tensor * weights = ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, hp.n_expert, n_tokens),
+                                               chosen)                             # (1, n_used, n_tokens)
+    cdef ggml_tensor * total
+    if hp.expert_gating == 2:
+        weights = ggml_reshape_3d(ctx, ggml_soft_max(ctx, ggml_reshape_2d(ctx, weights, n_used, n_tokens)),
+                                  1, n_used, n_tokens)
+    if hp.expert_norm:
+        weights = ggml_reshape_2d(ctx, weights, n_used, n_tokens)
+        total = ggml_clamp(ctx, ggml_sum_rows(ctx, weights), 6.103515625e-5, INFINITY)  # F16's smallest normal
+        weights = ggml_reshape_3d(ctx, ggml_div(ctx, weights, total), 1, n_used, n_tokens)
+    if hp.expert_scale != 0.0 and hp.expert_scale != 1.0:
+        weights = ggml_scale(ctx, weights, hp.expert_scale)
+    ggml_build_forward_expand(st.gf, weights)   # as llama.cpp: computed before the experts
+
+    x = ggml_reshape_3d(ctx, x, n_embd, 1, n_tokens)
+    cdef ggml_tensor * up = matmul_id(st, lw.ffn_up_exps, x, chosen)                 # (n_ff_exp, n_used, n_tokens)
+    if lw.ffn_up_exps_b != NULL:
+        up = ggml_add_id(ctx, up, lw.ffn_up_exps_b, chosen)
+    cdef ggml_tensor * gate = matmul_id(st, lw.ffn_gate_exps, x, chosen)
+    if lw.ffn_gate_exps_b != NULL:
+        gate = ggml_add_id(ctx, gate, lw.ffn_gate_exps_b, chosen)
+    cdef ggml_tensor * h
+    if hp.expert_swiglu_oai:
+        h = ggml_swiglu_oai(ctx, gate, up, 1.702, 7.0)   # llama.cpp's LLM_FFN_SWIGLU_OAI_MOE constants
+    else:
+        h = ggml_swiglu_split(ctx, gate, up)
+    cdef ggml_tensor * experts = matmul_id(st, lw.ffn_down_exps, h, chosen)          # (n_embd, n_used, n_tokens)
+    if lw.ffn_down_exps_b != NULL:
+        experts = ggml_add_id(ctx, experts, lw.ffn_down_exps_b, chosen)
+    experts = ggml_mul(ctx, experts, weights)
+    ggml_build_forward_expand(st.gf, experts)
+
+    # The sum over the chosen experts, in their order: views first, then adds.
+    cdef ggml_tensor * views[MAX_USED_EXPERTS]
+    cdef int i
+    for i in range(n_used):
+        views[i] = ggml_view_2d(ctx, experts, n_embd, n_tokens, experts.nb[2], <size_t> i * experts.nb[1])
+        ggml_build_forward_expand(st.gf, views[i])
+    cdef ggml_tensor * out = views[0]
+    for i in range(1, n_used):
+        out = ggml_add(ctx, out, views[i])
+        ggml_build_forward_expand(st.gf, out)
+    return ggml_cont(ctx, out) if n_used == 1 else out
+
+
+cdef inline ggml_tensor * ffn_layer(Step * st, LayerWeights * lw, ggml_tensor * x) noexcept:
+    """A decoder layer's FFN: the routed experts plus, where the model has
+    them, the shared ones (GLM); or the dense SwiGLU FFN (leading dense
+    layers, dense models)."""
+    if lw.ffn_gate_inp == NULL:
+        return ffn_gated(st, lw, x, False)
+    cdef ggml_tensor * routed = ffn_moe(st, lw, x)
+    if lw.ffn_up_shexp == NULL:
+        return routed
+    return ggml_add(st.ctx, routed, gated(st, lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp, x, False))
