@@ -67,6 +67,10 @@ class TinyConfig:
     yarn_orig_ctx: int = 256          # ... and this rope.scaling.original_context_length
     yarn_log_mul: float = 0.0         # mistral3's rope.scaling.yarn_log_multiplier
     attn_temp: float = 0.0            # mistral3's attention.temperature_scale
+    # Broken files, for the tests of bad input: tensors left out, and ((name, axis, length), ...)
+    # tensors cut to a length along an axis (numpy order).
+    drop: tuple = ()
+    cut: tuple = ()
 
     @property
     def hd(self) -> int:
@@ -212,6 +216,10 @@ def write_model(path: Path, cfg: TinyConfig,
     hyperparameters and before the tensors, to add more keys (a vocabulary).
     """
     weights = make_weights(cfg)
+    for name in cfg.drop:
+        del weights[name]
+    for name, axis, length in cfg.cut:
+        weights[name] = np.ascontiguousarray(np.take(weights[name], range(length), axis=axis))
     writer = gguf.GGUFWriter(str(path), cfg.arch)
     a = cfg.arch
     add_shape_keys(writer, cfg)

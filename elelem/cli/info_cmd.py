@@ -24,9 +24,15 @@ def describe(path) -> dict:
     gguf = read_gguf(path)
     meta = gguf.metadata
     arch = meta.get("general.architecture")
+    parameters = sum(t.n_elements for t in gguf.tensors.values())
+    active = parameters
     try:
-        hparams = model_spec(gguf).hparams
+        spec = model_spec(gguf)
+        hparams = spec.hparams
         supported, reason = True, None
+        if "n_expert" in hparams:  # a token reads only the experts it is routed to
+            used, used_active = spec.parameter_counts(gguf.tensors)
+            active = parameters - (used - used_active)
     except ElelemError as error:  # still describe what the header says
         hparams, supported, reason = {}, False, str(error)
     file_type = meta.get("general.file_type")
@@ -37,7 +43,10 @@ def describe(path) -> dict:
         "architecture": arch,
         "supported": supported,
         "unsupported_reason": reason,
-        "parameters": sum(t.n_elements for t in gguf.tensors.values()),
+        "parameters": parameters,
+        "active_parameters": active,
+        "experts": hparams.get("n_expert", meta.get(f"{arch}.expert_count")),
+        "experts_used": hparams.get("n_expert_used", meta.get(f"{arch}.expert_used_count")),
         "size_label": meta.get("general.size_label"),
         "layers": hparams.get("n_layer", meta.get(f"{arch}.block_count")),
         "embedding_length": hparams.get("n_embd", meta.get(f"{arch}.embedding_length")),
@@ -80,6 +89,9 @@ def main(args: argparse.Namespace) -> int:
         ("architecture", f"{facts['architecture']} (supported: {supported})"),
         ("size", f"{_count(facts['parameters'])} parameters, {facts['layers']} layers, "
                  f"n_embd {facts['embedding_length']}, {facts['heads']} heads ({facts['kv_heads']} KV)"),
+        *([("experts", f"{facts['experts']}, {facts['experts_used']} used per token: "
+                        f"{_count(facts['active_parameters'])} of the {_count(facts['parameters'])} "
+                        f"parameters active")] if facts["experts"] else []),
         ("context length", f"{facts['context_length']} tokens (trained)"),
         ("vocabulary", f"{facts['vocab_size']} tokens ({facts['tokenizer']})"),
         ("quantization", f"{facts['file_type'] or '-'}; tensors: {types}"),

@@ -320,6 +320,13 @@ cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) no
         return _matmul_per_run(st, w, x)
     if _small_batch_takes(st, w, x):
         return _small_batch(st, w, x)
+    if (st.decode_kernels and n >= 2 and w.type == GGML_TYPE_F32 and w.extra == NULL and x.ne[2] == 1
+            and x.ne[3] == 1 and ggml_is_contiguous(x)):
+        # An F32 weight (a MoE router: converters keep it F32) takes a column
+        # of a step of generated tokens as a one-token step does, where
+        # ggml's sgemm over the step would round otherwise -- and a router
+        # logit rounded otherwise may choose another expert.
+        return _one_column_each(st, w, x)
     if (not st.decode_kernels or x.ne[2] != 1 or x.ne[3] != 1 or not ggml_is_contiguous(x)
             or not (_plain_quantized(w) or _repacked(w))):
         return ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), x)
