@@ -28,7 +28,7 @@ from synthetic import write_model
 from vocab_metadata import vocab_size, vocab_writer
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from make_arch_fixtures import CONFIGS, token_ids  # noqa: E402  (importable without llama_cpp)
+from make_arch_fixtures import CONFIGS, N_GREEDY, N_PROMPT, token_ids  # noqa: E402  (importable without llama_cpp)
 
 TOKEN_IDS = token_ids()
 
@@ -87,3 +87,23 @@ def test_logits_match_llamacpp_exactly(elelem_logits, llamacpp_arch, name):
     diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
     assert diff.max() == 0.0, (
         f"{name}: max |diff| {diff.max():.3g}; per position {[float(f'{d:.3g}') for d in diff.max(axis=1)]}")
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_greedy_decoding_follows_llamacpp(arch_models, llamacpp_arch, name):
+    """One token a step, as generation runs: teacher-forced along llama.cpp's
+    greedy path, each step's argmax is llama.cpp's next token; and elelem's own
+    greedy generation takes the same path."""
+    import elelem
+
+    path = llamacpp_arch[name]["greedy"]
+    assert len(path) == N_GREEDY
+    with elelem.LLM(arch_models / f"{name}.gguf", kv_type="f16", n_ctx=256, n_threads=THREADS,
+                    speculative=False, **elelem_kernel_options()) as llm:
+        row = llm.eval(TOKEN_IDS[:N_PROMPT])
+        for step, token in enumerate(path):
+            assert int(np.argmax(row)) == token, f"{name}: step {step}"
+            row = llm.eval([token])
+        llm.reset()
+        assert llm.generate_tokens(TOKEN_IDS[:N_PROMPT], N_GREEDY) == path
