@@ -33,6 +33,9 @@ import numpy as np
 
 VEC_DOT_TYPE = {"f32": None, "f16": "f16", "q4_0": "q8_0", "q5_0": "q8_0", "q8_0": "q8_0",
                 "q4_1": "q8_1", "q4_k": "q8_k", "q6_k": "q8_k"}
+# MXFP4 (gpt-oss's experts) dots with Q8_0 activations too: type_traits_cpu's
+# ggml_vec_dot_mxfp4_q8_0, and the repacked MXFP4 GEMM/GEMV on the same Q8_0 rows.
+VEC_DOT_TYPE["mxfp4"] = "q8_0"
 _BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256}
 Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
 

@@ -301,22 +301,81 @@ def add_shape_keys(writer: gguf.GGUFWriter, cfg) -> None:
 
 # --------------------------------------------------------------------------
 # The NumPy reference forward pass.
+#
+# The 2025-26 decoders add, each written here from its definition:
+# - mixture-of-experts FFNs (qwen3moe, gpt-oss, glm4moe): the router and its
+#   top-k choice (:func:`moe_route`), SwiGLU experts (gpt-oss: the clamped
+#   swiglu_oai, with biases), a shared expert and leading dense layers (glm4moe);
+# - attention sinks and alternating sliding windows (gpt-oss), an attention
+#   temperature (mistral3), and YaRN RoPE scaling (gpt-oss, mistral3).
 
 def _rms_norm(x, w, eps):
     x = x.astype(np.float64)
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def _rope(x, positions, base, neox, freq_factors=None, n_rot=None, scale=1.0):
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN's parameters, as llama.cpp runs a file with rope.scaling.type=yarn
+    and no other YaRN keys: ext_factor 1, beta_fast 32, beta_slow 1."""
+    factor: float
+    n_ctx_orig: int
+    log_mul: float = 0.0
+    ext_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+    def corr_dims(self, n_rot: int, base: float) -> tuple[float, float]:
+        """ggml_rope_yarn_corr_dims: the rotation pairs where extrapolation
+        (the unscaled angle, below ``low``) gives way to interpolation (the
+        scaled angle, above ``high``).  A pair that turns ``beta`` times over
+        n_ctx_orig positions is pair n_rot * ln(n_ctx_orig / (2 pi beta)) / (2 ln base)."""
+        def dim(beta):
+            return n_rot * math.log(self.n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(base))
+        return max(0.0, math.floor(dim(self.beta_fast))), min(n_rot - 1.0, math.ceil(dim(self.beta_slow)))
+
+    def magnitude(self) -> float:
+        """What the rotated values are multiplied by: YaRN's mscale(factor, 1),
+        or mscale(factor, 1) / mscale(factor, log_mul) with a log multiplier, where
+        mscale(s, m) = 0.1 m ln s + 1 (1 for s <= 1).  (llama.cpp hands ggml this
+        divided by 1 + 0.1 ln(factor), which ggml's rope_yarn multiplies in again.)"""
+        if not self.ext_factor:
+            return 1.0
+
+        def mscale(s, m):
+            return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+        f = self.factor
+        return mscale(f, 1.0) / mscale(f, self.log_mul) if self.log_mul else mscale(f, 1.0)
+
+
+def yarn_of(cfg: TinyConfig) -> Optional[Yarn]:
+    return Yarn(cfg.yarn, cfg.yarn_orig_ctx, cfg.yarn_log_mul) if cfg.yarn else None
+
+
+def _rope(x, positions, base, neox, freq_factors=None, n_rot=None, scale=1.0, yarn: Optional[Yarn] = None):
     """x: (n_tokens, n_heads, head_dim); rotates the first ``n_rot`` dims (all by
     default) by positions * scale * base^(-2i/n_rot) (linear scaling: scale = 1/factor)
-    and passes the rest through."""
+    and passes the rest through.
+
+    With ``yarn`` (scale = 1/factor), pair i turns by a mix of the unscaled angle
+    (extrapolated) and the scaled one (interpolated), weighted by a ramp that is 1
+    below the correction dims' low end and 0 above their high end, and the rotated
+    values are multiplied by YaRN's magnitude (:class:`Yarn`)."""
     n_rot = n_rot or x.shape[-1]
     inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
     if freq_factors is not None:
         inv = inv / freq_factors
-    ang = positions[:, None, None] * scale * inv[None, None, :]
-    cos, sin = np.cos(ang), np.sin(ang)
+    magnitude = 1.0
+    if yarn is None:
+        ang = positions[:, None, None] * scale * inv[None, None, :]
+    else:
+        extrapolated = positions[:, None, None] * inv[None, None, :]
+        low, high = yarn.corr_dims(n_rot, base)
+        ramp = 1.0 - np.clip((np.arange(n_rot // 2) - low) / max(0.001, high - low), 0.0, 1.0)
+        mix = ramp * yarn.ext_factor
+        ang = scale * extrapolated * (1.0 - mix) + extrapolated * mix
+        magnitude = yarn.magnitude()
+    cos, sin = magnitude * np.cos(ang), magnitude * np.sin(ang)
     r, rest = x[..., :n_rot], x[..., n_rot:]
     if neox:
         a, b = r[..., : n_rot // 2], r[..., n_rot // 2:]
@@ -337,39 +396,150 @@ def _silu(x):
     return x / (1.0 + np.exp(-x))
 
 
+def _softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+# gpt-oss's expert activation (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE constants).
+SWIGLU_OAI_ALPHA = 1.702
+SWIGLU_OAI_LIMIT = 7.0
+
+
+def _swiglu_oai(gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT):
+    """gpt-oss's clamped SwiGLU: the gate clamped from above, the linear part
+    from both sides and shifted by one: g * sigmoid(alpha g) * (u + 1)."""
+    g = np.minimum(gate, limit)
+    u = np.clip(up, -limit, limit)
+    return g / (1.0 + np.exp(-alpha * g)) * (u + 1.0)
+
+
+# How each architecture's router turns logits into probabilities ("softmax_weight":
+# none, the chosen experts' raw logits are softmaxed), whether it renormalises the
+# chosen weights to sum 1 (glm4moe: what the writer's expert_weights_norm says).
+_ROUTING = {"qwen3moe": ("softmax", True), "glm4moe": ("sigmoid", True), "gpt-oss": ("softmax_weight", False)}
+
+
+def moe_route(logits: np.ndarray, cfg: TinyConfig, selection_bias: Optional[np.ndarray] = None):
+    """Router logits (n_tokens, n_expert) -> (ids, weights), each (n_tokens, k)
+    with k = n_expert_used: the k experts of the largest probabilities (plus
+    ``selection_bias``, which moves the choice and not the weights), best first,
+    and their weights: the probabilities (gpt-oss: the softmax of the k chosen
+    logits), renormalised to sum 1 where the architecture does, times the
+    expert_weights_scale where it is neither 0 nor 1 (glm4moe)."""
+    gating, normalise = _ROUTING[cfg.arch]
+    logits = np.asarray(logits, dtype=np.float64)
+    if gating == "softmax":
+        probs = _softmax(logits)
+    elif gating == "sigmoid":
+        probs = 1.0 / (1.0 + np.exp(-logits))
+    else:
+        probs = logits
+    choice = probs if selection_bias is None else probs + selection_bias
+    ids = np.argsort(-choice, axis=-1, kind="stable")[:, : cfg.n_expert_used]
+    weights = np.take_along_axis(probs, ids, axis=-1)
+    if gating == "softmax_weight":
+        weights = _softmax(weights)
+    if normalise:
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+    scale = cfg.expert_scale if cfg.arch == "glm4moe" else 0.0   # the writer writes it for glm4moe only
+    if scale not in (0.0, 1.0):
+        weights = weights * scale
+    return ids, weights
+
+
+def routing_margin(logits: np.ndarray, cfg: TinyConfig, selection_bias: Optional[np.ndarray] = None) -> float:
+    """The smallest gap, over tokens, between the k-th and (k+1)-th expert's
+    selection score: how far a choice is from a tie (inf when all are chosen).
+    Measured on the logits where the choice is a monotone function of them
+    (softmax gatings), else on the biased sigmoid: either way in units whose
+    float32 rounding is ~1e-6, not in softmax probabilities, whose gaps shrink
+    with the probabilities."""
+    gating, _ = _ROUTING[cfg.arch]
+    logits = np.asarray(logits, dtype=np.float64)
+    choice = 1 / (1 + np.exp(-logits)) if gating == "sigmoid" else logits
+    if selection_bias is not None:
+        choice = choice + selection_bias
+    k = cfg.n_expert_used
+    if k >= choice.shape[-1]:
+        return math.inf
+    s = -np.sort(-choice, axis=-1)
+    return float((s[:, k - 1] - s[:, k]).min())
+
+
 def output_weight_name(weights) -> str:
     return "output.weight" if "output.weight" in weights else "token_embd.weight"  # tied
 
 
 def _matmul(weights, w: dict[str, np.ndarray], ggml_numerics: bool):
-    """(x, name) -> x @ w[name].T, as ggml computes it when ``ggml_numerics``."""
+    """(x, name[, expert]) -> x @ w[name].T (of that expert, for stacked experts
+    (n_expert, n_out, n_in)), as ggml computes it when ``ggml_numerics``."""
     types = getattr(weights, "types", {}) if ggml_numerics else {}
     raw = getattr(weights, "raw", {})
 
-    def mm(x, name):
+    def mm(x, name, expert=None):
+        m = w[name] if expert is None else w[name][expert]
         if types.get(name, "f32") == "f32":
-            return x @ w[name].T
-        return numerics.matmul(x, w[name], types[name], raw.get(name))
+            return x @ m.T
+        r = raw.get(name)
+        return numerics.matmul(x, m, types[name], r if r is None or expert is None else r[expert])
 
     return mm
 
 
+def _moe_ffn(h, w, p, cfg, mm, trace=None):
+    """The routed experts of layer prefix ``p`` (plus glm4moe's shared expert) for h (n_tokens, n_embd)."""
+    logits = mm(h, p + "ffn_gate_inp.weight") + w.get(p + "ffn_gate_inp.bias", 0)
+    selection_bias = w.get(p + "exp_probs_b.bias")
+    ids, weights = moe_route(logits, cfg, selection_bias)
+    if trace is not None:
+        trace.append(dict(layer=p, ids=ids, weights=weights, margin=routing_margin(logits, cfg, selection_bias)))
+
+    def expert(x, name, e):   # expert e's matmul, plus its bias where there is one (gpt-oss)
+        bias = w.get(p + name + ".bias")
+        return mm(x, p + name + ".weight", e) + (0 if bias is None else bias[e])
+
+    out = np.zeros_like(h)
+    for e in range(cfg.n_expert):
+        rows, slot = np.nonzero(ids == e)
+        if rows.size == 0:
+            continue
+        gate, up = expert(h[rows], "ffn_gate_exps", e), expert(h[rows], "ffn_up_exps", e)
+        act = _swiglu_oai(gate, up) if cfg.arch == "gpt-oss" else _silu(gate) * up
+        out[rows] += weights[rows, slot][:, None] * expert(act, "ffn_down_exps", e)
+    if p + "ffn_up_shexp.weight" in w:
+        shared = _silu(mm(h, p + "ffn_gate_shexp.weight")) * mm(h, p + "ffn_up_shexp.weight")
+        out = out + mm(shared, p + "ffn_down_shexp.weight")
+    return out
+
+
 def reference_logits(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dtype=np.float64,
-                     ggml_numerics: bool = False) -> np.ndarray:
+                     ggml_numerics: bool = False, trace: Optional[list] = None) -> np.ndarray:
     """Logits at every position, (n_tokens, n_vocab); float64 unless told (real models are big).
 
     With ``ggml_numerics`` (``weights`` from :func:`write_model`), two things ggml
     does are reproduced (tests/ggml_numerics.py): each matmul with a quantized or
     F16 weight first quantizes its activations to the weight's vec_dot type, and
     GeGLU reads its GELU from a float16 table.  Everything else stays float64.
+    ``trace``, a list, receives each MoE layer's routing (:func:`_moe_ffn`).
     """
     w = {k: v.astype(dtype, copy=False) for k, v in weights.items()}
-    x = reference_hidden(weights, cfg, tokens, dtype, ggml_numerics)
+    x = reference_hidden(weights, cfg, tokens, dtype, ggml_numerics, trace)
     return _matmul(weights, w, ggml_numerics)(x, output_weight_name(w))
 
 
+def _sliding(cfg: TinyConfig, i: int) -> bool:
+    """Whether layer i attends over the sliding window: gemma3 every layer but
+    each 6th, gpt-oss the even ones (pattern 2)."""
+    if cfg.n_swa <= 0:
+        return False
+    if cfg.arch == "gemma3":
+        return (i + 1) % 6 != 0
+    return cfg.arch == "gpt-oss" and i % 2 == 0
+
+
 def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dtype=np.float64,
-                     ggml_numerics: bool = False) -> np.ndarray:
+                     ggml_numerics: bool = False, trace: Optional[list] = None) -> np.ndarray:
     """The output projection's input (the final normed hidden state), (n_tokens, n_embd)."""
     f = _features(cfg.arch)
     w = {k: v.astype(dtype, copy=False) for k, v in weights.items()}
@@ -383,7 +553,15 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
         x = x * math.sqrt(cfg.n_embd)
     group = cfg.n_head // cfg.n_head_kv
     ff = w.get("rope_freqs.weight")
-    for i in range(cfg.n_layer):
+    yarn = yarn_of(cfg)
+    # gpt-oss scales Q.K by 1/sqrt(n_rot), the others by 1/sqrt(head_dim).
+    scale = 1.0 / math.sqrt(cfg.rot if cfg.arch == "gpt-oss" else hd)
+    temperature = None
+    if cfg.attn_temp and cfg.arch == "mistral3":
+        # mistral3: Q, after RoPE, times 1 + attn_temp * ln(floor(pos / n_ctx_orig) + 1)
+        n_ctx_orig = cfg.yarn_orig_ctx if cfg.yarn else cfg.n_ctx_train
+        temperature = 1.0 + cfg.attn_temp * np.log(np.floor(pos / n_ctx_orig) + 1.0)
+    for i in range(cfg.n_layer):   # glm4moe's NextN layers (blk.n_layer...) are never run
         p = f"blk.{i}."
         h = _rms_norm(x, w[p + "attn_norm.weight"], cfg.rms_eps)
         q = mm(h, p + "attn_q.weight") + w.get(p + "attn_q.bias", 0)
@@ -395,30 +573,46 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
         if f["qk_norm"]:
             q = _rms_norm(q, w[p + "attn_q_norm.weight"], cfg.rms_eps)
             k = _rms_norm(k, w[p + "attn_k_norm.weight"], cfg.rms_eps)
-        is_swa = cfg.arch == "gemma3" and cfg.n_swa > 0 and (i + 1) % 6 != 0
-        base = 10000.0 if is_swa else cfg.rope_base
-        # llama.cpp's gemma3 never scales the sliding layers' RoPE (rope_freq_scale_train_swa = 1).
-        rope_scale = 1.0 / cfg.rope_linear if cfg.rope_linear and not is_swa else 1.0
-        q = _rope(q, pos, base, f["neox"], ff, cfg.n_rot, rope_scale)
-        k = _rope(k, pos, base, f["neox"], ff, cfg.n_rot, rope_scale)
-        scale = 1.0 / math.sqrt(hd)
+        is_swa = _sliding(cfg, i)
+        gemma_local = cfg.arch == "gemma3" and is_swa
+        # llama.cpp's gemma3 runs its sliding layers at base 10000, never scaled
+        # (rope_freq_scale_train_swa = 1); gpt-oss's share the global RoPE.
+        base = 10000.0 if gemma_local else cfg.rope_base
+        rope_scale, layer_yarn = 1.0, None
+        if cfg.rope_linear and not gemma_local:
+            rope_scale = 1.0 / cfg.rope_linear
+        if yarn is not None:
+            rope_scale, layer_yarn = 1.0 / yarn.factor, yarn
+        q = _rope(q, pos, base, f["neox"], ff, cfg.n_rot, rope_scale, layer_yarn)
+        k = _rope(k, pos, base, f["neox"], ff, cfg.n_rot, rope_scale, layer_yarn)
+        if temperature is not None:
+            q = q * temperature[:, None, None]
         allowed = np.tril(np.ones((n, n), dtype=bool))
-        if is_swa:
+        if is_swa:  # a query at i sees keys j with i - j < n_swa (llama.cpp's is_masked_swa, STANDARD)
             allowed &= (np.arange(n)[:, None] - np.arange(n)[None, :]) < cfg.n_swa
+        sinks = w.get(p + "attn_sinks.weight")
         out = np.empty((n, cfg.n_head, hd))
         for head in range(cfg.n_head):
             s = q[:, head] @ k[:, head // group].T * scale
             s = np.where(allowed, s, -np.inf)
-            s = np.exp(s - s.max(axis=1, keepdims=True))
-            s /= s.sum(axis=1, keepdims=True)
-            out[:, head] = s @ v[:, head // group]
-        attn = mm(out.reshape(n, -1), p + "attn_output.weight")
+            m = s.max(axis=1, keepdims=True)
+            if sinks is not None:  # the sink's logit joins the denominator, with no value
+                m = np.maximum(m, sinks[head])
+            e = np.exp(s - m)
+            total = e.sum(axis=1, keepdims=True)
+            if sinks is not None:
+                total = total + np.exp(sinks[head] - m)
+            out[:, head] = (e / total) @ v[:, head // group]
+        attn = mm(out.reshape(n, -1), p + "attn_output.weight") + w.get(p + "attn_output.bias", 0)
         if f["post_norms"]:
             attn = _rms_norm(attn, w[p + "post_attention_norm.weight"], cfg.rms_eps)
         x = x + attn
-        h = _rms_norm(x, w[p + "ffn_norm.weight"], cfg.rms_eps)
-        g, u = mm(h, p + "ffn_gate.weight"), mm(h, p + "ffn_up.weight")
-        h = mm((gelu(g) if f["gelu"] else _silu(g)) * u, p + "ffn_down.weight")
+        h = _rms_norm(x, w[p + f["ffn_norm"] + ".weight"], cfg.rms_eps)
+        if _moe_layer(cfg, i):
+            h = _moe_ffn(h, w, p, cfg, mm, trace)
+        else:
+            g, u = mm(h, p + "ffn_gate.weight"), mm(h, p + "ffn_up.weight")
+            h = mm((gelu(g) if f["gelu"] else _silu(g)) * u, p + "ffn_down.weight")
         if f["post_norms"]:
             h = _rms_norm(h, w[p + "post_ffw_norm.weight"], cfg.rms_eps)
         x = x + h

@@ -6,9 +6,10 @@ each result to the event loop through a zero-buffer channel, so it never
 runs ahead of the client by more than the engine's own few tokens.
 
 The first result decides the answer: an error before any output is a JSON
-error with its status; a whole response is JSON; a first chunk starts the
-SSE stream (``data: {json}`` events, then ``data: [DONE]``).  An error
-after the stream started is sent as one ``data: {"error": ...}`` event.
+error with its status; a whole response is JSON; a first event starts the
+SSE stream.  The request's :class:`~.wire.Wire` writes each of them in its
+API's shapes (OpenAI's: ``data: {json}`` events, then ``data: [DONE]``, and
+an error after the stream started as one ``data: {"error": ...}`` event).
 
 When the client disconnects, or the server stops the request (shutdown),
 the session is cancelled: the generation stops within one engine step,
@@ -17,7 +18,6 @@ response returns.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -33,6 +33,7 @@ from .errors import APIError, from_exception
 from .metrics import Metrics
 from .registry import ServedModel
 from .schema import Call
+from .wire import OpenAIWire, Wire
 
 log = logging.getLogger("elelem.server")
 
@@ -48,8 +49,9 @@ class Generation:
     """One accepted request (its slot already reserved), answered when called as an ASGI app."""
 
     def __init__(self, endpoint: str, model: ServedModel, call: Call, metrics: Metrics,
-                 limiter: anyio.CapacityLimiter, retry_after: int, live: set):
+                 limiter: anyio.CapacityLimiter, retry_after: int, live: set, wire: Optional[Wire] = None):
         self.endpoint = endpoint
+        self.wire = wire if wire is not None else OpenAIWire(call.include_usage)
         self.model = model
         self.call = call
         self.metrics = metrics
@@ -118,26 +120,24 @@ class Generation:
 
     async def _respond(self, results, scope, receive, send) -> None:
         kind, value = await results.receive()
-        if kind != "chunk":
+        if kind != "event":
             if kind == "cancelled":
                 if self.status == 499:
                     return  # nobody to answer
                 value = _shutting_down(self.retry_after)
-            response = from_exception(value, self.retry_after).response() if kind == "error" or \
+            response = self.wire.error_response(from_exception(value, self.retry_after)) if kind == "error" or \
                 kind == "cancelled" else JSONResponse(value)
             self.status = response.status_code
             self._responded = True  # nothing is left to cancel
             await response(scope, receive, send)
             return
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        while kind == "chunk":
-            await send({"type": "http.response.body", "body": _event(value), "more_body": True})
+        while kind == "event":
+            await send({"type": "http.response.body", "body": value, "more_body": True})
             kind, value = await results.receive()
-        if kind == "end":
-            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
-        elif kind == "error" or (kind == "cancelled" and self.status != 499):
+        if kind == "error" or (kind == "cancelled" and self.status != 499):
             error = value if kind == "error" else _shutting_down(self.retry_after)
-            await send({"type": "http.response.body", "body": _event(from_exception(error).body()),
+            await send({"type": "http.response.body", "body": self.wire.error_event(from_exception(error)),
                         "more_body": True})
         self._responded = True  # before the send: the disconnect it causes is no cancel
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -178,9 +178,8 @@ class Generation:
             raise KeyboardInterrupt("cancelled before it started")
         if not self.call.stream:
             response = answer.whole()
-            response["usage"] = answer.usage()  # the library's, with the drafted tokens added
             self._first_output()
-            put("whole", response)
+            put("whole", self.wire.whole(response, answer.usage()))  # the library's usage, with the drafts
             return
         chunks = answer.chunks()
         try:
@@ -193,10 +192,10 @@ class Generation:
                     else:
                         self._first_output()
                     last = now
-                put("chunk", chunk)
-            if self.call.include_usage:
-                put("chunk", {**{k: chunk[k] for k in ("id", "object", "created", "model")},
-                              "choices": [], "usage": answer.usage()})
+                for event in self.wire.events(chunk):
+                    put("event", event)
+            for event in self.wire.end(answer.usage()):
+                put("event", event)
             put("end")
         finally:
             chunks.close()  # in this thread: the stream's lock is this thread's
@@ -226,6 +225,3 @@ def _shutting_down(retry_after: int) -> APIError:
     return APIError(503, "the request was cancelled: the server is shutting down", type="server_overloaded",
                     retry_after=retry_after)
 
-
-def _event(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
