@@ -23,9 +23,11 @@ from .config import ServerConfig
 from .embeddings import embedding_call, run_embedding
 from .errors import APIError, bad_request, from_exception
 from .generation import Generation
+from .messages import messages_handler
 from .metrics import Metrics
 from .limits import RequestLimit
 from .registry import ModelRegistry
+from .responses import handler as responses_handler
 
 log = logging.getLogger("elelem.server")
 
@@ -76,6 +78,9 @@ def create_app(config: ServerConfig, registry: Optional[ModelRegistry] = None) -
         Route("/v1/chat/completions", _endpoint(state, _generation(schema.chat_call)), methods=["POST"]),
         Route("/v1/completions", _endpoint(state, _generation(schema.completion_call)), methods=["POST"]),
         Route("/v1/embeddings", _endpoint(state, _embeddings), methods=["POST"]),
+        # Anthropic's Messages API: its handler checks the key (x-api-key too) and answers in its error shape.
+        Route("/v1/messages", _endpoint(state, messages_handler(_json_body), auth=False), methods=["POST"]),
+        Route("/v1/responses", _endpoint(state, responses_handler(_json_body)), methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
