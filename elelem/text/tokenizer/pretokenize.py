@@ -15,8 +15,14 @@ match llama.cpp's, so the patterns here are written to reproduce the splitters:
   each piece between digits; one pattern does both here (a digit ends a
   whitespace run the way the end of the text does).
 
-Every pattern has only single-level quantifiers and ends with ``|.``, so a match
-always advances and the split is linear in the length of the text.
+Every single-pass pattern has only single-level quantifiers and ends with ``|.``,
+so a match always advances and the split is linear in the length of the text.
+
+The other pre-tokenizers (DeepSeek, Falcon, GPT-4o / o200k, Mistral's Tekken)
+have no hand-written splitter in llama.cpp: it runs their regexes in
+``std::regex``, pass after pass, on a stand-in text (see "Regexes llama.cpp runs
+in std::regex" below), and so do these, with Python's ``re``, whose
+backtracking and leftmost-first alternation are ECMAScript's.
 """
 from __future__ import annotations
 
@@ -65,13 +71,116 @@ SMOLLM_PATTERN = (
     f"|[{_W}]+(?![^{_W}{_N}])|[{_W}]+|."
 )
 
-# llama.cpp's "default" BPE pre-tokenizer is four passes, each splitting the
-# pieces of the one before; a regex pass keeps the text between its matches.
-_DEFAULT_PASSES = (
-    ("isolate", f"[{_P}$+<=>^~|]+"),
-    ("consume", GPT2_PATTERN),
-    ("isolate", f"[{_N}]+"),
-    ("isolate", "[0-9][0-9][0-9]"),
+# --- Regexes llama.cpp runs in std::regex -------------------------------------------
+#
+# llama.cpp has hand-written splitters only for a few regexes (GPT-2, Llama 3,
+# Qwen2, ...: the patterns above).  Every other regex runs in std::regex
+# (ECMAScript), one pass after the other, each pass splitting every piece of the
+# pass before into its matches *and the runs of text between them*
+# (unicode_regex_split_stl).  std::regex knows no Unicode, so llama.cpp gives it
+# a stand-in text of one character per code point:
+#
+# * a regex with \p{L}, \p{N}, \p{P} sees every non-ASCII code point as one byte
+#   for its category and \p{L} as [<letter byte>A-Za-z]: the same matches as
+#   elelem's class of that category on the real text;
+# * a regex without \p{..} (std::wregex) sees the code points, so its ranges,
+#   such as DeepSeek's [一-龥ࠀ-一가-퟿], compare code points;
+# * either way every non-ASCII whitespace code point is first replaced by \v,
+#   as std::regex's \s is only the C locale's [\t\n\v\f\r ]: a range that spans
+#   U+3000 does not match U+3000, while \s does.
+#
+# The splitters below do the same on a copy of the text with that replacement
+# (_stl_text), and write \s as _S.
+_S = r"\t\n\x0b\x0c\r "
+_NON_ASCII_SPACE = re.compile("[\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
+
+
+def _stl_text(text: str) -> str:
+    """``text`` as std::regex sees it: non-ASCII whitespace replaced by \\v (same length)."""
+    return text if text.isascii() else _NON_ASCII_SPACE.sub("\x0b", text)
+
+
+_ASCII_LETTERS = r"\U00000041-\U0000005a\U00000061-\U0000007a"
+assert _L.startswith(_ASCII_LETTERS)
+#: \p{L} without A-Za-z: in the stand-in text all of these are the one letter byte.
+_L_NON_ASCII = _L[len(_ASCII_LETTERS):]
+
+# GPT-4o (o200k) and Tekken split words at case changes.  Their tokenizer.json
+# regexes use \p{Lu}, \p{Ll}, ...; llama.cpp rewrites them with the categories
+# it has: an "upper" letter is a letter that is not a-z, a "lower" letter one
+# that is not A-Z, so a non-ASCII letter is both, and marks (\p{M}) are not
+# letters at all.
+_UPPERISH = "A-Z" + _L_NON_ASCII
+_LOWERISH = "a-z" + _L_NON_ASCII
+
+#: gpt-oss, Llama 4, MiniMax-M2: o200k's regex as llama.cpp adapts it.
+GPT4O_PATTERN = (
+    f"[^\\r\\n{_L}{_N}]?[{_UPPERISH}]*[{_LOWERISH}]+(?:{_CONTRACTIONS_ANY_CASE})?"
+    f"|[^\\r\\n{_L}{_N}]?[{_UPPERISH}]+[{_LOWERISH}]*(?:{_CONTRACTIONS_ANY_CASE})?"
+    f"|[{_N}]{{1,3}}"
+    f"| ?[^{_S}{_L}{_N}]+[\\r\\n/]*"
+    f"|[{_S}]*[\\r\\n]+"
+    f"|[{_S}]+(?![^{_S}])"
+    f"|[{_S}]+"
+)
+#: Mistral's Tekken: the same without contractions, digits one at a time.
+TEKKEN_PATTERN = (
+    f"[^\\r\\n{_L}{_N}]?[{_UPPERISH}]*[{_LOWERISH}]+"
+    f"|[^\\r\\n{_L}{_N}]?[{_UPPERISH}]+[{_LOWERISH}]*"
+    f"|[{_N}]"
+    f"| ?[^{_S}{_L}{_N}]+[\\r\\n/]*"
+    f"|[{_S}]*[\\r\\n]+"
+    f"|[{_S}]+(?![^{_S}])"
+    f"|[{_S}]+"
+)
+
+# DeepSeek LLM's letters: a literal list of ranges (Latin, Greek, Cyrillic,
+# Armenian, Georgian, Cherokee, ...), not \p{L}.
+_DEEPSEEK_LETTERS = (
+    "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373"
+    "\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481"
+    "\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b"
+    "\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b"
+    "\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb"
+    "\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128"
+    "\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4"
+    "\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf"
+    "\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
+    "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943"
+)
+# CJK ideographs, U+0800..U+4E00 and Hangul: in the stand-in text U+3000 and the
+# other whitespace in that span are \v, outside the class.
+_DEEPSEEK_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+
+#: llama.cpp's passes per pre-tokenizer (llm_tokenizer_bpe), as patterns on the stand-in text.
+DEEPSEEK_LLM_PASSES = (
+    "[\\r\\n]",
+    f"[{_S}]?[{_DEEPSEEK_LETTERS}]+",
+    f"[{_S}]?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",  # :-~ holds A-Z, a-z too
+    f"[{_S}]+\\Z",  # \s+$: $ is the end of each piece
+    _DEEPSEEK_CJK,
+    f"[{_N}]+",
+)
+DEEPSEEK_CODER_PASSES = (
+    "[\\r\\n]",
+    f"[{_S}]?[{_L}]+",
+    f"[{_S}]?[{_P}]+",
+    _DEEPSEEK_CJK,
+    f"[{_N}]",
+)
+# The second pass is GPT-2's regex, which llama.cpp runs with its GPT-2 splitter
+# (GPT2_PATTERN, which leaves no text between its matches).
+FALCON_PASSES = (
+    f"[{_P}$+<=>^~|`]+",
+    GPT2_PATTERN,
+    "[0-9][0-9][0-9]",
+)
+# llama.cpp's "default" BPE pre-tokenizer.
+DEFAULT_PASSES = (
+    f"[{_P}$+<=>^~|]+",
+    GPT2_PATTERN,
+    f"[{_N}]+",
+    "[0-9][0-9][0-9]",
 )
 
 
@@ -85,6 +194,9 @@ class PreTokenizer:
     ignore_merges: bool = False
     #: add_bos default when the GGUF has no tokenizer.ggml.add_bos_token.
     add_bos: bool = False
+    #: False where llama.cpp has no default BOS id (ChatGLM4, GLM-4.5): only
+    #: tokenizer.ggml.bos_token_id gives one.
+    has_bos: bool = True
 
 
 def _single_pass(pattern: str) -> Callable[[str], list[str]]:
@@ -93,19 +205,24 @@ def _single_pass(pattern: str) -> Callable[[str], list[str]]:
 
 
 def _multi_pass(passes) -> Callable[[str], list[str]]:
-    compiled = [(kind, re.compile(p, re.DOTALL)) for kind, p in passes]
+    """llama.cpp's std::regex passes: each splits every piece into matches and the text between them."""
+    compiled = [re.compile(p, re.DOTALL) for p in passes]
 
     def split(text: str) -> list[str]:
+        stand_in = _stl_text(text)
         spans = [(0, len(text))] if text else []
-        for kind, rx in compiled:
+        for rx in compiled:
             out = []
             for start, end in spans:
                 pos = start
-                for m in rx.finditer(text, start, end):
-                    if kind == "isolate" and m.start() > pos:
-                        out.append((pos, m.start()))
-                    out.append(m.span())
-                    pos = m.end()
+                for m in rx.finditer(stand_in, start, end):
+                    m_start, m_end = m.span()
+                    if m_start == m_end:
+                        continue
+                    if m_start > pos:
+                        out.append((pos, m_start))
+                    out.append((m_start, m_end))
+                    pos = m_end
                 if pos < end:
                     out.append((pos, end))
             spans = out
@@ -118,21 +235,31 @@ _QWEN2 = ("qwen2", QWEN2_PATTERN, False, False)
 _LLAMA3 = ("llama3", LLAMA3_PATTERN, True, True)
 _GPT2 = ("gpt2", GPT2_PATTERN, False, False)
 _SMOLLM = ("smollm", SMOLLM_PATTERN, False, False)
+_GPT4O = ("gpt4o", (GPT4O_PATTERN,), False, False)
 
-# tokenizer.ggml.pre -> (family, pattern, ignore_merges, add_bos), as llama-vocab.cpp maps them.
+# tokenizer.ggml.pre -> (family, pattern or passes, ignore_merges, add_bos[, has_bos]),
+# as llama-vocab.cpp maps them.  A tuple of patterns is a list of std::regex passes.
 _BY_PRE = {
     **{k: _QWEN2 for k in ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez",
                            "stablelm2", "hunyuan", "solar-open")},
     **{k: _LLAMA3 for k in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
                             "pixtral", "midm-2.0", "lfm2", "jina-v5-nano")},
-    **{k: ("llama3", LLAMA3_PATTERN, False, False) for k in ("dbrx", "smaug-bpe", "chatglm-bpe")},
-    **{k: ("llama3", LLAMA3_PATTERN, True, False) for k in ("glm4", "glm5")},
+    **{k: ("llama3", LLAMA3_PATTERN, False, False) for k in ("dbrx", "smaug-bpe")},
+    # ChatGLM4's regex is Llama 3's (llama.cpp runs it with the Llama 3 splitter);
+    # these vocabularies have no default BOS token.
+    "chatglm-bpe": ("llama3", LLAMA3_PATTERN, False, False, False),
+    **{k: ("llama3", LLAMA3_PATTERN, True, False, False) for k in ("glm4", "glm5")},
     **{k: _GPT2 for k in ("gpt2", "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat",
                           "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum", "modern-bert",
                           "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4",
                           "jina-v1-en", "jina-v2-code", "roberta-bpe")},
     **{k: _SMOLLM for k in ("smollm", "starcoder", "refact", "command-r", "codeshell",
                             "exaone", "minerva-7b", "mellum2")},
+    **{k: _GPT4O for k in ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2")},
+    "tekken": ("tekken", (TEKKEN_PATTERN,), True, True),
+    "deepseek-llm": ("deepseek-llm", DEEPSEEK_LLM_PASSES, False, False),
+    "deepseek-coder": ("deepseek-coder", DEEPSEEK_CODER_PASSES, False, False),
+    "falcon": ("falcon", FALCON_PASSES, False, False),
 }
 
 
@@ -146,9 +273,10 @@ def pretokenizer_for(pre: str | None) -> PreTokenizer:
     """
     entry = _BY_PRE.get(pre or "")
     if entry is not None:
-        family, pattern, ignore_merges, add_bos = entry
-        return PreTokenizer(family, _single_pass(pattern), ignore_merges, add_bos)
+        family, pattern, ignore_merges, add_bos, *rest = entry
+        split = _multi_pass(pattern) if isinstance(pattern, tuple) else _single_pass(pattern)
+        return PreTokenizer(family, split, ignore_merges, add_bos, *rest)
     if pre not in (None, "", "default"):
         log.warning("unknown tokenizer.ggml.pre %r: using the 'default' BPE pre-tokenizer; "
                     "token ids may differ from the model's own tokenizer", pre)
-    return PreTokenizer("default", _multi_pass(_DEFAULT_PASSES))
+    return PreTokenizer("default", _multi_pass(DEFAULT_PASSES))

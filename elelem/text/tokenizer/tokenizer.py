@@ -65,7 +65,7 @@ class Tokenizer:
         model_type = meta.get("tokenizer.ggml.model")
         if model_type == "gpt2":
             pre = pretokenizer_for(meta.get("tokenizer.ggml.pre"))
-            vocab = load_vocab(meta, pre_add_bos=pre.add_bos)
+            vocab = load_vocab(meta, pre_add_bos=pre.add_bos, pre_has_bos=pre.has_bos)
             merges = meta.get("tokenizer.ggml.merges")
             if merges is None:
                 raise GGUFError("byte-level BPE GGUF has no tokenizer.ggml.merges")

@@ -107,11 +107,13 @@ def _get_bool(meta: Mapping[str, Any], key: str) -> Optional[bool]:
     return bool(value)
 
 
-def load_vocab(meta: Mapping[str, Any], *, pre_add_bos: bool = False) -> Vocab:
+def load_vocab(meta: Mapping[str, Any], *, pre_add_bos: bool = False, pre_has_bos: bool = True) -> Vocab:
     """Build a :class:`Vocab` from GGUF metadata (``key -> value``).
 
     ``pre_add_bos`` is the BPE pre-tokenizer's own add_bos default (Llama 3 style
-    tokenizers add BOS when the GGUF does not say).
+    tokenizers add BOS when the GGUF does not say); ``pre_has_bos=False`` drops
+    byte-level BPE's default BOS id 11, as llama.cpp does for ChatGLM4 / GLM-4.5
+    (``tokenizer.ggml.bos_token_id`` still sets one).
     """
     model = meta.get(_KEY + "model")
     if model not in MODELS:
@@ -153,7 +155,7 @@ def load_vocab(meta: Mapping[str, Any], *, pre_add_bos: bool = False) -> Vocab:
         ids = {"bos": 101, "eos": None, "unk": 100, "sep": 102, "pad": 0, "mask": 103}
         add_bos, add_eos, add_space_prefix = True, False, False
     else:
-        ids = {"bos": 11, "eos": 11, "unk": None}
+        ids = {"bos": 11 if pre_has_bos else None, "eos": 11, "unk": None}
         add_bos, add_eos, add_space_prefix = pre_add_bos, False, False
     for name in ("eot", "eom", "sep", "pad", "mask", *_FIM_TEXTS):
         ids.setdefault(name, None)
