@@ -293,6 +293,12 @@ cdef extern from "gguf.h" nogil:
     int64_t gguf_find_tensor(const gguf_context * ctx, const char * name)
     size_t gguf_get_tensor_offset(const gguf_context * ctx, int64_t tensor_id)
     const char * gguf_get_tensor_name(const gguf_context * ctx, int64_t tensor_id)
+    # The split.* keys of a split model's files (model.pxi checks split.no).
+    enum gguf_type:
+        GGUF_TYPE_UINT16
+    int64_t gguf_find_key(const gguf_context * ctx, const char * key)
+    gguf_type gguf_get_kv_type(const gguf_context * ctx, int64_t key_id)
+    uint16_t gguf_get_val_u16(const gguf_context * ctx, int64_t key_id)
 
 
 cdef extern from "ggml-backend.h" nogil:

@@ -120,6 +120,15 @@ cdef inline void _check_status(ggml_status status, str what) except *:
     raise errors.ComputeError(f"{what}: ggml returned status {<int> status}")
 
 
+cdef struct WeightFile:
+    # One GGUF file of the model: the file itself, or one shard of a split model.
+    gguf_context * gguf            # its tensor table (and, in the first, the metadata), owned
+    ggml_context * ctx             # its tensor headers (no data), owned
+    void * addr                    # the whole file, mapped read-only (or read into anonymous memory)
+    size_t size
+    ggml_backend_buffer_t buf      # a CPU buffer over the mapping, no copy
+
+
 DEF MAX_EXTRA_BUFTS = 4
 DEF MAX_DEVICES = 8        # devices besides the CPU that one model's layers may be placed on
 
@@ -127,11 +136,10 @@ DEF MAX_DEVICES = 8        # devices besides the CPU that one model's layers may
 # Model: the GGUF context and the weights, memory-mapped and used in place.
 
 cdef class Model:
-    cdef gguf_context * gguf            # tensor table and metadata, owned
-    cdef ggml_context * weights_ctx     # tensor headers (no data), owned
-    cdef void * map_addr                # the whole file, mapped read-only (or read into anonymous memory)
-    cdef size_t map_size
-    cdef ggml_backend_buffer_t weights_buf   # a CPU buffer over the mapping, no copy
+    # The GGUF file, or each file of a split model in order (n_files), each mapped and its
+    # tensors placed in its own mapping; _file_tensor() finds a tensor in whichever holds it.
+    cdef WeightFile * files             # n_files entries, calloc'd
+    cdef readonly int n_files
     # Matmul weights that ggml's CPU "extra" buffer types (CPU_REPACK) can lay
     # out for faster kernels are copied into them at load, as llama.cpp does;
     # this also makes elelem's arithmetic, and so its tokens, equal llama.cpp's.
@@ -169,11 +177,8 @@ cdef class Model:
     cdef bint closed
 
     def __cinit__(self):
-        self.gguf = NULL
-        self.weights_ctx = NULL
-        self.map_addr = NULL
-        self.map_size = 0
-        self.weights_buf = NULL
+        self.files = NULL
+        self.n_files = 0
         self.layers = NULL
         self.swa_layers = NULL
         for i in range(MAX_EXTRA_BUFTS):
@@ -217,18 +222,12 @@ cdef class Model:
         free(self.widened.narrow)
         free(self.widened.wide)
         memset(&self.widened, 0, sizeof(WidenedWeights))
-        if self.weights_buf != NULL:
-            ggml_backend_buffer_free(self.weights_buf)
-            self.weights_buf = NULL
-        if self.map_addr != NULL:
-            munmap(self.map_addr, self.map_size)
-            self.map_addr = NULL
-        if self.weights_ctx != NULL:
-            ggml_free(self.weights_ctx)
-            self.weights_ctx = NULL
-        if self.gguf != NULL:
-            gguf_free(self.gguf)
-            self.gguf = NULL
+        if self.files != NULL:
+            for i in range(self.n_files):
+                _release_file(&self.files[i])
+            free(self.files)
+            self.files = NULL
+        self.n_files = 0
         if self.layers != NULL:
             free(self.layers)
             self.layers = NULL
@@ -284,7 +283,7 @@ cdef class Model:
         cdef bytes b = name.encode()
         cdef ggml_tensor * t = _repacked_tensor(self, b)
         if t == NULL:
-            t = ggml_get_tensor(self.weights_ctx, b)
+            t = _file_tensor(self, b)
         if t == NULL and required:
             raise errors.ModelShapeError(f"required tensor {name!r} is missing from {self.path}")
         return t
@@ -292,7 +291,7 @@ cdef class Model:
 
 def open_model(path, str builder, dict hparams, dict global_tensors, list layer_tensors, str description="",
                list matmul_weights=None, bint repack=True, bint use_mmap=True, amx_types=None,
-               bint widen_q5_0=False):
+               bint widen_q5_0=False, shards=None):
     """Open ``path`` (already validated by elelem.gguf_reader), to be run by
     the graph builder named ``builder`` (see ``graph_builders()``).
 
@@ -308,6 +307,9 @@ def open_model(path, str builder, dict hparams, dict global_tensors, list layer_
     With ``widen_q5_0``, Q5_0 matmul weights that no buffer type repacked get
     a Q8_0 copy holding the same values (widen.pxi; only where that keeps
     the arithmetic: the caller decides).
+    ``shards`` lists every file of a split model in order, ``path`` first
+    (``GGUFFile.shard_paths``, validated by the reader); each is mapped, and
+    its tensors placed in its own mapping.
     """
     cdef int builder_id = _builder_id(builder)
     cdef Model m = Model.__new__(Model)
@@ -319,17 +321,18 @@ def open_model(path, str builder, dict hparams, dict global_tensors, list layer_
     if len(layer_tensors) != m.hp.n_layer:
         raise errors.ModelShapeError(f"{len(layer_tensors)} layer tensor tables for {m.hp.n_layer} layers")
 
-    cdef bytes bpath = os.fsencode(m.path)
-    cdef const char * cpath = bpath
-    cdef gguf_init_params gparams
-    gparams.no_alloc = True
-    gparams.ctx = &m.weights_ctx
-    with nogil:
-        m.gguf = gguf_init_from_file(cpath, gparams)
-    if m.gguf == NULL:
-        raise errors.GGUFError(f"ggml could not read the GGUF file {m.path}")
-
-    _map_weights(m, bpath, use_mmap)
+    paths = [m.path] if not shards else [os.fspath(p) for p in shards]
+    if os.path.abspath(paths[0]) != os.path.abspath(m.path):
+        raise errors.InvalidArgumentError(f"shards[0] is {paths[0]}, not the model's path {m.path}")
+    if len(paths) > 65535:  # split.no is a uint16
+        raise errors.InvalidArgumentError(f"{len(paths)} shards: a split model has at most 65535")
+    m.files = <WeightFile *> calloc(len(paths), sizeof(WeightFile))
+    if m.files == NULL:
+        raise MemoryError()
+    cdef int ifile
+    for ifile, shard_path in enumerate(paths):
+        m.n_files = ifile + 1  # so that _release frees what this file has got, should it fail
+        _open_weight_file(m, ifile, shard_path, use_mmap, len(paths) > 1)
     if repack and matmul_weights:
         _repack_weights(m, matmul_weights, None if global_tensors.get("output") else global_tensors["tok_embd"],
                         None if amx_types is None else frozenset(amx_types))
@@ -414,60 +417,118 @@ cdef void _fill_hparams(HParams * hp, dict h) except *:
     hp.late_output_rows = h.get("late_output_rows", False)
 
 
-cdef void _map_weights(Model m, bytes bpath, bint use_mmap) except *:
-    """Map the file (or, without ``use_mmap``, read it into anonymous memory)
-    and place every tensor of weights_ctx at its offset in it."""
+cdef inline ggml_tensor * _file_tensor(Model m, const char * name) noexcept:
+    """The tensor ``name`` as stored, in whichever of the model's files holds it (NULL if none)."""
+    cdef int i
+    cdef ggml_tensor * t
+    for i in range(m.n_files):
+        if m.files[i].ctx == NULL:  # a file whose loading failed
+            continue
+        t = ggml_get_tensor(m.files[i].ctx, name)
+        if t != NULL:
+            return t
+    return NULL
+
+
+cdef void _release_file(WeightFile * f) noexcept:
+    if f.buf != NULL:
+        ggml_backend_buffer_free(f.buf)
+        f.buf = NULL
+    if f.addr != NULL:
+        munmap(f.addr, f.size)
+        f.addr = NULL
+    if f.ctx != NULL:
+        ggml_free(f.ctx)
+        f.ctx = NULL
+    if f.gguf != NULL:
+        gguf_free(f.gguf)
+        f.gguf = NULL
+
+
+cdef bytes SPLIT_NO_KEY = b"split.no"
+
+
+cdef void _open_weight_file(Model m, int index, str path, bint use_mmap, bint split) except *:
+    """Read file ``index`` of the model's tensor table (ggml's parser, after the reader's),
+    map the file (or, without ``use_mmap``, read it into anonymous memory) and place each
+    of its tensors at its offset in that mapping.  In a split model the file's
+    ``split.no`` must be its index (llama.cpp's check) and no tensor may be in two files."""
+    cdef WeightFile * f = &m.files[index]
+    cdef bytes bpath = os.fsencode(path)
+    cdef const char * cpath = bpath
+    cdef gguf_init_params gparams
+    gparams.no_alloc = True
+    gparams.ctx = &f.ctx
+    with nogil:
+        f.gguf = gguf_init_from_file(cpath, gparams)
+    if f.gguf == NULL:
+        raise errors.GGUFError(f"ggml could not read the GGUF file {path}")
+    cdef int64_t kid
+    cdef int i
+    cdef ggml_tensor * t
+    if split:
+        kid = gguf_find_key(f.gguf, SPLIT_NO_KEY)
+        if kid < 0 or gguf_get_kv_type(f.gguf, kid) != GGUF_TYPE_UINT16 or gguf_get_val_u16(f.gguf, kid) != index:
+            raise errors.GGUFError(f"{path}: split.no is not {index}, as file {index + 1} of a split model needs")
+        t = ggml_get_first_tensor(f.ctx)
+        while t != NULL:
+            for i in range(index):
+                if ggml_get_tensor(m.files[i].ctx, t.name) != NULL:
+                    raise errors.GGUFError(f"{path}: tensor {t.name.decode(errors='replace')!r} is also in "
+                                           f"file {i + 1} of the split model")
+            t = ggml_get_next_tensor(f.ctx, t)
+
     cdef int fd = c_open(bpath, O_RDONLY)
     if fd < 0:
-        raise errors.ModelNotFoundError(f"cannot open {m.path}")
+        raise errors.ModelNotFoundError(f"cannot open {path}")
     cdef struct_stat st
     if fstat(fd, &st) != 0:
         c_close(fd)
-        raise OSError(f"cannot stat {m.path}")
-    m.map_size = <size_t> st.st_size
+        raise OSError(f"cannot stat {path}")
+    f.size = <size_t> st.st_size
     cdef ssize_t got = 0
     if use_mmap:
-        m.map_addr = mmap(NULL, m.map_size, PROT_READ, MAP_SHARED, fd, 0)
+        f.addr = mmap(NULL, f.size, PROT_READ, MAP_SHARED, fd, 0)
     else:
-        m.map_addr = mmap(NULL, m.map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-        if m.map_addr != MAP_FAILED:
+        f.addr = mmap(NULL, f.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        if f.addr != MAP_FAILED:
             with nogil:
-                got = _read_fully(fd, <char *> m.map_addr, m.map_size)
+                got = _read_fully(fd, <char *> f.addr, f.size)
     c_close(fd)  # a file mapping keeps the file alive
-    if m.map_addr == MAP_FAILED:
-        m.map_addr = NULL
+    if f.addr == MAP_FAILED:
+        f.addr = NULL
         if use_mmap:
-            raise OSError(f"cannot memory-map {m.path}")
-        raise MemoryError(f"cannot allocate {m.map_size:,} bytes to read {m.path} into")
+            raise OSError(f"cannot memory-map {path}")
+        raise MemoryError(f"cannot allocate {f.size:,} bytes to read {path} into")
     if not use_mmap:
         if got < 0:
-            raise OSError(f"cannot read {m.path}")
-        if got != <ssize_t> m.map_size:
+            raise OSError(f"cannot read {path}")
+        if got != <ssize_t> f.size:
             raise errors.GGUFTruncatedError(
-                f"{m.path}: read {got:,} of {m.map_size:,} bytes; the file changed while it was being read",
+                f"{path}: read {got:,} of {f.size:,} bytes; the file changed while it was being read",
                 field="tensor data", offset=got)
-        mprotect(m.map_addr, m.map_size, PROT_READ)  # weights are never written
+        mprotect(f.addr, f.size, PROT_READ)  # weights are never written
 
-    m.weights_buf = ggml_backend_cpu_buffer_from_ptr(m.map_addr, m.map_size)
-    if m.weights_buf == NULL:
+    f.buf = ggml_backend_cpu_buffer_from_ptr(f.addr, f.size)
+    if f.buf == NULL:
         raise MemoryError("ggml could not wrap the mapped weights in a buffer")
-    ggml_backend_buffer_set_usage(m.weights_buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+    ggml_backend_buffer_set_usage(f.buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
 
-    cdef size_t data_offset = gguf_get_data_offset(m.gguf)
-    cdef ggml_tensor * t = ggml_get_first_tensor(m.weights_ctx)
+    cdef size_t data_offset = gguf_get_data_offset(f.gguf)
     cdef int64_t tid
     cdef size_t start, nbytes
+    t = ggml_get_first_tensor(f.ctx)
     while t != NULL:
-        tid = gguf_find_tensor(m.gguf, t.name)
-        start = data_offset + gguf_get_tensor_offset(m.gguf, tid)
+        tid = gguf_find_tensor(f.gguf, t.name)
+        start = data_offset + gguf_get_tensor_offset(f.gguf, tid)
         nbytes = ggml_nbytes(t)
-        if tid < 0 or start > m.map_size or nbytes > m.map_size - start:
+        if tid < 0 or start > f.size or nbytes > f.size - start:
             raise errors.GGUFError(
                 f"tensor {t.name.decode(errors='replace')!r}: data at offset {start} + {nbytes} bytes "
-                f"runs past the end of the file ({m.map_size} bytes)")
-        _check_status(ggml_backend_tensor_alloc(m.weights_buf, t, <char *> m.map_addr + start),
+                f"runs past the end of the file {path} ({f.size} bytes)")
+        _check_status(ggml_backend_tensor_alloc(f.buf, t, <char *> f.addr + start),
                       "placing a tensor in the mapped weights")
-        t = ggml_get_next_tensor(m.weights_ctx, t)
+        t = ggml_get_next_tensor(f.ctx, t)
 
 
 cdef ssize_t _read_fully(int fd, char * dest, size_t size) noexcept nogil:
@@ -538,7 +599,7 @@ cdef void _repack_weights(Model m, list names, tied_from, amx_types) except *:
         allowed = amx_types if buft_name == AMX_BUFT_NAME else None
         chosen = []
         for name in pending:
-            w = ggml_get_tensor(m.weights_ctx, name.encode())
+            w = _file_tensor(m, name.encode())
             if w != NULL and (allowed is None or ggml_type_name(w.type).decode() in allowed) \
                     and _repack_supported(dev, bufts[ib], w, m.hp.n_expert_used):
                 chosen.append(name)
@@ -550,7 +611,7 @@ cdef void _repack_weights(Model m, list names, tied_from, amx_types) except *:
             if m.repack_ctx[ib] == NULL:
                 raise MemoryError()
             for name in chosen:
-                w = ggml_get_tensor(m.weights_ctx, name.encode())
+                w = _file_tensor(m, name.encode())
                 r = ggml_dup_tensor(m.repack_ctx[ib], w)
                 # A tied output keeps the embedding table unpacked for get_rows
                 # and gets a repacked copy of its own, as in llama.cpp.
@@ -561,7 +622,7 @@ cdef void _repack_weights(Model m, list names, tied_from, amx_types) except *:
                 raise MemoryError("ggml could not allocate the repacked weights")
             ggml_backend_buffer_set_usage(m.repack_buf[ib], GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
             for name in chosen:
-                w = ggml_get_tensor(m.weights_ctx, name.encode())
+                w = _file_tensor(m, name.encode())
                 new_name = TIED_OUTPUT_NAME if name == tied_from else name.encode()
                 r = ggml_get_tensor(m.repack_ctx[ib], new_name)
                 with nogil:

@@ -63,7 +63,7 @@ cdef void _place_on_device(Model m, Device dev, list layers) except *:
                 role = _role_slot(&m.layers[il], ir)
                 if role[0] == NULL:
                     continue
-                orig = ggml_get_tensor(m.weights_ctx, role[0].name)  # the file's bytes, never a repacked copy
+                orig = _file_tensor(m, role[0].name)  # the file's bytes, never a repacked copy
                 if orig == NULL or orig != role[0]:
                     raise errors.InvalidArgumentError(
                         f"{role[0].name.decode()} was repacked for the CPU; leave it out of matmul_weights")

@@ -59,7 +59,7 @@ cdef void _widen_weights(Model m, list names, tied_from) except *:
         repacked_name = TIED_OUTPUT_NAME if name == tied_from else name.encode()
         if _repacked_tensor(m, repacked_name) != NULL:
             continue
-        w = ggml_get_tensor(m.weights_ctx, name.encode())
+        w = _file_tensor(m, name.encode())
         if w != NULL and w.type == GGML_TYPE_Q5_0 and ggml_is_contiguous(w):
             chosen.append(name.encode())
     if not chosen:
@@ -76,7 +76,7 @@ cdef void _widen_weights(Model m, list names, tied_from) except *:
         raise MemoryError()
     cdef int i
     for i, name in enumerate(chosen):
-        w = ggml_get_tensor(m.weights_ctx, name)
+        w = _file_tensor(m, name)
         r = ggml_new_tensor(m.widened_ctx, GGML_TYPE_Q8_0, GGML_MAX_DIMS, w.ne)
         ggml_set_name(r, name)
         m.widened.narrow[i] = w

@@ -33,7 +33,7 @@ def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, r
         check_same_vocabulary(target_gguf, target_n_vocab, gguf, spec.hparams["n_vocab"])
         model = owned = open_model(path, spec.arch.builder, spec.hparams, spec.global_tensors,
                                    spec.layer_tensors, spec.description, spec.matmul_weights(), repack,
-                                   use_mmap, amx_types(amx))
+                                   use_mmap, amx_types(amx), shards=gguf.shard_paths)
     try:
         # The target's cache types: a model drafting for itself then computes what the target does.
         cache = context.cache

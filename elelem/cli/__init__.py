@@ -1,4 +1,4 @@
-"""The ``elelem`` command line: ``run``, ``chat``, ``info``, ``bench``, ``serve``, ``models``, ``pull``.
+"""The ``elelem`` command line: ``run``, ``chat``, ``info``, ``bench``, ``serve``, ``models``, ``pull``, ``rm``.
 
 The CLI is the user interface, so unlike the library it prints: answers to
 stdout, progress and status to stderr.  Every failure the user can cause (a

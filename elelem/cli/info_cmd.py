@@ -9,7 +9,7 @@ from collections import Counter
 from ..api.embeddings import POOLING_TYPES
 from ..errors import ElelemError
 from ..gguf.reader import read_gguf
-from ..model.hub import KNOWN_MODELS, cached_path, is_cached
+from ..model.hub import KNOWN_MODELS, cached_path, is_cached, is_hub_reference
 
 # llama.cpp's llama_ftype values (general.file_type) for the common quantizations.
 FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
@@ -61,7 +61,8 @@ def describe(path) -> dict:
         "chat_template": bool(meta.get("tokenizer.chat_template")),
         "encoder": bool(hparams.get("encoder")),
         "pooling": POOLING_TYPES.get(meta.get(f"{arch}.pooling_type", 0), meta.get(f"{arch}.pooling_type")),
-        "file_size": gguf.file_size,
+        "file_size": gguf.total_size,
+        "files": len(gguf.shard_paths),
         "gguf_version": gguf.version,
     }
 
@@ -77,6 +78,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"elelem: error: {path} is not in the cache; run 'elelem pull {path}' first", file=sys.stderr)
             return 1
         path = cached_path(path)
+    elif is_hub_reference(path):
+        from .loading import model_path
+        path = model_path(path)  # pulled, with the bar, if not cached yet
     facts = describe(path)
     if args.json:
         print(json.dumps(facts, indent=2))
@@ -99,7 +103,8 @@ def main(args: argparse.Namespace) -> int:
         ("use", f"embeddings only: an encoder (pooling {facts['pooling']})" if facts["encoder"]
          else "text generation and embeddings"),
         *([] if facts["encoder"] else [("chat template", "yes" if facts["chat_template"] else "no (ChatML is used)")]),
-        ("file size", f"{facts['file_size'] / 1e6:.1f} MB ({facts['file_size']} bytes)"),
+        ("file size", f"{facts['file_size'] / 1e6:.1f} MB ({facts['file_size']} bytes)"
+                      + (f" in {facts['files']} files (a split model)" if facts["files"] > 1 else "")),
     ]
     width = max(len(key) for key, _ in rows)
     for key, value in rows:

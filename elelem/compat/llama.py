@@ -128,6 +128,28 @@ class Llama:
         self._scores: Optional[np.ndarray] = None
         self.cache = None
 
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: Optional[str] = None, additional_files: Optional[list] = None,
+                        local_dir: Union[str, os.PathLike, None] = None, local_dir_use_symlinks: Any = "auto",
+                        cache_dir: Union[str, os.PathLike, None] = None, **kwargs: Any) -> "Llama":
+        """llama-cpp-python's: the GGUF ``filename`` (a path in the repository, or a glob such as
+        ``"*Q4_K_M.gguf"``) of the Hugging Face repository ``repo_id``, downloaded into the
+        Hugging Face cache (``cache_dir``, else ``HF_HUB_CACHE``) and checked against its sha256.
+        A split model comes whole whichever of its files the glob names; ``filename=None``
+        chooses as ``hf://repo_id`` does (Q4_K_M, then Q8_0, then the first).  ``additional_files``
+        are globs of more files to fetch; ``local_dir`` gets copies of the files (symbolic links
+        to the cache with ``local_dir_use_symlinks=True``).  Other keywords are :class:`Llama`'s.
+        Needs ``pip install 'elelem[hub]'``."""
+        from ..model import hf
+        ref = hf.parse_reference(f"hf://{repo_id}")
+        if ref.quant or ref.revision:
+            raise InvalidArgumentError(f"repo_id {repo_id!r}: give ORG/REPO only")
+        ref = hf.HubRef(ref.repo_id, filename=filename)
+        files = hf.pull_files(ref, cache_dir=cache_dir, extra_files=tuple(additional_files or ()))
+        if local_dir is not None:
+            files = hf.copy_to(files, local_dir, symlinks=local_dir_use_symlinks is True)
+        return cls(model_path=str(files[0]), **kwargs)
+
     # -- the elelem model underneath ---------------------------------------------
 
     @property

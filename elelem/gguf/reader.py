@@ -27,7 +27,7 @@ import re
 import stat
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
@@ -56,6 +56,7 @@ __all__ = [
     "GGUFValueType",
     "TensorInfo",
     "read_gguf",
+    "read_gguf_file",
     "validate_tokenizer_metadata",
 ]
 
@@ -195,8 +196,9 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]  # ggml order: ne0 (the contiguous dimension) first, as in the file
     ggml_type: int  # a key of GGML_TYPES
-    offset: int  # relative to GGUFFile.data_offset, as stored in the file
+    offset: int  # relative to the data section of its file, as stored in the file
     nbytes: int  # computed from type and shape
+    shard: int = 0  # the file of a split model it is in (GGUFFile.shard_paths), 0 for a single file
 
     @property
     def type_name(self) -> str:
@@ -237,6 +239,19 @@ class GGUFFile:
         self.tensors = tensors  # in file order
         self._value_types = value_types  # key -> (gguf type, element type or None)
         self._value_offsets = value_offsets  # key -> offset of the value's first byte
+        # A split model (name-00001-of-00003.gguf): the other files, read and checked; their
+        # tensors are in ``tensors`` too, each with its ``shard``.  Empty for a single file.
+        self.shards: tuple[GGUFFile, ...] = ()
+
+    @property
+    def shard_paths(self) -> tuple[Path, ...]:
+        """Every file of the model, in order: ``(path,)``, or each shard of a split model."""
+        return (self.path, *(shard.path for shard in self.shards))
+
+    @property
+    def total_size(self) -> int:
+        """Bytes of every file of the model."""
+        return self.file_size + sum(shard.file_size for shard in self.shards)
 
     def __repr__(self) -> str:
         return (
@@ -350,6 +365,10 @@ class LazyStrings(Sequence):
 def read_gguf(path: str | os.PathLike) -> GGUFFile:
     """Parse and validate the GGUF file at ``path``; never reads tensor data.
 
+    A split model (``name-00001-of-00003.gguf``, as llama.cpp's gguf-split
+    writes it) is opened by its first file: every other file is read and
+    validated too (see :func:`read_split`), and ``tensors`` holds them all.
+
     Raises ModelNotFoundError for a missing path and a GGUFError subclass
     (GGUFHeaderError, GGUFMetadataError, GGUFTensorError,
     GGUFTruncatedError; each with ``.field`` and ``.offset``) for anything
@@ -360,8 +379,21 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     (ggml stops at SIZE_MAX); and tensor data that runs past the end of the
     file (ggml only notices when it reads the data).
     """
-    path = Path(path)
     started = time.perf_counter()
+    gguf = read_gguf_file(path)
+    if split_count(gguf) > 1:
+        read_split(gguf)
+    log.debug(
+        "read %s: GGUF v%d, %d keys, %d tensors in %d file(s) in %.3f s", gguf.path, gguf.version,
+        len(gguf.metadata), len(gguf.tensors), len(gguf.shard_paths), time.perf_counter() - started,
+    )
+    return gguf
+
+
+def read_gguf_file(path: str | os.PathLike) -> GGUFFile:
+    """Parse and validate the one GGUF file at ``path`` (:func:`read_gguf`'s checks), whatever
+    its ``split.*`` keys say."""
+    path = Path(path)
     # Checked before opening: opening a FIFO would block until something writes to it.
     try:
         mode = path.stat().st_mode
@@ -381,12 +413,84 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
                 field="header", offset=0,
             )
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            gguf = _Parser(buf, file_size, path).parse()
-    log.debug(
-        "read %s: GGUF v%d, %d keys, %d tensors in %.3f s",
-        path, gguf.version, len(gguf.metadata), len(gguf.tensors), time.perf_counter() - started,
-    )
-    return gguf
+            return _Parser(buf, file_size, path).parse()
+
+
+# -- split models -----------------------------------------------------------------
+
+SPLIT_NO_KEY = "split.no"  # LLM_KV_SPLIT_NO: UINT16, the file's index from 0
+SPLIT_COUNT_KEY = "split.count"  # LLM_KV_SPLIT_COUNT: UINT16, the number of files
+SPLIT_TENSORS_KEY = "split.tensors.count"  # LLM_KV_SPLIT_TENSORS_COUNT: INT32, tensors in all the files
+_SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>[0-9]{5})-of-(?P<count>[0-9]{5})\.gguf$")
+
+
+def split_count(gguf: GGUFFile) -> int:
+    """The number of files of the model whose (first) file ``gguf`` is: 1 unless split.
+
+    Raises GGUFMetadataError for split keys of the wrong type and for a file
+    that is not the first of its split model (llama.cpp loads a split model
+    from its first file only).
+    """
+    count = gguf.expect_scalar(SPLIT_COUNT_KEY, GGUFValueType.UINT16, required=False)
+    if count is None or count <= 1:
+        return 1
+    number = gguf.expect_scalar(SPLIT_NO_KEY, GGUFValueType.UINT16)
+    if number != 0:
+        first = split_path(gguf.path, 0, count) if _SPLIT_NAME.match(gguf.path.name) else "the first file"
+        gguf._fail(SPLIT_NO_KEY, f"this is file {number + 1} of a model split in {count}; "
+                                 f"open its first file, {first}")
+    return count
+
+
+def split_path(path: str | os.PathLike, index: int, count: int) -> Path:
+    """The file ``index`` (from 0) of the split model one of whose files is ``path``
+    (llama.cpp's llama_split_path: ``PREFIX-%05d-of-%05d.gguf``)."""
+    path = Path(path)
+    match = _SPLIT_NAME.match(path.name)
+    if match is None:
+        raise GGUFMetadataError(f"{path}: the name of a split model's file must end in "
+                                f"-NNNNN-of-{count:05d}.gguf", field="file name", offset=None)
+    return path.with_name(f"{match['prefix']}-{index + 1:05d}-of-{count:05d}.gguf")
+
+
+def read_split(first: GGUFFile) -> None:
+    """Read and check every other file of the split model whose first file is ``first``, and
+    add their tensors to it, as llama.cpp's llama_model_loader does: each file is a valid GGUF
+    whose ``split.no`` is its index (and whose ``split.count``, where present, is the same),
+    no tensor name appears twice, and the tensors of all the files number
+    ``split.tensors.count``.  The metadata is the first file's; the others carry only their
+    ``split.*`` keys (gguf-split's layout)."""
+    count = split_count(first)
+    expected_tensors = first.expect_scalar(SPLIT_TENSORS_KEY, GGUFValueType.INT32)
+    if split_path(first.path, 0, count).name != first.path.name:
+        first._fail(SPLIT_COUNT_KEY, f"says {count} files, but the file's name is {first.path.name!r} "
+                                     f"(expected {split_path(first.path, 0, count).name!r})")
+    shards = []
+    tensors = dict(first.tensors)
+    for index in range(1, count):
+        path = split_path(first.path, index, count)
+        if not path.exists():
+            raise ModelNotFoundError(f"{first.path}: file {index + 1} of the {count} of this split model "
+                                     f"is missing: {path}")
+        shard = read_gguf_file(path)
+        number = shard.expect_scalar(SPLIT_NO_KEY, GGUFValueType.UINT16)
+        if number != index:
+            shard._fail(SPLIT_NO_KEY, f"is {number}, but this is file {index + 1} of {count} (split.no {index})")
+        shard_count = shard.expect_scalar(SPLIT_COUNT_KEY, GGUFValueType.UINT16, required=False)
+        if shard_count is not None and shard_count != count:
+            shard._fail(SPLIT_COUNT_KEY, f"is {shard_count}, but the first file says {count}")
+        for name, info in shard.tensors.items():
+            if name in tensors:
+                where = tensors[name].shard
+                raise GGUFTensorError(f"{path}: tensor '{name}': duplicate tensor name (also in file "
+                                      f"{where + 1} of {count})", field=f"tensor '{name}'", offset=None)
+            tensors[name] = replace(info, shard=index)
+        shards.append(shard)
+    if expected_tensors != len(tensors):
+        first._fail(SPLIT_TENSORS_KEY, f"says {expected_tensors} tensors, but the {count} files hold "
+                                       f"{len(tensors)}")
+    first.tensors = tensors
+    first.shards = tuple(shards)
 
 
 class _Parser:

