@@ -3,8 +3,8 @@
 The models of issue 40 (Qwen3-MoE / Qwen3-Coder, gpt-oss's harmony format,
 GLM-4.5/4.6/4.7, MiniMax-M2, Mistral 3 / Devstral / Magistral, Mistral Nemo)
 must render their own templates exactly as llama-cpp-python does
-(tests/fixtures/make_template_reference.py: Jinja2ChatFormatter, llama.cpp's C++
-Jinja engine not being reachable from Python) on the conversations of
+(tests/fixtures/make_template_reference.py: Jinja2ChatFormatter; llama.cpp's C++
+Jinja engine itself is the judge in tests/test_template_corpus.py) on the conversations of
 tests/template_cases.py: a plain system / user / assistant / user chat with a
 generation prompt, without one, with tools, a tool call and its result,
 reasoning in the history, thinking switched off, a reasoning effort.  Every
@@ -126,11 +126,30 @@ def test_model_templates_see_tools_and_thinking_switches():
         assert "get_weather" not in render(template, "plain")
 
 
+#: Where llama-cpp-python's Python path (jinja2, tools=None) and llama.cpp's own C++ Jinja engine
+#: part ways, elelem renders as the engine does (issue 41; tests/test_template_corpus.py checks it
+#: against the engine): these templates fail in jinja2, or escape, on the cases where they differ.
+ENGINE_NOT_JINJA2 = {
+    "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "adds a tool's missing description to a string "
+                                                      "(jinja2 raises; llama.cpp reads undefined as '')",
+    "Kimi-K2-Instruct.jinja": "appends to a list it built (jinja2's immutable sandbox refuses)",
+    "Kimi-K2-Thinking.jinja": "appends to a list it built (jinja2's immutable sandbox refuses)",
+    "fireworks-ai-llama-3-firefunction-v2.jinja": "adds `functions` (None from llama-cpp-python) to a string",
+    "llama-cpp-deepseek-r1.jinja": "tojson of a map() result (a generator in jinja2, a list in llama.cpp)",
+    "meetkai-functionary-medium-v3.1.jinja": "'...'|safe + name (jinja2's Markup HTML-escapes name)",
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja": "without tools, llama-cpp-python passes tools=None, "
+                                                           "which it loops over; llama.cpp leaves tools undefined",
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": "without tools, llama-cpp-python passes tools=None, "
+                                                         "which it loops over; llama.cpp leaves tools undefined",
+}
+
+
 def test_every_sdist_template_renders_like_llama_cpp_python():
-    """All of models/templates/: the same text (by sha256), or a TemplateError where the reference fails."""
+    """All of models/templates/: the same text (by sha256), or a TemplateError where the reference fails
+    (except where llama.cpp's engine renders and elelem with it: ENGINE_NOT_JINJA2)."""
     names = sorted(p.name for p in sdist.templates_dir().glob("*.jinja"))
     assert len(names) >= 60 and set(cases.IN_SCOPE) <= set(names)
-    problems, rendered = [], 0
+    problems, rendered, engine_cases = [], 0, 0
     for name in names:
         expected = expected_for(name)
         template = compiled(name)
@@ -141,12 +160,16 @@ def test_every_sdist_template_renders_like_llama_cpp_python():
                 if "error" not in want:
                     problems.append(f"{name} / {case}: elelem fails ({e}), the reference renders")
                 continue
-            if "error" in want:
+            same = "error" not in want and (
+                text == want["text"] if "text" in want else cases.text_digest(text) == want["sha256"])
+            if same:
+                rendered += 1
+            elif name in ENGINE_NOT_JINJA2:
+                engine_cases += 1  # rendered as llama.cpp renders it; compared in tests/test_template_corpus.py
+            elif "error" in want:
                 problems.append(f"{name} / {case}: elelem renders, the reference fails ({want['error']})")
-            elif (text != want["text"]) if "text" in want else (cases.text_digest(text) != want["sha256"]):
+            else:
                 problems.append(f"{name} / {case}: other text ({len(text)} chars, reference "
                                 f"{want.get('chars', len(want.get('text', '')))})")
-            else:
-                rendered += 1
     assert not problems, f"{len(problems)} differ, first: {problems[:5]}"
-    assert rendered >= 500
+    assert rendered >= 500 and engine_cases <= len(ENGINE_NOT_JINJA2) * len(cases.CASES)

@@ -176,9 +176,14 @@ def _checked_messages(messages: Any) -> list[dict]:
                 raise InvalidArgumentError(f"{where}['tool_call_id'] must be a string")
         if message.get("name") is not None and not isinstance(message["name"], str):
             raise InvalidArgumentError(f"{where}['name'] must be a string")
-        # Like transformers, drop None-valued keys: templates test for a missing
-        # key but would print "None" or fail on `'...' + None`.
-        checked.append(_plain({key: value for key, value in message.items() if value is not None}, where))
+        # Drop None-valued keys (templates test for a missing ``name`` or
+        # ``tool_call_id``, and would print "None"), except ``content``: every
+        # message keeps it, None (or, beside tool calls, absent) being "" as
+        # llama.cpp gives it -- templates read ``message.content`` (Qwen3's,
+        # DeepSeek-R1's, SmolLM2's) and test it with ``in`` or ``+``.
+        plain = {key: value for key, value in message.items() if value is not None}
+        plain.setdefault("content", "")
+        checked.append(_plain(plain, where))
     return checked
 
 
@@ -285,8 +290,9 @@ class ChatTemplate:
         raise :class:`~elelem.errors.InvalidArgumentError`.
 
         ``tools`` (JSON schemas) and ``documents`` are handed to the template
-        as they are, and so is ``extra`` (e.g. ``enable_thinking=False``),
-        which may also override ``bos_token``/``eos_token``. With
+        as they are (absent or empty tools, and absent documents, are left
+        undefined, as llama.cpp leaves them), and so is ``extra`` (e.g.
+        ``enable_thinking=False``), which may also override ``bos_token``/``eos_token``. With
         ``add_generation_prompt`` the prompt ends with the header of an
         assistant turn, ready for the model to continue.
 
@@ -301,10 +307,16 @@ class ChatTemplate:
             "eos_token": self.eos_token,
             **{key: _plain(value, key) for key, value in extra.items()},
             "messages": _checked_messages(messages),
-            "tools": _checked_dict_list(tools, "tools"),
-            "documents": _checked_dict_list(documents, "documents"),
             "add_generation_prompt": bool(add_generation_prompt),
         }
+        # Absent (or empty) tools are undefined, as llama.cpp leaves them: templates test
+        # ``tools is defined`` or ``is not none`` before they write a tool section.
+        tool_list = _checked_dict_list(tools, "tools")
+        if tool_list:
+            variables["tools"] = tool_list
+        document_list = _checked_dict_list(documents, "documents")
+        if document_list is not None:
+            variables["documents"] = document_list
         return render_template(self._template, variables, self.limits)
 
     def __repr__(self) -> str:

@@ -32,6 +32,17 @@ allocating the oversized value. The library code that is quadratic in its
 input (``wordwrap``, ``striptags``) is refused inputs it would be slow on.
 Touching an unsafe attribute raises at once,
 where plain Jinja would return an undefined value and carry on.
+
+Where llama.cpp's own Jinja engine (common/jinja/ of llama.cpp) renders what
+jinja2 refuses, the sandbox renders as llama.cpp does (issue 41; checked
+against llama.cpp's engine in tests/test_template_corpus.py): a string plus
+none or an undefined value is the string, none prints (and joins with ``~``)
+as nothing, an attribute or item of an undefined value is undefined,
+``'...'|safe + text`` does not HTML-escape text, ``tojson`` writes lazy
+sequences (``map``) as lists and undefined items as null, and a list the
+template built itself takes ``append`` and ``pop`` (the data given to the
+template stays immutable). Where llama.cpp's engine is the odd one (floats in
+``tojson``, printing a list or dict, ``sort_keys``), it renders as jinja2 does.
 """
 
 from __future__ import annotations
@@ -59,6 +70,7 @@ from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 from jinja2.utils import Namespace
 from jinja2.visitor import NodeTransformer
+from markupsafe import Markup
 
 from ..errors import ElelemError, InvalidArgumentError, TemplateError, TemplateLimitError, UnsafeTemplateError
 
@@ -342,6 +354,8 @@ def _checked_method_args(owner: Any, name: str, args: tuple, kwargs: dict) -> tu
             budget.check_size(len(owner) * max(longest, 1), "a translated string")
     elif isinstance(owner, int) and name == "to_bytes":
         _check_width(args[0] if args else kwargs.get("length", 1), "a byte string")
+    elif type(owner) is list and name == "append":
+        budget.check_size(len(owner) + 1, "a list")  # its items are counted when it is printed or joined
     return args
 
 
@@ -353,6 +367,49 @@ def _check_replace(text: Any, old: Any, new: Any, count: Any) -> None:
         occurrences = min(occurrences, int(count))
     growth = max(len(new) - len(old), 0)
     _budget().check_size(len(text) + occurrences * growth, "a string with replacements")
+
+
+# --- llama.cpp's leniencies -------------------------------------------------------
+
+# The list methods of llama.cpp's engine (common/jinja/value.cpp), allowed on lists the template built.
+_TEMPLATE_LIST_METHODS = frozenset({"append", "pop"})
+
+
+def _is_nothing(value: Any) -> bool:
+    return value is None or isinstance(value, jinja2.Undefined)
+
+
+class _ChainableUndefined(jinja2.ChainableUndefined):
+    """An attribute or item of an undefined value is undefined too, as in llama.cpp's
+    engine, but not a private one: probing ``missing.__globals__`` still fails."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        if isinstance(name, str) and name.startswith("_"):
+            if name.startswith("__") and name.endswith("__"):
+                raise AttributeError(name)  # Python's own protocol lookups (copy, pickle, ...)
+            self._fail_with_undefined_error()
+        return self
+
+    def __getitem__(self, name: Any) -> Any:
+        if isinstance(name, str) and name.startswith("_"):
+            self._fail_with_undefined_error()
+        return self
+
+
+def _unmarked(value: Any) -> Any:
+    return str.__str__(value) if isinstance(value, Markup) else value
+
+
+def _made_by_template(value: Any) -> bool:
+    """True for a container the template built, False for the data it was given (and
+    outside a render). Every list and dict of that data is in the budget's known weights."""
+    budget = _BUDGET.get()
+    if budget is None:
+        return False
+    entry = budget.known_weights.get(id(value))
+    return entry is None or entry[0] is not value
 
 
 # --- the sandboxed environment --------------------------------------------------
@@ -409,8 +466,25 @@ class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         _budget().tick()
+        if operator == "+" and (_is_nothing(left) and isinstance(right, str) or
+                                _is_nothing(right) and isinstance(left, str)):
+            # llama.cpp's engine adds a string and none or an undefined value as if the
+            # latter were "" (templates do `'...' + tool.description` on tools without one).
+            return str(left if isinstance(left, str) else right)
+        if isinstance(left, Markup) or isinstance(right, Markup):
+            # `'...'|safe + name` would HTML-escape name (Markup's own + and %); llama.cpp's
+            # engine escapes nothing, and no autoescaping is on here.
+            left, right = _unmarked(left), _unmarked(right)
         _check_binop(operator, left, right)
         return _account(super().call_binop(context, operator, left, right))
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        # A list the template built itself may grow and shrink (Kimi's templates queue
+        # tool call ids with append and pop, the two list methods llama.cpp's engine has);
+        # the data the template was given stays immutable, and every other mutation is refused.
+        if type(obj) is list and attr in _TEMPLATE_LIST_METHODS and _made_by_template(obj):
+            return True
+        return super().is_safe_attribute(obj, attr, value)
 
     def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
         budget = _budget()
@@ -422,6 +496,8 @@ class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
         owner, name = getattr(obj, "__self__", None), getattr(obj, "__name__", "")
         if owner is not None and isinstance(obj, (types.BuiltinMethodType, types.MethodType)):
             args = _checked_method_args(owner, name, args, kwargs)
+            if type(owner) is list and name in _TEMPLATE_LIST_METHODS and not _made_by_template(owner):
+                raise SecurityError(f"a chat template cannot change the data it was given (list.{name})")
         budget.depth += 1
         try:
             result = SandboxedEnvironment.call(self, context, obj, *args, **kwargs)
@@ -536,9 +612,11 @@ def _concat_guard(context: Any, parts: list[Any]) -> str:
     budget = _budget()
     texts = []
     size = 0
+    # llama.cpp's engine joins none to a string as "" (jinja2 would write "None").
+    beside_text = any(isinstance(part, str) for part in parts)
     for part in parts:
         _check_weight(part, "a concatenated value")
-        text = str(part)
+        text = "" if part is None and beside_text else str(part)
         size += len(text)
         budget.check_size(size, "a concatenated string")
         texts.append(text)
@@ -550,6 +628,8 @@ def _concat_guard(context: Any, parts: list[Any]) -> str:
 def _output_guard(context: Any, value: Any) -> Any:
     budget = _budget()
     budget.tick()
+    if value is None:
+        return ""  # as llama.cpp's engine prints none (jinja2 would write "None")
     if isinstance(value, (str, bytes)):
         budget.check_size(len(value), "a string")
         budget.spend(len(value))
@@ -566,10 +646,13 @@ def _tojson(
     # HF's tojson: plain json.dumps, without Jinja's HTML escaping, with its
     # options exposed. Encoded piece by piece so oversized output stops early.
     budget = _budget()
+    if isinstance(value, jinja2.Undefined):
+        value._fail_with_undefined_error()  # jinja2 and llama.cpp's engine both refuse it (inside a list: null)
     indent_width = len(indent) if isinstance(indent, str) else indent
     if isinstance(indent_width, numbers.Integral) and indent_width > _MAX_JSON_INDENT:
         raise TemplateLimitError(f"tojson indent is limited to {_MAX_JSON_INDENT}")
-    encoder = json.JSONEncoder(ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    encoder = json.JSONEncoder(ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
+                               default=_json_default)
     pieces = []
     size = 0
     for piece in encoder.iterencode(value):
@@ -577,6 +660,22 @@ def _tojson(
         budget.check_size(size, "a tojson result")
         pieces.append(piece)
     return "".join(pieces)
+
+
+def _json_default(value: Any) -> Any:
+    # What llama.cpp's engine also writes: an undefined value as null, and the lazy
+    # sequences of jinja2's filters (map, select, ...) and dict views as lists.
+    if isinstance(value, jinja2.Undefined):
+        return None
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping)):
+        items = []
+        budget = _budget()
+        for item in value:
+            budget.tick()
+            items.append(item)
+            budget.check_size(len(items), "a tojson result")
+        return items
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _pass_arg_count(function: Callable[..., Any]) -> int:
@@ -712,6 +811,9 @@ def _build_environment() -> _ChatTemplateEnvironment:
     environment = _ChatTemplateEnvironment(
         trim_blocks=True,
         lstrip_blocks=True,
+        # An attribute or item of an undefined value is undefined too (``tool.function.description``
+        # on a tool without it), as in llama.cpp's engine; jinja2's default would raise.
+        undefined=_ChainableUndefined,
         extensions=[jinja2.ext.loopcontrols, _GenerationTag],
     )
     filters = dict(environment.filters)
