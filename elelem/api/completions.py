@@ -15,6 +15,13 @@ so code written against it ports with an import change:
   ``{"role": "assistant"}``, then ``{"content": …}`` deltas, then ``{}`` with
   the ``finish_reason``.
 
+A chat reply with structure -- reasoning, tool calls -- is read by the
+stream's :class:`~elelem.api.reasoning.ReplyParser` (``stream.reply``): the
+message then has ``reasoning_content`` (when there was reasoning) beside
+``content``, and ``tool_calls`` with ``finish_reason`` ``"tool_calls"``;
+streamed, ``reasoning_content`` deltas come before the ``content`` ones, and
+each call arrives as two ``tool_calls`` chunks (see :mod:`.tools.responses`).
+
 ``echo`` puts the prompt's text in front of the answer (of the first chunk,
 streamed).  ``logprobs`` is None unless asked for: for completions (``logprobs=N``)
 llama-cpp-python's ``{"tokens", "text_offset", "token_logprobs",
@@ -161,10 +168,27 @@ def completion_chunks(stream: TextStream, model: str, offset_base: int = 0,
                                   _completion_logprobs(stream, cursor.take(emitted), offset_base))
 
 
-def chat_completion(stream: TextStream, model: str) -> dict[str, Any]:
+def _finish_reason(stream: TextStream, calls: list) -> str:
+    # A call cut short by max_tokens is not a call: it stays "length" (and content).
+    return "tool_calls" if calls else stream.finish_reason
+
+
+def chat_completion(stream: TextStream, model: str, reply=None) -> dict[str, Any]:
+    """A ``chat.completion`` dict; ``reply`` (default: the stream's own) reads reasoning and tool calls."""
+    reply = reply if reply is not None else getattr(stream, "reply", None)
     env = _Envelope(model, chat=True)
     text = stream.text()
     logprobs = None if stream.logprobs is None else _chat_logprobs(stream, _LogprobCursor(stream).take(len(text)))
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    calls: list = []
+    if reply is not None:
+        parsed = reply.parse(text)
+        calls = parsed.tool_calls
+        message["content"] = parsed.content if (calls or reply.parses_calls) else (parsed.content or "")
+        if parsed.reasoning is not None:
+            message["reasoning_content"] = parsed.reasoning
+        if calls:
+            message["tool_calls"] = calls
     return {
         "id": env.id,
         "object": "chat.completion",
@@ -172,15 +196,23 @@ def chat_completion(stream: TextStream, model: str) -> dict[str, Any]:
         "model": env.model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "logprobs": logprobs,
-            "finish_reason": stream.finish_reason,
+            "finish_reason": _finish_reason(stream, calls),
         }],
         "usage": _usage(stream),
     }
 
 
-def chat_completion_chunks(stream: TextStream, model: str) -> Iterator[dict[str, Any]]:
+def chat_completion_chunks(stream: TextStream, model: str, reply=None) -> Iterator[dict[str, Any]]:
+    """The chunks of a streamed chat completion; ``reply`` as in :func:`chat_completion`."""
+    reply = reply if reply is not None else getattr(stream, "reply", None)
+    if reply is not None:
+        return _parsed_chunks(stream, model, reply)
+    return _plain_chunks(stream, model)
+
+
+def _plain_chunks(stream: TextStream, model: str) -> Iterator[dict[str, Any]]:
     env = _Envelope(model, chat=True)
     chunk = env.chat_chunk
 
@@ -192,3 +224,39 @@ def chat_completion_chunks(stream: TextStream, model: str) -> Iterator[dict[str,
             emitted += len(delta)
             yield chunk({"content": delta}, None, None if cursor is None else _chat_logprobs(stream, cursor.take(emitted)))
         yield chunk({}, stream.finish_reason, None if cursor is None else _chat_logprobs(stream, cursor.take(emitted)))
+
+
+def _parsed_chunks(stream: TextStream, model: str, reply) -> Iterator[dict[str, Any]]:
+    """Reasoning, content and tool-call deltas, as the reply's parser finds them.  With
+    logprobs, a chunk carries the entries of the tokens read so far that no chunk has yet."""
+    env = _Envelope(model, chat=True)
+    chunk = env.chat_chunk
+    parser = reply.stream()
+    cursor = _LogprobCursor(stream) if stream.logprobs is not None else None
+    emitted: list[dict] = []
+    fed = 0
+
+    def logprobs():
+        return None if cursor is None else _chat_logprobs(stream, cursor.take(fed))
+
+    def chunks_of(events) -> Iterator[dict]:
+        for kind, value in events:
+            if kind == "content":
+                yield chunk({"content": value}, None, logprobs())
+            elif kind == "reasoning":
+                yield chunk({"reasoning_content": value}, None, logprobs())
+            else:
+                index = len(emitted)
+                emitted.append(value)
+                function = value["function"]
+                yield chunk({"tool_calls": [{"index": index, "id": value["id"], "type": "function",
+                                             "function": {"name": function["name"], "arguments": ""}}]})
+                yield chunk({"tool_calls": [{"index": index, "function": {"arguments": function["arguments"]}}]})
+
+    with stream:
+        yield chunk({"role": "assistant"})
+        for delta in stream:
+            fed += len(delta)
+            yield from chunks_of(parser.feed(delta))
+        yield from chunks_of(parser.finish())
+        yield chunk({}, _finish_reason(stream, emitted), logprobs())

@@ -79,15 +79,18 @@ class TextStream:
                  params: SamplingParams, max_tokens: int, stop: tuple[str, ...], constraint=None,
                  on_end: Optional[Callable[[], None]] = None,
                  on_evaluated: Optional[Callable[[int], None]] = None, speculative: bool = False,
-                 logprobs: Optional[int] = None):
+                 logprobs: Optional[int] = None, preserved: frozenset = frozenset()):
         self._stats = StreamStats(len(prompt_ids))
+        #: How a chat reply is read (reasoning, tool calls): a
+        #: :class:`~elelem.api.reasoning.ReplyParser`, or None for plain text.
+        self.reply = None
         # Built now, so bad parameters fail before any compute.
         sampler = Sampler(params, n_vocab=target.n_vocab)
         if logprobs is not None:
             logprobs = checked_top_count(logprobs, "logprobs")
             self._stats.logprobs = []
         self._steps = _run(self._stats, target, tokenizer, sampler, constraint, list(prompt_ids), max_tokens, stop,
-                           on_evaluated, speculative, logprobs)
+                           on_evaluated, speculative, logprobs, preserved)
         self.tokenizer = tokenizer
         # ``on_end`` (an LLM's lease on a session) runs once: when the stream
         # ends, is closed, or is dropped without ever being read.
@@ -174,17 +177,36 @@ class TextStream:
         return "".join(self)
 
 
+class _PreservingDecoder:
+    """A stream decoder that also shows the text of some control tokens: the markup
+    a tool-call format is read by (gpt-oss's ``<|channel|>``, Mistral's
+    ``[TOOL_CALLS]``), as llama.cpp renders its preserved tokens."""
+
+    def __init__(self, tokenizer: Tokenizer, ids: frozenset):
+        self._decoder = tokenizer.stream_decoder()
+        self._tokenizer = tokenizer
+        self._ids = ids
+
+    def feed(self, token: int) -> str:
+        if token in self._ids:
+            return self._tokenizer.decode([token], special=True).decode("utf-8", "replace")
+        return self._decoder.feed(token)
+
+    def flush(self) -> str:
+        return self._decoder.flush()
+
+
 def _run(stats: StreamStats, target: GenerationTarget, tokenizer: Tokenizer, sampler: Sampler, constraint,
          seq: list[int], max_tokens: int, stop: tuple[str, ...],
          on_evaluated: Optional[Callable[[int], None]], speculative: bool,
-         n_logprobs: Optional[int]) -> Iterator[str]:
+         n_logprobs: Optional[int], preserved: frozenset = frozenset()) -> Iterator[str]:
     # A module function, not a method: the generator must not refer to its
     # TextStream, or an unread stream would be a reference cycle.
     if max_tokens == 0:
         stats.finish_reason = "length"
         return
     eog_ids = tokenizer.eog_ids
-    decoder = tokenizer.stream_decoder()
+    decoder = tokenizer.stream_decoder() if not preserved else _PreservingDecoder(tokenizer, preserved)
     stops = StopStringFilter(stop)
     picked = [0]
     reason = ["length"]

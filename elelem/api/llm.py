@@ -34,6 +34,7 @@ from .devices import Placement, check_memory, connect_servers, kv_layer_bytes, p
 from .draft import open_draft
 from .embeddings import embed, embedding_response, model_pooling
 from .session import Session
+from .tools.parsers import format_named
 from .states import open_prompt_cache
 
 log = logging.getLogger("elelem")
@@ -156,6 +157,11 @@ class LLM:
     evaluating it (:mod:`elelem.engine.prompt_cache`).  ``save_state()`` and
     ``load_state()`` do the same in memory, for the default session.
 
+    ``tool_call_format`` names the format the model writes tool calls in
+    (``"hermes"``, ``"qwen3_coder"``, ``"harmony"``, ``"mistral"``,
+    ``"llama3"``, ``"glm"``; see :mod:`elelem.api.tools.parsers`) for a chat
+    template that does not show it; by default it is read from the template.
+
     An LLM can be shared between threads: their calls are batched into the
     same steps.  :meth:`new_session` gives a sequence of your own, whose
     cache persists between calls.  The tokenizer and chat template are built
@@ -172,8 +178,11 @@ class LLM:
                  prompt_cache: str | os.PathLike | None = None, prompt_cache_bytes: Optional[int] = None,
                  embedding: bool = False, pooling: Optional[str] = None, rpc_servers=None,
                  n_gpu_layers: Optional[int] = None, tensor_split=None,
-                 rpc_timeout: float = DEFAULT_RPC_TIMEOUT, widen: Optional[bool] = None):
+                 rpc_timeout: float = DEFAULT_RPC_TIMEOUT, widen: Optional[bool] = None,
+                 tool_call_format: Optional[str] = None):
         t0 = time.perf_counter()
+        if tool_call_format is not None:
+            format_named(tool_call_format)  # an unknown name fails before the model loads
         self._engine: Optional[Engine] = None
         self._model = None
         self._session: Optional[Session] = None
@@ -200,7 +209,8 @@ class LLM:
                                        self.spec.global_tensors, self.spec.layer_tensors,
                                        self.spec.description,
                                        [n for n in self.spec.matmul_weights() if n not in placed], repack,
-                                       use_mmap, amx_types(amx), widen_q5_0=widened)
+                                       use_mmap, amx_types(amx), widen_q5_0=widened,
+                                       shards=self.gguf.shard_paths)
         try:
             if self.placement.devices:
                 place_layers(self._model, self.placement.devices, self.placement.layer_device, float(rpc_timeout))
@@ -217,6 +227,7 @@ class LLM:
             self._engine = Engine(context, n_ctx=n_ctx if kv_size is None else min(n_ctx, context.kv_size),
                                   speculative=bool(speculative), draft=draft, prompt_cache=disk_cache)
             self.assets = ModelAssets(self.path, self.gguf, self.spec)
+            self.assets.tool_call_format = tool_call_format  # None: read from the chat template
             # embedding=True is llama-cpp-python's switch; here embeddings always work.
             self.embedding = bool(embedding)
             self.pooling = model_pooling(self.gguf, self.spec.arch.name, pooling)

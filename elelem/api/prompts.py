@@ -83,8 +83,18 @@ def infill_prompt_ids(assets: ModelAssets, prefix: Prompt, suffix: str,
 
 def chat_prompt_ids(assets: ModelAssets, messages: Sequence[Mapping[str, Any]], *,
                     tools: Optional[Sequence[Mapping[str, Any]]] = None, **template_vars: Any) -> list[int]:
+    return chat_prompt(assets, messages, tools=tools, **template_vars)[1]
+
+
+def chat_prompt(assets: ModelAssets, messages: Sequence[Mapping[str, Any]], *,
+                tools: Optional[Sequence[Mapping[str, Any]]] = None, **template_vars: Any) -> tuple[str, list[int]]:
+    """The rendered prompt text and its ids (the text says whether the template opened a reasoning block)."""
     text = assets.chat_template.render(text_messages(messages), add_generation_prompt=True, tools=tools,
                                        **template_vars)
+    return text, _chat_ids(assets, text)
+
+
+def _chat_ids(assets: ModelAssets, text: str) -> list[int]:
     ids = assets.tokenize(text, special=True)
     bos = assets.tokenizer.bos_id
     if bos is not None and ids[:2] == [bos, bos]:

@@ -191,13 +191,14 @@ class Session(TextAPI):
     # -- streams ---------------------------------------------------------------
 
     def _open_stream(self, ids, params, budget, stop, constraint, on_end=None,
-                     speculative: Optional[bool] = None, logprobs: Optional[int] = None) -> TextStream:
+                     speculative: Optional[bool] = None, logprobs: Optional[int] = None,
+                     preserved: frozenset = frozenset()) -> TextStream:
         self._check_open()
         target = GenerationTarget(self._engine, self._seq, self._n_ctx, self.n_vocab, self._lock)
         stream = TextStream(target, self.assets.tokenizer, ids, params, budget, stop, constraint,
                             on_end=on_end, on_evaluated=self._count,
                             speculative=self._engine.speculative if speculative is None else bool(speculative),
-                            logprobs=logprobs)
+                            logprobs=logprobs, preserved=preserved)
         self._stream = weakref.ref(stream)
         return stream
 

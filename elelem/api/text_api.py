@@ -42,15 +42,16 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 from . import completions
 from .assets import ModelAssets
 from .generation import TextStream
-from .prompts import Prompt, chat_prompt_ids, completion_prompt_ids, infill_prompt_ids, token_budget
+from .prompts import Prompt, chat_prompt, completion_prompt_ids, infill_prompt_ids, token_budget
+from .reasoning import extracts_reasoning, reasoning_messages, reply_parser, template_kwargs
 from .structured import output_constraint, output_grammar
 from ..errors import GrammarError, InvalidArgumentError
 from ..sampling.logprobs import chat_logprobs_count
 from ..sampling.grammar import Grammar
 from ..sampling.sampler import SamplingParams
 from ..text.stop_strings import StopArg, normalize_stop
-from .tools import responses as tool_responses
-from .tools.request import ToolChoice, ToolPlan, messages_for_template, plan_tools
+from .tools.parsers import parser_for
+from .tools.request import ToolChoice, ToolPlan, messages_for_template, plan_tools, tool_vocabulary
 
 Messages = Sequence[Mapping[str, Any]]
 
@@ -106,30 +107,40 @@ class TextAPI:
     def chat_stream(self, messages: Messages, *, max_tokens: Optional[int] = None, stop: StopArg = None,
                     tools: Optional[Sequence[Mapping[str, Any]]] = None, tool_choice: ToolChoice = None,
                     response_format: Optional[Mapping[str, Any]] = None, grammar: Optional[str] = None,
+                    chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+                    reasoning_format: Optional[str] = None, tool_call_format: Optional[str] = None,
                     **sampling: Any) -> TextStream:
         """An iterator of the assistant's reply to ``messages``, as text deltas.
 
         ``messages`` are ``{"role", "content"}`` dicts, rendered with the
-        model's chat template (ChatML when it has none).  With ``tools``, the
+        model's chat template (ChatML when it has none); an assistant message
+        may carry ``reasoning_content`` (or ``reasoning``).  With ``tools``, the
         deltas are the raw reply in the model's own format, tool-call markup
-        included (``create_chat_completion`` is the API that parses calls);
-        ``tool_choice`` works as there.
+        and reasoning included (``create_chat_completion`` is the API that
+        parses them; the stream's ``reply`` is the parser it uses);
+        ``tool_choice``, ``chat_template_kwargs``, ``reasoning_format`` and
+        ``tool_call_format`` work as there.
         """
         with self._lock:
-            plan = plan_tools(tools, tool_choice, self.assets.chat_template.source)
+            plan = plan_tools(tools, tool_choice, self.assets.chat_template.source,
+                              self._tool_call_format(tool_call_format))
             output = output_grammar(response_format, grammar)
-            return self._chat_text_stream(messages, plan, max_tokens, stop, sampling, output)
+            return self._chat_text_stream(messages, plan, max_tokens, stop, sampling, output,
+                                          chat_template_kwargs=chat_template_kwargs,
+                                          reasoning_format=reasoning_format, tool_call_format=tool_call_format)
 
     def chat(self, messages: Messages, *, max_tokens: Optional[int] = None, stop: StopArg = None,
              tools: Optional[Sequence[Mapping[str, Any]]] = None, tool_choice: ToolChoice = None,
              response_format: Optional[Mapping[str, Any]] = None, grammar: Optional[str] = None,
+             chat_template_kwargs: Optional[Mapping[str, Any]] = None, tool_call_format: Optional[str] = None,
              **sampling: Any) -> str:
         """The assistant's reply to ``messages``: its raw text, including any
-        tool-call markup (see ``chat_stream``)."""
+        tool-call markup and reasoning (see ``chat_stream``)."""
         with self._lock:
             return self.chat_stream(messages, max_tokens=max_tokens, stop=stop, tools=tools,
                                     tool_choice=tool_choice, response_format=response_format,
-                                    grammar=grammar, **sampling).text()
+                                    grammar=grammar, chat_template_kwargs=chat_template_kwargs,
+                                    tool_call_format=tool_call_format, **sampling).text()
 
     # -- llama-cpp-python's dicts ---------------------------------------------
 
@@ -171,7 +182,10 @@ class TextAPI:
                                tools: Optional[Sequence[Mapping[str, Any]]] = None, tool_choice: ToolChoice = None,
                                response_format: Optional[Mapping[str, Any]] = None, grammar: Optional[str] = None,
                                model: Optional[str] = None, logprobs: Optional[bool] = None,
-                               top_logprobs: Optional[int] = None, **sampling: Any) -> Union[dict, Iterator[dict]]:
+                               top_logprobs: Optional[int] = None, reasoning_format: Optional[str] = None,
+                               chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+                               tool_call_format: Optional[str] = None,
+                               **sampling: Any) -> Union[dict, Iterator[dict]]:
         """llama-cpp-python's ``create_chat_completion``: a ``chat.completion`` dict, or its chunks.
 
         ``tools`` are OpenAI function tools, shown to the model through its
@@ -180,13 +194,22 @@ class TextAPI:
         ``tool_choice``: ``"auto"`` (default with tools), ``"none"``,
         ``"required"`` or ``{"type": "function", "function": {"name": ...}}``;
         the last two constrain the reply to one valid call (see :mod:`elelem.api.tools`).
+        The calls are read in the format the chat template shows (Hermes,
+        Qwen3-Coder XML, gpt-oss harmony, Mistral, Llama 3, GLM), or in
+        ``tool_call_format`` when given (also ``LLM(tool_call_format=...)``).
+        A reasoning model's thinking comes back as ``message.reasoning_content``
+        (streamed: ``delta.reasoning_content``), unless ``reasoning_format`` is
+        ``"none"`` (default ``"auto"``; see :mod:`elelem.api.reasoning`).
+        ``chat_template_kwargs`` are variables for the template, e.g.
+        ``{"enable_thinking": False}`` or ``{"reasoning_effort": "low"}``.
         ``response_format`` and ``grammar`` constrain the reply's content (see
         :mod:`elelem.api.structured`).  ``logprobs=True`` adds OpenAI's
         ``choices[0]["logprobs"]["content"]``, with the ``top_logprobs``
         (0..20) likeliest tokens of each step.
         """
         with self._lock:
-            plan = plan_tools(tools, tool_choice, self.assets.chat_template.source)
+            plan = plan_tools(tools, tool_choice, self.assets.chat_template.source,
+                              self._tool_call_format(tool_call_format))
             output = output_grammar(response_format, grammar)
             n_top = chat_logprobs_count(logprobs, top_logprobs)
             if n_top is not None and plan.parses_calls:
@@ -194,29 +217,56 @@ class TextAPI:
             if n_top is not None:
                 sampling = {**sampling, "logprobs": n_top}
             text = self._chat_text_stream(messages, plan, _unlimited_if_not_positive(max_tokens), stop, sampling,
-                                          output)
+                                          output, chat_template_kwargs=chat_template_kwargs,
+                                          reasoning_format=reasoning_format, tool_call_format=tool_call_format)
             name = model if model is not None else self.assets.model_name
-            if plan.parses_calls:
-                build = tool_responses.chat_completion_chunks if stream else tool_responses.chat_completion
-                return build(text, name, plan.parser, plan.tool_names)
             if stream:
                 return completions.chat_completion_chunks(text, name)
             return completions.chat_completion(text, name)
 
     # -- shared ----------------------------------------------------------------
 
+    def _tool_call_format(self, tool_call_format: Optional[str]) -> Optional[str]:
+        # A call's own, else the LLM's (LLM(tool_call_format=...)), else None: read from the template.
+        return tool_call_format if tool_call_format is not None else getattr(self.assets, "tool_call_format", None)
+
     def _chat_text_stream(self, messages: Messages, plan: ToolPlan, max_tokens: Optional[int],
-                          stop: StopArg, sampling: dict, output: Optional[Grammar]) -> TextStream:
+                          stop: StopArg, sampling: dict, output: Optional[Grammar], *,
+                          chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+                          reasoning_format: Optional[str] = None,
+                          tool_call_format: Optional[str] = None) -> TextStream:
         if output is not None and plan.template_tools is not None:
             # A constrained reply could hold no tool call, and a call would break the format.
             raise GrammarError(f"{output.param} cannot be combined with tools, unless tool_choice is 'none'",
                                param=output.param)
-        ids = chat_prompt_ids(self.assets, messages_for_template(messages), tools=plan.template_tools)
-        constraint = plan.constraint(self.assets) if output is None else output_constraint(self.assets, output)
-        return self._text_stream(ids, max_tokens, stop, sampling, CHAT_DEFAULTS, constraint)
+        variables = template_kwargs(chat_template_kwargs)
+        extracts_reasoning(reasoning_format)  # a bad value fails before any compute
+        source = self.assets.chat_template.source
+        fmt = plan.parser
+        if fmt is None:  # no calls to read; a format may still carry the reasoning (gpt-oss's)
+            fmt = parser_for(source, self._tool_call_format(tool_call_format))
+            fmt = fmt if fmt.handles_reasoning else None
+        messages = reasoning_messages(messages, thinking_key=fmt is not None and fmt.handles_reasoning)
+        prompt, ids = chat_prompt(self.assets, messages_for_template(messages), tools=plan.template_tools,
+                                  **variables)
+        reply = reply_parser(fmt, source, prompt, parse_calls=plan.parses_calls, tools=plan.functions,
+                             reasoning_format=reasoning_format)
+        if output is None:
+            reasoning_end = reply.tags.end if reply is not None and reply.forced_open else None
+            constraint = plan.constraint(self.assets, reasoning_end)
+        else:
+            constraint = output_constraint(self.assets, output)
+        preserved = frozenset()
+        if reply is not None and reply.preserved_tokens:
+            control = tool_vocabulary(self.assets).control
+            preserved = frozenset(control[t] for t in reply.preserved_tokens if t in control)
+        stream = self._text_stream(ids, max_tokens, stop, sampling, CHAT_DEFAULTS, constraint, preserved=preserved)
+        stream.reply = reply
+        return stream
 
     def _text_stream(self, ids: list[int], max_tokens: Optional[int], stop: StopArg,
-                     sampling: dict, defaults: Mapping[str, Any], constraint=None) -> TextStream:
+                     sampling: dict, defaults: Mapping[str, Any], constraint=None,
+                     preserved: frozenset = frozenset()) -> TextStream:
         sampling = dict(sampling)
         speculative = sampling.pop("speculative", None)
         logprobs = sampling.pop("logprobs", None)
@@ -232,7 +282,7 @@ class TextAPI:
         params = SamplingParams(**{**defaults, **sampling})
         budget = token_budget(len(ids), max_tokens, self.n_ctx)
         return self._open_stream(ids, params, budget, normalize_stop(stop), constraint, speculative=speculative,
-                                 logprobs=logprobs)
+                                 logprobs=logprobs, preserved=preserved)
 
 
 def _unlimited_if_not_positive(max_tokens: Optional[int]) -> Optional[int]:

@@ -12,8 +12,6 @@ from typing import Callable, Iterator
 
 from ..api import completions as shapes
 from ..api.generation import TextStream
-from ..api.tools import responses as tool_shapes
-from ..api.tools.request import plan_tools
 from ..errors import InvalidArgumentError
 from .schema import Call
 
@@ -47,14 +45,11 @@ def start(session, call: Call, model_id: str) -> Answer:
 
 
 def _chat(session, call: Call, model_id: str) -> Answer:
-    plan = plan_tools(call.tools, call.tool_choice, session.assets.chat_template.source)
+    # The stream's reply parser reads the reasoning and the tool calls (text.reply; None: plain text).
     text = session.chat_stream(call.messages, tools=call.tools, tool_choice=call.tool_choice, **call.options)
-    if plan.parses_calls:
-        if text.logprobs is not None:
-            text.close()
-            raise InvalidArgumentError("logprobs are not available for replies parsed into tool calls")
-        return Answer(text, lambda: tool_shapes.chat_completion(text, model_id, plan.parser, plan.tool_names),
-                      lambda: tool_shapes.chat_completion_chunks(text, model_id, plan.parser, plan.tool_names))
+    if text.reply is not None and text.reply.parses_calls and text.logprobs is not None:
+        text.close()
+        raise InvalidArgumentError("logprobs are not available for replies parsed into tool calls")
     return Answer(text, lambda: shapes.chat_completion(text, model_id),
                   lambda: shapes.chat_completion_chunks(text, model_id))
 

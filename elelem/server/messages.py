@@ -22,10 +22,13 @@ wrong), then turned into a Chat Completions body that goes through
   ``repeat_penalty``, the presence and frequency penalties, ``logit_bias``,
   ``seed``); ``output_config.format`` (a JSON schema) is
   ``response_format``.
-* ``thinking`` is checked and accepted, and does not change the prompt yet;
-  ``metadata``, ``service_tier``, ``cache_control`` and the like are
-  accepted and ignored, and so are the ``anthropic-version`` and
-  ``anthropic-beta`` headers.  Any other field is a 400, as Anthropic's own
+* ``thinking`` ``{"type": "enabled"}`` / ``{"type": "disabled"}`` sets the
+  chat template's ``enable_thinking`` to true / false (``adaptive`` leaves
+  it to the template; ``budget_tokens`` is checked and not enforced); the
+  reply's reasoning comes back as ``thinking`` blocks.  ``metadata``,
+  ``service_tier``, ``cache_control`` and the like are accepted and
+  ignored, and so are the ``anthropic-version`` and ``anthropic-beta``
+  headers.  Any other field is a 400, as Anthropic's own
   API answers it.
 
 :class:`MessagesWire` writes the answer: a ``message`` object, or the
@@ -99,7 +102,7 @@ class MessagesRequest:
     """A checked Messages request: the chat call to run, and what only this API uses."""
 
     call: schema.Call
-    thinking: Optional[dict] = None  # {"type": "enabled", "budget_tokens": N} etc.; not applied yet
+    thinking: Optional[dict] = None  # {"type": "enabled", "budget_tokens": N} etc.: enable_thinking
 
 
 # -- the route ---------------------------------------------------------------------
@@ -179,11 +182,15 @@ def messages_request(body: Any, config: ServerConfig) -> MessagesRequest:
     response_format = _output_format(body.get("output_config"))
     if response_format is not None:
         chat["response_format"] = response_format
+    thinking = _thinking(body.get("thinking"))
+    if thinking is not None and thinking["type"] in ("enabled", "disabled"):
+        # The template's switch (Qwen3's, GLM's, ...), as llama.cpp's chat_template_kwargs set it.
+        chat["chat_template_kwargs"] = {"enable_thinking": thinking["type"] == "enabled"}
     call = schema.chat_call(chat, config)
     stops = _stop_sequences(body.get("stop_sequences"))
     if stops:
         call.options["stop"] = stops
-    return MessagesRequest(call, _thinking(body.get("thinking")))
+    return MessagesRequest(call, thinking)
 
 
 def _system(system: Any) -> list[dict]:

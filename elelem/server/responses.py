@@ -21,9 +21,12 @@ events.
 * ``previous_response_id`` continues a conversation this server still
   holds (:mod:`.responses_store`); an unknown one is a 400.
 
+``reasoning.effort`` is the chat template's ``reasoning_effort`` variable
+(gpt-oss's template reads it), as llama.cpp's ``chat_template_kwargs`` pass it.
+
 Every field of the API is used, accepted when it asks for nothing this
 server would do differently (``metadata``, ``user``, ``store``, ``include``,
-``reasoning``, ``truncation: "disabled"``, ...), or refused with a 400 naming
+``reasoning.summary``, ``truncation: "disabled"``, ...), or refused with a 400 naming
 it, as are unknown fields.  As in ``/v1/chat/completions``, the sampling
 extensions ``top_k``, ``min_p``, ``repeat_penalty``, ``presence_penalty``,
 ``frequency_penalty``, ``logit_bias``, ``seed`` and ``stop`` are taken too.
@@ -125,6 +128,9 @@ def responses_request(body: Any, config: ServerConfig, store: Optional[ResponseS
         chat["max_tokens"] = body["max_output_tokens"]
     if text_format is not None and text_format["type"] != "text":
         chat["response_format"] = _response_format(text_format)
+    effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
+    if effort is not None:  # gpt-oss's template reads it ("Reasoning: low"), as llama.cpp passes it
+        chat["chat_template_kwargs"] = {"reasoning_effort": effort}
     try:
         call = schema.chat_call(chat, config)
     except APIError as error:

@@ -5,8 +5,13 @@ it asks for the only behaviour there is (``n`` of 1), or refused with a
 400 naming it; an unknown field is refused too, so a typo
 never passes silently.  llama.cpp's sampling extensions (``top_k``,
 ``min_p``, ``repeat_penalty``) and its ``grammar`` (GBNF text) are accepted
-as well.  ``response_format`` is passed to the library, which compiles it (a
-schema it cannot enforce is a 400 naming the keyword).  Value ranges
+as well, and so are its ``reasoning_format`` (``"auto"``: a reasoning
+model's thinking as ``reasoning_content``; ``"none"``: left in the content)
+and ``chat_template_kwargs`` (variables for the chat template, e.g.
+``{"enable_thinking": false}``); ``tool_call_format`` names the format of a
+model's tool calls when its template does not show it.  ``response_format``
+is passed to the library, which compiles it (a schema it cannot enforce is
+a 400 naming the keyword).  Value ranges
 (temperature, penalties, logit_bias ids) are checked by the library, whose
 errors become 400s too.
 """
@@ -17,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..api.prompts import content_text
+from ..api.reasoning import REASONING_FORMATS
+from ..api.tools.parsers import format_named
 from ..errors import InvalidArgumentError
 from ..sampling.logprobs import chat_logprobs_count
 from .config import ServerConfig
@@ -27,7 +34,8 @@ _SAMPLING = {"temperature", "top_p", "presence_penalty", "frequency_penalty", "l
 _PASSED_ON = _SAMPLING | {"grammar"}  # handed to the library as they are; it checks them
 _COMMON = _PASSED_ON | {"model", "stream", "stream_options", "stop", "max_tokens", "n", "user", "logprobs"}
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",
-                   "top_logprobs", "response_format"}
+                   "top_logprobs", "response_format", "reasoning_format", "chat_template_kwargs",
+                   "tool_call_format"}
 _COMPLETION = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 
@@ -66,6 +74,7 @@ def chat_call(body: Any, config: ServerConfig) -> Call:
         if not isinstance(response_format, dict):
             raise bad_request("response_format must be an object", "response_format")
         call.options["response_format"] = response_format
+    _reasoning_options(body, call.options)
     try:
         n_top = chat_logprobs_count(body.get("logprobs"), body.get("top_logprobs"))
     except InvalidArgumentError as error:
@@ -73,6 +82,30 @@ def chat_call(body: Any, config: ServerConfig) -> Call:
     if n_top is not None:
         call.options["logprobs"] = n_top
     return call
+
+
+def _reasoning_options(body: dict, options: dict) -> None:
+    """llama.cpp's server fields: ``reasoning_format``, ``chat_template_kwargs``; and elelem's
+    ``tool_call_format``.  Their values are checked by the library (its errors are 400s)."""
+    for name in ("reasoning_format", "tool_call_format"):
+        value = body.get(name)
+        if value is not None:
+            if not isinstance(value, str):
+                raise bad_request(f"{name} must be a string", name)
+            options[name] = value
+    if options.get("reasoning_format", "auto") not in REASONING_FORMATS:
+        raise bad_request(f"reasoning_format must be one of {list(REASONING_FORMATS)}", "reasoning_format")
+    if "tool_call_format" in options:
+        try:
+            format_named(options["tool_call_format"])
+        except InvalidArgumentError as error:
+            raise bad_request(str(error), "tool_call_format") from None
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None:
+        if not isinstance(kwargs, dict):
+            raise bad_request("chat_template_kwargs must be an object of template variables",
+                              "chat_template_kwargs")
+        options["chat_template_kwargs"] = kwargs
 
 
 def completion_call(body: Any, config: ServerConfig) -> Call:

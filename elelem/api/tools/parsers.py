@@ -1,150 +1,96 @@
-"""Reading tool calls out of a model's reply, in the model's own format.
+"""Which tool-call format a model writes: chosen from its chat template, or named.
 
-A :class:`ToolCallParser` knows one format: how a call is marked up, how to
-turn a finished reply into content plus calls, and what a constrained call
-looks like (tokens to force, and the JSON in between).  :func:`parser_for`
-picks the parser for a chat template from :data:`PARSERS`; to support a new
-format, write a parser and register it with :func:`register_parser`.
+Each format is a :class:`ToolCallParser` in its own module (see
+:mod:`.base` for the interface):
 
-Malformed calls never raise: the text of a call that does not parse stays
-in the content, and a warning is logged.
+========================  =====================================================  =================
+``tool_call_format``      markup                                                 models
+========================  =====================================================  =================
+``hermes``                ``<tool_call>{"name", "arguments"}</tool_call>``       Qwen2.5, Qwen3, Hermes, SmolLM3
+``qwen3_coder``           ``<tool_call><function=NAME><parameter=K>v...``        Qwen3-Coder, Qwen3.5, Nemotron 3
+``harmony``               ``<|channel|>commentary to=functions.NAME...``         gpt-oss
+``mistral``               ``[TOOL_CALLS]NAME[ARGS]{...}``, ``[TOOL_CALLS][...]``  Mistral, Ministral, Devstral
+``llama3``                ``{"name", "parameters"}``, after ``<|python_tag|>``  Llama 3.1, 3.2, 3.3
+``glm``                   ``<tool_call>NAME<arg_key>k</arg_key><arg_value>v...``  GLM-4.5, 4.6, 4.7
+========================  =====================================================  =================
+
+:func:`parser_for` reads the template's source as llama.cpp's chat-format
+detection does (``common_chat_try_specialized_template`` and its
+autoparser): gpt-oss's ``<|channel|>``, Mistral's ``[TOOL_CALLS]``,
+Qwen3-Coder's ``<function=``/``<parameter=`` inside ``<tool_call>``,
+GLM's ``<arg_key>``, Hermes' ``<tool_call>``, Llama 3's ``ipython`` role,
+in that order; a template that shows none of them gets Hermes (llama.cpp's
+generic fallback, and what the ChatML fallback template writes).
+:func:`format_named` gives a format by name (``LLM(tool_call_format=...)``,
+or per call); :func:`register_parser` adds one.
 """
 from __future__ import annotations
 
-import json
-import logging
-import re
-import uuid
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional
 
-log = logging.getLogger("elelem")
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-def tool_call_dict(name: str, arguments: Any, call_id: Optional[str] = None) -> dict:
-    """OpenAI's shape: ``{"id", "type": "function", "function": {"name", "arguments"}}``,
-    with ``arguments`` as a JSON string."""
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    return {"id": call_id or new_call_id(), "type": "function",
-            "function": {"name": name, "arguments": arguments}}
-
-
-@dataclass
-class ParsedReply:
-    """A reply split into its text (``content``, None when empty) and its tool calls."""
-
-    content: Optional[str]
-    tool_calls: list[dict] = field(default_factory=list)
-
-
-class ToolCallParser:
-    """One tool-call format.  Subclasses set the tags and implement :meth:`parse_call`."""
-
-    name = "base"
-    start_tag = ""
-    end_tag = ""
-
-    def parse_call(self, body: str) -> Optional[dict]:
-        """The OpenAI tool-call dict for the text between the tags, or None if malformed."""
-        raise NotImplementedError
-
-    def parse(self, text: str, tool_names: Sequence[str] = ()) -> ParsedReply:
-        """Split a finished reply into content and tool calls."""
-        calls: list[dict] = []
-        content: list[str] = []
-        rest = text
-        while True:
-            start = rest.find(self.start_tag)
-            if start < 0:
-                content.append(rest)
-                break
-            end = rest.find(self.end_tag, start + len(self.start_tag))
-            body_end = len(rest) if end < 0 else end
-            after = len(rest) if end < 0 else end + len(self.end_tag)
-            call = self.parse_call(rest[start + len(self.start_tag):body_end])
-            content.append(rest[:start])
-            if call is None:
-                log.warning("a tool call in the reply is malformed; it is returned as content: %.200r",
-                            rest[start:after])
-                content.append(rest[start:after])
-            else:
-                calls.append(call)
-            rest = rest[after:]
-        text_out = "".join(content)
-        if not calls:
-            bare = self.parse_bare_call(text_out, tool_names)
-            if bare is not None:
-                return ParsedReply(None, [bare])
-        if calls:  # the text around calls is mostly the newlines between them
-            return ParsedReply(text_out.strip() or None, calls)
-        return ParsedReply(text_out or None, calls)
-
-    def parse_bare_call(self, text: str, tool_names: Sequence[str]) -> Optional[dict]:
-        """A call written without its tags, the whole reply being one call of a
-        known tool (small models do this), or None."""
-        return None
-
-
-class HermesParser(ToolCallParser):
-    """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, one or
-    several: Hermes, Qwen2/2.5 and the ChatML fallback template."""
-
-    name = "hermes"
-    start_tag = "<tool_call>"
-    end_tag = "</tool_call>"
-    forced_prefix = "<tool_call>\n"
-    forced_suffix = "\n</tool_call>"
-
-    def parse_call(self, body: str) -> Optional[dict]:
-        try:
-            obj = json.loads(body)
-        except (ValueError, RecursionError):
-            return None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-            return None
-        arguments = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(arguments, str):  # some models write the JSON string OpenAI-style
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                return None
-        if not isinstance(arguments, dict):
-            return None
-        return tool_call_dict(obj["name"], arguments)
-
-    def parse_bare_call(self, text, tool_names):
-        stripped = text.strip()
-        if not (tool_names and stripped.startswith("{") and stripped.endswith("}")):
-            return None
-        call = self.parse_call(stripped)
-        if call is None or call["function"]["name"] not in tool_names:
-            return None
-        return call
-
-
-_QWEN_LIKE = re.compile(r"<tool_call>")
+from ...errors import InvalidArgumentError
+from . import glm, harmony, hermes, llama3, mistral, qwen3_coder
+from .base import ParsedReply, ToolCallParser, new_call_id, tool_call_dict
+from .glm import GLMParser
+from .harmony import HarmonyParser
+from .hermes import HermesParser
+from .llama3 import Llama3Parser
+from .mistral import MistralParser
+from .qwen3_coder import Qwen3CoderParser
 
 #: (parser class, does this chat template source use its format?), tried in order.
 PARSERS: list[tuple[type[ToolCallParser], Callable[[str], bool]]] = [
-    (HermesParser, lambda source: bool(_QWEN_LIKE.search(source))),
+    (HarmonyParser, harmony.matches),
+    (MistralParser, mistral.matches),
+    (Qwen3CoderParser, qwen3_coder.matches),
+    (GLMParser, glm.matches),
+    (HermesParser, hermes.matches),
+    (Llama3Parser, llama3.matches),
 ]
 DEFAULT_PARSER: type[ToolCallParser] = HermesParser
 
+#: The formats by name, and the other names they are known by.
+FORMATS: dict[str, type[ToolCallParser]] = {
+    "hermes": HermesParser, "qwen3_coder": Qwen3CoderParser, "harmony": HarmonyParser,
+    "mistral": MistralParser, "llama3": Llama3Parser, "glm": GLMParser,
+}
+ALIASES = {"qwen": "hermes", "qwen2.5": "hermes", "qwen3": "hermes", "chatml": "hermes",
+           "qwen3-coder": "qwen3_coder", "qwen3.5": "qwen3_coder", "qwen3_xml": "qwen3_coder",
+           "gpt-oss": "harmony", "gpt_oss": "harmony", "llama-3": "llama3", "llama3.x": "llama3",
+           "llama3_json": "llama3", "glm4.5": "glm", "glm-4.5": "glm", "glm45": "glm", "mistral-nemo": "mistral"}
+
 
 def register_parser(parser: type[ToolCallParser], matches: Callable[[str], bool]) -> None:
-    """Use ``parser`` for chat templates whose source ``matches`` (checked before the built-in ones)."""
+    """Use ``parser`` for chat templates whose source ``matches`` (checked before the built-in ones),
+    and under its ``name`` for ``tool_call_format``."""
     PARSERS.insert(0, (parser, matches))
+    if parser.name and parser.name != "base":
+        FORMATS.setdefault(parser.name, parser)
 
 
-def parser_for(template_source: str) -> ToolCallParser:
-    """The parser of the format a chat template writes tool calls in
-    (Hermes when no registered format matches, as llama.cpp's generic fallback)."""
+def parser_for(template_source: str, tool_call_format: Optional[str] = None) -> ToolCallParser:
+    """The parser of the format a chat template writes tool calls in (Hermes when no
+    registered format matches, as llama.cpp's generic fallback), or of the format named."""
+    source = template_source or ""
+    if tool_call_format is not None:
+        return format_named(tool_call_format).for_template(source)
     for parser, matches in PARSERS:
-        if matches(template_source or ""):
-            return parser()
-    return DEFAULT_PARSER()
+        if matches(source):
+            return parser.for_template(source)
+    return DEFAULT_PARSER.for_template(source)
+
+
+def format_named(name: str) -> type[ToolCallParser]:
+    """The format called ``name`` (see :data:`FORMATS` and :data:`ALIASES`)."""
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"tool_call_format must be a string, got {type(name).__name__}")
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if key not in FORMATS:
+        raise InvalidArgumentError(f"unknown tool_call_format {name!r}; the formats are {sorted(FORMATS)}")
+    return FORMATS[key]
+
+
+__all__ = ["PARSERS", "FORMATS", "ALIASES", "DEFAULT_PARSER", "register_parser", "parser_for", "format_named",
+           "ToolCallParser", "ParsedReply", "HermesParser", "Qwen3CoderParser", "HarmonyParser", "MistralParser",
+           "Llama3Parser", "GLMParser", "new_call_id", "tool_call_dict"]

@@ -13,12 +13,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from ...errors import InvalidArgumentError
-from ...sampling.constrained import Forced, TokenConstraint
-from ...sampling.grammar import tool_call_grammar
+from ...sampling.constrained import TokenConstraint
+from .constrained import Vocabulary, reasoning_prelude
 from .parsers import ToolCallParser, parser_for
 
 Tools = Optional[Sequence[Mapping[str, Any]]]
@@ -34,45 +34,60 @@ class ToolPlan:
     parser: Optional[ToolCallParser]
     tool_names: tuple[str, ...]
     forced_functions: Optional[list]  # None: the model is free ("auto", "none", no tools)
+    functions: list = field(default_factory=list)  # every tool's function dict (names and schemas)
 
     @property
     def parses_calls(self) -> bool:
         return self.parser is not None
 
-    def constraint(self, assets) -> Optional[TokenConstraint]:
+    def constraint(self, assets, reasoning_end: Optional[str] = None) -> Optional[TokenConstraint]:
         """The token constraint of a forced call (for ``assets``, the model's
-        :class:`~elelem.api.assets.ModelAssets`), or None when the model is free."""
+        :class:`~elelem.api.assets.ModelAssets`), or None when the model is free.
+
+        The call is held to the format's markup from its marker on; with
+        ``reasoning_end`` (the prompt opened a reasoning block), the reasoning
+        before it is free, up to that closing tag."""
         if self.forced_functions is None:
             return None
-        parser = self.parser
-        tokenizer = assets.tokenizer
-        with assets.tokenizer_lock:
-            prefix = tokenizer.encode(parser.forced_prefix, add_bos=False, add_eos=False, special=True)
-            suffix = tokenizer.encode(parser.forced_suffix, add_bos=False, add_eos=False, special=True)
-        call = tool_call_grammar(self.forced_functions)
-        return TokenConstraint([Forced(prefix), call, Forced(suffix)], assets.grammar_tokenizer)
+        vocab = tool_vocabulary(assets)
+        phases = self.parser.constraint_phases(self.forced_functions, vocab)
+        if reasoning_end is not None:
+            phases = [reasoning_prelude(reasoning_end, vocab), *phases]
+        return TokenConstraint(phases, assets.grammar_tokenizer)
 
 
-def plan_tools(tools: Tools, tool_choice: ToolChoice, template_source: str) -> ToolPlan:
+def tool_vocabulary(assets) -> Vocabulary:
+    """The model's :class:`.constrained.Vocabulary`, built once per model."""
+    vocab = getattr(assets, "_tool_vocabulary", None)
+    if vocab is None:
+        vocab = Vocabulary.of(assets)
+        assets._tool_vocabulary = vocab
+    return vocab
+
+
+def plan_tools(tools: Tools, tool_choice: ToolChoice, template_source: str,
+               tool_call_format: Optional[str] = None) -> ToolPlan:
+    """What ``tools`` and ``tool_choice`` mean for a model with this chat template;
+    ``tool_call_format`` names the format instead of reading it from the template."""
     functions = _functions(tools)
     if tool_choice is None:
         tool_choice = "auto" if functions else "none"
     if tool_choice == "none" or not functions:
         if tool_choice not in ("none", "auto"):
             raise InvalidArgumentError(f"tool_choice={tool_choice!r} needs tools")
-        return ToolPlan(None, None, (), None)
-    parser = parser_for(template_source)
+        return ToolPlan(None, None, (), None, functions)
+    parser = parser_for(template_source, tool_call_format)
     names = tuple(f["name"] for f in functions)
     template_tools = [dict(t) for t in tools]
     if tool_choice == "auto":
-        return ToolPlan(template_tools, parser, names, None)
+        return ToolPlan(template_tools, parser, names, None, functions)
     if tool_choice == "required":
-        return ToolPlan(template_tools, parser, names, functions)
+        return ToolPlan(template_tools, parser, names, functions, functions)
     name = _named_choice(tool_choice)
     chosen = [f for f in functions if f["name"] == name]
     if not chosen:
         raise InvalidArgumentError(f"tool_choice names {name!r}, which is not among the tools {list(names)}")
-    return ToolPlan(template_tools, parser, names, chosen)
+    return ToolPlan(template_tools, parser, names, chosen, functions)
 
 
 def _functions(tools: Tools) -> list[dict]:

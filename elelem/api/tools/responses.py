@@ -1,71 +1,41 @@
 """``chat.completion`` dicts and chunks with tool calls (OpenAI's shapes).
 
-The same envelope as :mod:`elelem.api.completions`, plus:
+The same envelope as :mod:`elelem.api.completions`, which builds them
+(with the reply's :class:`~elelem.api.reasoning.ReplyParser`), plus:
 
 * the message has ``tool_calls`` (``[{"id", "type": "function", "function":
   {"name", "arguments"}}]``, ``arguments`` a JSON string) when the model made
   calls, its ``content`` is then the text around them or None, and
   ``finish_reason`` is ``"tool_calls"``;
+* ``reasoning_content``, when the model reasoned (before its content and calls);
 * streamed, each call arrives as two ``delta.tool_calls`` chunks, as OpenAI
   sends them: ``{"index", "id", "type", "function": {"name", "arguments": ""}}``
-  then ``{"index", "function": {"arguments": ...}}``.  Text before a call is
-  streamed as ``content``; the markup never is.
+  then ``{"index", "function": {"arguments": ...}}``.  Reasoning is streamed
+  as ``reasoning_content`` deltas, text before a call as ``content``; the
+  markup never is.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
-from ..completions import _Envelope, _usage
+from .. import completions
 from ..generation import TextStream
 from .parsers import ToolCallParser
-from .streaming import StreamingToolCallParser
 
 
-def _finish_reason(stream: TextStream, calls: list) -> str:
-    # A call cut short by max_tokens is not a call: it stays "length" (and content).
-    return "tool_calls" if calls else stream.finish_reason
+def _reply(stream: TextStream, parser: Optional[ToolCallParser], tool_names):
+    from ..reasoning import ReplyParser  # the reasoning module builds on this package
+    reply = getattr(stream, "reply", None)
+    if reply is not None and (parser is None or reply.format is parser):
+        return reply
+    return ReplyParser(parser, tool_names, parse_calls=parser is not None)
 
 
-def chat_completion(stream: TextStream, model: str, parser: ToolCallParser, tool_names) -> dict[str, Any]:
-    env = _Envelope(model, chat=True)
-    reply = parser.parse(stream.text(), tool_names)
-    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-    if reply.tool_calls:
-        message["tool_calls"] = reply.tool_calls
-    return {
-        "id": env.id,
-        "object": "chat.completion",
-        "created": env.created,
-        "model": env.model,
-        "choices": [{"index": 0, "message": message, "logprobs": None,
-                     "finish_reason": _finish_reason(stream, reply.tool_calls)}],
-        "usage": _usage(stream),
-    }
+def chat_completion(stream: TextStream, model: str, parser: Optional[ToolCallParser] = None,
+                    tool_names=()) -> dict[str, Any]:
+    return completions.chat_completion(stream, model, _reply(stream, parser, tool_names))
 
 
-def chat_completion_chunks(stream: TextStream, model: str, parser: ToolCallParser,
-                           tool_names) -> Iterator[dict[str, Any]]:
-    env = _Envelope(model, chat=True)
-    calls = StreamingToolCallParser(parser, tool_names)
-
-    chunk = env.chat_chunk
-
-    def chunks_of(events) -> Iterator[dict]:
-        for kind, value in events:
-            if kind == "content":
-                yield chunk({"content": value})
-                continue
-            index = len(emitted)
-            emitted.append(value)
-            function = value["function"]
-            yield chunk({"tool_calls": [{"index": index, "id": value["id"], "type": "function",
-                                         "function": {"name": function["name"], "arguments": ""}}]})
-            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": function["arguments"]}}]})
-
-    emitted: list[dict] = []
-    with stream:
-        yield chunk({"role": "assistant"})
-        for delta in stream:
-            yield from chunks_of(calls.feed(delta))
-        yield from chunks_of(calls.finish())
-        yield chunk({}, _finish_reason(stream, emitted))
+def chat_completion_chunks(stream: TextStream, model: str, parser: Optional[ToolCallParser] = None,
+                           tool_names=()) -> Iterator[dict[str, Any]]:
+    return completions.chat_completion_chunks(stream, model, _reply(stream, parser, tool_names))

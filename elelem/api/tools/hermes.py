@@ -1,0 +1,49 @@
+"""Hermes: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, one or several.
+
+Hermes 2/3, Qwen2 and Qwen2.5, Qwen3 (with ``<think>`` reasoning, read by
+:mod:`elelem.api.reasoning`), SmolLM3, and the ChatML fallback template; it
+is also the format of a template that shows no other (as llama.cpp's
+generic fallback).  ``parameters`` is accepted for ``arguments``, and
+arguments written as a JSON string (OpenAI's way) are decoded.  Small Qwen
+models sometimes write the JSON without its tags: a reply that is only
+that, for a known tool, is a call too.
+
+Constrained: ``<tool_call>\\n`` forced, then JSON holding a name among the
+functions and arguments valid against its schema, then ``\\n</tool_call>``.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+from ...sampling.constrained import Forced
+from ...sampling.grammar import tool_call_grammar
+from .base import ToolCallParser, ToolSpecs, call_of_object, load_json, read_json_calls
+
+
+class HermesParser(ToolCallParser):
+    name = "hermes"
+    start_tag = "<tool_call>"
+    end_tag = "</tool_call>"
+    forced_prefix = "<tool_call>\n"
+    forced_suffix = "\n</tool_call>"
+    bare_calls = True
+
+    def parse_call(self, body: str) -> Optional[dict]:
+        ok, obj = load_json(body)
+        return call_of_object(obj, ToolSpecs()) if ok else None
+
+    def read_calls(self, tag: str, body: str, tools: ToolSpecs) -> Optional[list[dict]]:
+        ok, obj = load_json(body)
+        call = call_of_object(obj, tools) if ok else None
+        return None if call is None else [call]
+
+    def read_bare(self, text: str, tools: ToolSpecs) -> Optional[list[dict]]:
+        return read_json_calls(text, tools)
+
+    def constraint_phases(self, functions: Sequence[Mapping[str, Any]], vocab) -> list:
+        return [Forced(vocab.encode(self.forced_prefix)), tool_call_grammar(functions),
+                Forced(vocab.encode(self.forced_suffix))]
+
+
+def matches(source: str) -> bool:
+    return "<tool_call>" in source
