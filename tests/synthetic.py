@@ -67,6 +67,13 @@ class TinyConfig:
     yarn_orig_ctx: int = 256          # ... and this rope.scaling.original_context_length
     yarn_log_mul: float = 0.0         # mistral3's rope.scaling.yarn_log_multiplier
     attn_temp: float = 0.0            # mistral3's attention.temperature_scale
+    # Gated DeltaNet hybrids (qwen35): every full_attention_interval-th layer attends, the rest recur
+    ssm_d_conv: int = 4
+    ssm_d_state: int = 16             # the head width of keys and values
+    ssm_n_group: int = 2              # key heads
+    ssm_dt_rank: int = 4              # value heads
+    full_attention_interval: int = 4
+    rope_sections: tuple = (3, 3, 2, 0)
     # Broken files, for the tests of bad input: tensors left out, and ((name, axis, length), ...)
     # tensors cut to a length along an axis (numpy order).
     drop: tuple = ()
@@ -85,7 +92,8 @@ class TinyConfig:
         return self.arch in _MOE_ARCHS
 
     def tensor_type(self, name: str, arr: np.ndarray) -> str:
-        if arr.ndim < 2 or name.endswith(".bias") or name.endswith("ffn_gate_inp.weight"):
+        if arr.ndim < 2 or name.endswith(".bias") or name.endswith("ffn_gate_inp.weight") \
+                or name.endswith("ssm_conv1d.weight"):
             return "f32"  # as llama.cpp's converter keeps them (the router too)
         if name == "token_embd.weight":
             return self.embd_type
@@ -110,7 +118,12 @@ def _features(arch: str) -> dict:
         "qwen3moe": dict(qk_norm=True),
         "gpt-oss": dict(bias=True, out_bias=True, sinks=True, ffn_norm="post_attention_norm"),
         "glm4moe": dict(bias=True, ffn_norm="post_attention_norm"),
+        "qwen35": dict(qk_norm=True, ffn_norm="post_attention_norm"),
     }[arch])
+
+
+def recurrent_layer(cfg: "TinyConfig", i: int) -> bool:
+    return cfg.arch == "qwen35" and (i + 1) % cfg.full_attention_interval != 0
 
 
 def _moe_layer(cfg: "TinyConfig", i: int) -> bool:
@@ -141,8 +154,26 @@ def make_weights(cfg: TinyConfig) -> dict[str, np.ndarray]:
 
     for i in range(cfg.n_layer + (cfg.n_nextn if cfg.arch == "glm4moe" else 0)):
         p = f"blk.{i}."
+        if recurrent_layer(cfg, i):   # Gated DeltaNet, as llama.cpp's converter writes it
+            d_inner = cfg.ssm_d_state * cfg.ssm_dt_rank
+            conv_dim = 2 * cfg.ssm_d_state * cfg.ssm_n_group + d_inner
+            w[p + "attn_norm.weight"] = norm(e)
+            w[p + "post_attention_norm.weight"] = norm(e)
+            w[p + "attn_qkv.weight"] = mat(conv_dim, e)
+            w[p + "attn_gate.weight"] = mat(d_inner, e)
+            w[p + "ssm_conv1d.weight"] = (rng.standard_normal((conv_dim, cfg.ssm_d_conv)) / 2).astype(np.float32)
+            w[p + "ssm_dt.bias"] = vec(cfg.ssm_dt_rank, 0.5)
+            w[p + "ssm_a"] = -np.exp(vec(cfg.ssm_dt_rank, 0.5))
+            w[p + "ssm_beta.weight"] = mat(cfg.ssm_dt_rank, e)
+            w[p + "ssm_alpha.weight"] = mat(cfg.ssm_dt_rank, e)
+            w[p + "ssm_norm.weight"] = norm(cfg.ssm_d_state)
+            w[p + "ssm_out.weight"] = mat(e, d_inner)
+            w[p + "ffn_gate.weight"] = mat(cfg.n_ff, e)
+            w[p + "ffn_up.weight"] = mat(cfg.n_ff, e)
+            w[p + "ffn_down.weight"] = mat(e, cfg.n_ff)
+            continue
         w[p + "attn_norm.weight"] = norm(e)
-        w[p + "attn_q.weight"] = mat(q, e)
+        w[p + "attn_q.weight"] = mat(2 * q if cfg.arch == "qwen35" else q, e)   # qwen35: Q and its gate
         w[p + "attn_k.weight"] = mat(kv, e)
         w[p + "attn_v.weight"] = mat(kv, e)
         w[p + "attn_output.weight"] = mat(e, q)
@@ -280,6 +311,14 @@ def add_moe_keys(writer: gguf.GGUFWriter, cfg: TinyConfig) -> None:
         writer.add_expert_weights_scale(cfg.expert_scale)
         writer.add_expert_weights_norm(True)
         writer.add_nextn_predict_layers(cfg.n_nextn)
+    if cfg.arch == "qwen35":
+        writer.add_ssm_conv_kernel(cfg.ssm_d_conv)
+        writer.add_ssm_state_size(cfg.ssm_d_state)
+        writer.add_ssm_group_count(cfg.ssm_n_group)
+        writer.add_ssm_time_step_rank(cfg.ssm_dt_rank)
+        writer.add_ssm_inner_size(cfg.ssm_d_state * cfg.ssm_dt_rank)
+        writer.add_full_attention_interval(cfg.full_attention_interval)
+        writer.add_rope_dimension_sections(list(cfg.rope_sections))
     if cfg.yarn:
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(cfg.yarn)
