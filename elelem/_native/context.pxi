@@ -260,6 +260,8 @@ cdef class Context:
             return self._decode(tokens, seq_ids, outputs, embeddings, decode_kernels, 0)
         self._check_open()
         ids = _checked_ids(tokens, self.model.hp.n_vocab)
+        if ids.shape[0] > self.n_batch:
+            raise errors.InvalidArgumentError(f"a step takes at most n_batch={self.n_batch} tokens, got {ids.shape[0]}")
         seqs = _checked_seq_ids(seq_ids, ids.shape[0], self.cache.n_seq_max)
         rows = _output_rows(outputs, seqs)
         flags = np.zeros(ids.shape[0], dtype=bool)
@@ -479,7 +481,14 @@ cdef class Context:
         count = length if n is None else _as_integer("the number of positions", n)
         if not 0 <= count <= length:
             raise errors.InvalidArgumentError(f"sequence {s} holds {length} positions; cannot read {count}")
-        return _read_seq_state(self.cache, s, count)
+        if not self.cache.hybrid:
+            return _read_seq_state(self.cache, s, count)
+        # A hybrid model's state also holds the recurrent state, which is that
+        # of the sequence's last position: so all of it, or nothing.
+        if count != length:
+            raise errors.InvalidArgumentError(f"a hybrid model's state is a whole sequence's ({length} positions), "
+                                              f"not its first {count}")
+        return np.concatenate([_read_seq_state(self.cache, s, count), self.cache.recurrent_state(s)])
 
     def seq_load(self, seq, tokens, state, stored=None):
         """Give empty sequence ``seq`` the first ``len(tokens)`` positions of
@@ -489,7 +498,20 @@ cdef class Context:
         cdef int s = self.cache._check_seq(seq)
         ids = _checked_ids(tokens, self.model.hp.n_vocab) if len(tokens) else np.empty(0, dtype=np.int32)
         count = len(ids) if stored is None else _as_integer("the number of positions stored", stored)
-        _load_seq_state(self.cache, s, ids, memoryview(state).cast("B"), count)
+        data = memoryview(state).cast("B")
+        if not self.cache.hybrid:
+            _load_seq_state(self.cache, s, ids, data, count)
+            return
+        if len(ids) != count:
+            raise errors.InvalidArgumentError(f"a hybrid model loads a state whole ({count} positions), "
+                                              f"not its first {len(ids)}")
+        cells = <size_t> count * self.cache.bytes_per_cell
+        if len(data) != cells + self.cache.state_bytes:
+            raise errors.InvalidArgumentError(f"a state of {count} positions is {cells + self.cache.state_bytes:,} "
+                                              f"bytes for this model, got {len(data):,}")
+        _load_seq_state(self.cache, s, ids, data[:cells], count)
+        self.cache.set_recurrent_state(s, np.frombuffer(data[cells:], dtype=np.uint8))
+        self.snapshots.pop(s, None)
 
     cdef void _check_idle(self) except *:
         self._check_open()
