@@ -103,7 +103,7 @@ class TinyConfig:
         return replace(self, **kw)
 
 
-_MOE_ARCHS = ("qwen3moe", "gpt-oss", "glm4moe")
+_MOE_ARCHS = ("qwen3moe", "gpt-oss", "glm4moe", "qwen35moe")
 
 
 def _features(arch: str) -> dict:
@@ -119,11 +119,12 @@ def _features(arch: str) -> dict:
         "gpt-oss": dict(bias=True, out_bias=True, sinks=True, ffn_norm="post_attention_norm"),
         "glm4moe": dict(bias=True, ffn_norm="post_attention_norm"),
         "qwen35": dict(qk_norm=True, ffn_norm="post_attention_norm"),
+        "qwen35moe": dict(qk_norm=True, ffn_norm="post_attention_norm"),
     }[arch])
 
 
 def recurrent_layer(cfg: "TinyConfig", i: int) -> bool:
-    return cfg.arch == "qwen35" and (i + 1) % cfg.full_attention_interval != 0
+    return cfg.arch in ("qwen35", "qwen35moe") and (i + 1) % cfg.full_attention_interval != 0
 
 
 def _moe_layer(cfg: "TinyConfig", i: int) -> bool:
@@ -158,7 +159,6 @@ def make_weights(cfg: TinyConfig) -> dict[str, np.ndarray]:
             d_inner = cfg.ssm_d_state * cfg.ssm_dt_rank
             conv_dim = 2 * cfg.ssm_d_state * cfg.ssm_n_group + d_inner
             w[p + "attn_norm.weight"] = norm(e)
-            w[p + "post_attention_norm.weight"] = norm(e)
             w[p + "attn_qkv.weight"] = mat(conv_dim, e)
             w[p + "attn_gate.weight"] = mat(d_inner, e)
             w[p + "ssm_conv1d.weight"] = (rng.standard_normal((conv_dim, cfg.ssm_d_conv)) / 2).astype(np.float32)
@@ -168,58 +168,72 @@ def make_weights(cfg: TinyConfig) -> dict[str, np.ndarray]:
             w[p + "ssm_alpha.weight"] = mat(cfg.ssm_dt_rank, e)
             w[p + "ssm_norm.weight"] = norm(cfg.ssm_d_state)
             w[p + "ssm_out.weight"] = mat(e, d_inner)
-            w[p + "ffn_gate.weight"] = mat(cfg.n_ff, e)
-            w[p + "ffn_up.weight"] = mat(cfg.n_ff, e)
-            w[p + "ffn_down.weight"] = mat(e, cfg.n_ff)
-            continue
-        w[p + "attn_norm.weight"] = norm(e)
-        w[p + "attn_q.weight"] = mat(2 * q if cfg.arch == "qwen35" else q, e)   # qwen35: Q and its gate
-        w[p + "attn_k.weight"] = mat(kv, e)
-        w[p + "attn_v.weight"] = mat(kv, e)
-        w[p + "attn_output.weight"] = mat(e, q)
-        if f["bias"]:
-            for n, size in (("q", q), ("k", kv), ("v", kv)):
-                w[p + f"attn_{n}.bias"] = vec(size)
-        if f["out_bias"]:
-            w[p + "attn_output.bias"] = vec(e)
-        if f["sinks"]:
-            w[p + "attn_sinks.weight"] = vec(cfg.n_head, 1.0)
-        if f["qk_norm"]:
-            w[p + "attn_q_norm.weight"] = norm(hd)
-            w[p + "attn_k_norm.weight"] = norm(hd)
-        if f["post_norms"]:
-            w[p + "post_attention_norm.weight"] = norm(e)
-            w[p + "post_ffw_norm.weight"] = norm(e)
+        else:
+            _attention_weights(w, cfg, f, p, mat, norm, vec)
         w[p + f["ffn_norm"] + ".weight"] = norm(e)
         if not _moe_layer(cfg, i):
             w[p + "ffn_gate.weight"] = mat(cfg.n_ff, e)
             w[p + "ffn_up.weight"] = mat(cfg.n_ff, e)
             w[p + "ffn_down.weight"] = mat(e, cfg.n_ff)
             continue
-        # Experts stacked as llama.cpp's converter writes them: numpy (n_expert, n_out, n_in),
-        # GGUF (n_in, n_out, n_expert).  A router scaled up, so that the choice of experts is
-        # clear-cut rather than a near tie.
-        x, fe = cfg.n_expert, cfg.n_ff_exp
-        w[p + "ffn_gate_inp.weight"] = 4.0 * mat(x, e)
-        w[p + "ffn_gate_exps.weight"] = np.stack([mat(fe, e) for _ in range(x)])
-        w[p + "ffn_up_exps.weight"] = np.stack([mat(fe, e) for _ in range(x)])
-        w[p + "ffn_down_exps.weight"] = np.stack([mat(e, fe) for _ in range(x)])
-        if cfg.arch == "gpt-oss":
-            w[p + "ffn_gate_inp.bias"] = vec(x)
-            w[p + "ffn_gate_exps.bias"] = vec((x, fe))
-            w[p + "ffn_up_exps.bias"] = vec((x, fe))
-            w[p + "ffn_down_exps.bias"] = vec((x, e))
-        if cfg.arch == "glm4moe":
-            w[p + "exp_probs_b.bias"] = vec(x)
-            fs = fe * cfg.n_expert_shared
-            w[p + "ffn_gate_shexp.weight"] = mat(fs, e)
-            w[p + "ffn_up_shexp.weight"] = mat(fs, e)
-            w[p + "ffn_down_shexp.weight"] = mat(e, fs)
-        if cfg.arch == "glm4moe" and i >= cfg.n_layer:   # the NextN block's own tensors
-            w[p + "nextn.eh_proj.weight"] = mat(e, 2 * e)
-            w[p + "nextn.enorm.weight"] = norm(e)
-            w[p + "nextn.hnorm.weight"] = norm(e)
+        _expert_weights(w, cfg, i, p, mat, norm, vec)
     return w
+
+
+def _attention_weights(w, cfg, f, p, mat, norm, vec):
+    e, hd = cfg.n_embd, cfg.hd
+    q, kv = cfg.n_head * hd, cfg.n_head_kv * hd
+    w[p + "attn_norm.weight"] = norm(e)
+    w[p + "attn_q.weight"] = mat(2 * q if cfg.arch.startswith("qwen35") else q, e)   # Q and its gate
+    w[p + "attn_k.weight"] = mat(kv, e)
+    w[p + "attn_v.weight"] = mat(kv, e)
+    w[p + "attn_output.weight"] = mat(e, q)
+    if f["bias"]:
+        for n, size in (("q", q), ("k", kv), ("v", kv)):
+            w[p + f"attn_{n}.bias"] = vec(size)
+    if f["out_bias"]:
+        w[p + "attn_output.bias"] = vec(e)
+    if f["sinks"]:
+        w[p + "attn_sinks.weight"] = vec(cfg.n_head, 1.0)
+    if f["qk_norm"]:
+        w[p + "attn_q_norm.weight"] = norm(hd)
+        w[p + "attn_k_norm.weight"] = norm(hd)
+    if f["post_norms"]:
+        w[p + "post_attention_norm.weight"] = norm(e)
+        w[p + "post_ffw_norm.weight"] = norm(e)
+
+
+def _expert_weights(w, cfg, i, p, mat, norm, vec):
+    e = cfg.n_embd
+    # Experts stacked as llama.cpp's converter writes them: numpy (n_expert, n_out, n_in),
+    # GGUF (n_in, n_out, n_expert).  A router scaled up, so that the choice of experts is
+    # clear-cut rather than a near tie.
+    x, fe = cfg.n_expert, cfg.n_ff_exp
+    w[p + "ffn_gate_inp.weight"] = 4.0 * mat(x, e)
+    w[p + "ffn_gate_exps.weight"] = np.stack([mat(fe, e) for _ in range(x)])
+    w[p + "ffn_up_exps.weight"] = np.stack([mat(fe, e) for _ in range(x)])
+    w[p + "ffn_down_exps.weight"] = np.stack([mat(e, fe) for _ in range(x)])
+    if cfg.arch == "gpt-oss":
+        w[p + "ffn_gate_inp.bias"] = vec(x)
+        w[p + "ffn_gate_exps.bias"] = vec((x, fe))
+        w[p + "ffn_up_exps.bias"] = vec((x, fe))
+        w[p + "ffn_down_exps.bias"] = vec((x, e))
+    if cfg.arch == "glm4moe":
+        w[p + "exp_probs_b.bias"] = vec(x)
+        fs = fe * cfg.n_expert_shared
+        w[p + "ffn_gate_shexp.weight"] = mat(fs, e)
+        w[p + "ffn_up_shexp.weight"] = mat(fs, e)
+        w[p + "ffn_down_shexp.weight"] = mat(e, fs)
+    if cfg.arch == "qwen35moe":   # one shared expert, gated by a sigmoid of its own projection
+        fs = 2 * fe
+        w[p + "ffn_gate_inp_shexp.weight"] = vec(e, 1.0 / math.sqrt(e))
+        w[p + "ffn_gate_shexp.weight"] = mat(fs, e)
+        w[p + "ffn_up_shexp.weight"] = mat(fs, e)
+        w[p + "ffn_down_shexp.weight"] = mat(e, fs)
+    if cfg.arch == "glm4moe" and i >= cfg.n_layer:   # the NextN block's own tensors
+        w[p + "nextn.eh_proj.weight"] = mat(e, 2 * e)
+        w[p + "nextn.enorm.weight"] = norm(e)
+        w[p + "nextn.hnorm.weight"] = norm(e)
 
 
 class StoredWeights(dict):
@@ -311,7 +325,9 @@ def add_moe_keys(writer: gguf.GGUFWriter, cfg: TinyConfig) -> None:
         writer.add_expert_weights_scale(cfg.expert_scale)
         writer.add_expert_weights_norm(True)
         writer.add_nextn_predict_layers(cfg.n_nextn)
-    if cfg.arch == "qwen35":
+    if cfg.arch == "qwen35moe":
+        writer.add_expert_shared_feed_forward_length(2 * cfg.n_ff_exp)
+    if cfg.arch.startswith("qwen35"):
         writer.add_ssm_conv_kernel(cfg.ssm_d_conv)
         writer.add_ssm_state_size(cfg.ssm_d_state)
         writer.add_ssm_group_count(cfg.ssm_n_group)

@@ -97,6 +97,7 @@ cdef struct LayerWeights:
     ggml_tensor * ffn_gate_shexp  # optional shared experts (n_embd, n_ff_shexp) ...
     ggml_tensor * ffn_up_shexp
     ggml_tensor * ffn_down_shexp  # ... (n_ff_shexp, n_embd)
+    ggml_tensor * ffn_gate_inp_shexp  # optional (n_embd): a sigmoid gate on the shared experts' output (Qwen)
     # Gated DeltaNet: NULL in other layers; wqkv (above) projects its Q, K and V
     ggml_tensor * attn_gate       # (n_embd, ssm_d_inner): the output gate z
     ggml_tensor * ssm_conv1d      # (ssm_d_conv, conv channels), F32
@@ -121,6 +122,7 @@ LAYER_ROLES = ("attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo", "q_n
                "ffn_gate_inp", "ffn_gate_inp_b", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
                "ffn_gate_exps_b", "ffn_up_exps_b", "ffn_down_exps_b", "ffn_exp_probs_b",
                "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+               "ffn_gate_inp_shexp",
                "attn_gate", "ssm_conv1d", "ssm_dt", "ssm_a", "ssm_beta", "ssm_alpha", "ssm_norm", "ssm_out")
 
 cdef inline ggml_tensor ** _role_slot(LayerWeights * lw, int i) noexcept:

@@ -68,6 +68,7 @@ LAYER_TENSOR_NAMES = {
     "ffn_gate_shexp": "blk.{i}.ffn_gate_shexp.weight",
     "ffn_up_shexp": "blk.{i}.ffn_up_shexp.weight",
     "ffn_down_shexp": "blk.{i}.ffn_down_shexp.weight",
+    "ffn_gate_inp_shexp": "blk.{i}.ffn_gate_inp_shexp.weight",   # a sigmoid gate on the shared expert (Qwen)
     # Gated DeltaNet (Qwen3.5, Qwen3-Next): a recurrent layer.  Its Q, K and V
     # come through attn_qkv ("wqkv"), then a short causal convolution.
     "attn_gate": "blk.{i}.attn_gate.weight",
@@ -115,7 +116,7 @@ MAX_WIDTH = 1 << 20
 _MATMUL_ROLES = frozenset({"wq", "wk", "wv", "wqkv", "wo", "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_inp",
                            "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
                            "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
-                           "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out"})
+                           "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out", "ffn_gate_inp_shexp"})
 _ATTN = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm")
 _DENSE_FFN = ("ffn_gate", "ffn_up", "ffn_down")
 _ATTN_FFN = _ATTN + _DENSE_FFN
@@ -231,6 +232,9 @@ def _expert_hparams(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile, exp
     h["n_ff_exp"] = int(key("expert_feed_forward_length", h["n_ff"] // n_used))
     h["n_expert_shared"] = int(key("expert_shared_count", 0))
     h["n_ff_shexp"] = h["n_ff_exp"] * h["n_expert_shared"]
+    shared_width = int(key("expert_shared_feed_forward_length", 0))   # Qwen's one shared expert
+    if shared_width:
+        h["n_expert_shared"], h["n_ff_shexp"] = 1, shared_width
     h["n_layer_dense_lead"] = int(key("leading_dense_block_count", 0))
     if not 0 < h["n_ff_exp"] <= MAX_WIDTH or not 0 <= h["n_expert_shared"] <= 64:
         raise ModelShapeError(f"{prefix}expert_feed_forward_length = {h['n_ff_exp']} or "
@@ -377,6 +381,10 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("qwen35", "qwen35", "neox", _ATTN_FFN + ("q_norm", "k_norm"), recurrent=_DELTA_NET + _DENSE_FFN,
                      tensor_names={"ffn_norm": "blk.{i}.post_attention_norm.weight"}, derive=_qwen35,
                      description="Qwen3.5 / Qwen3.6 (Gated DeltaNet hybrid)"),
+        Architecture("qwen35moe", "qwen35", "neox", _ATTN + ("q_norm", "k_norm"), recurrent=_DELTA_NET,
+                     experts=Experts(optional=("ffn_gate_inp_shexp",)),
+                     tensor_names={"ffn_norm": "blk.{i}.post_attention_norm.weight"}, derive=_qwen35,
+                     description="Qwen3.5 / Qwen3.6 MoE (Gated DeltaNet hybrid with experts)"),
         Architecture("mistral3", "decoder", "normal", _ATTN_FFN, optional=("bo",), derive=_mistral3,
                      description="Mistral 3: Ministral 3, Devstral Small 2, Mistral Small 3.x"),
         Architecture("bert", "bert", "neox", _ENCODER_BLOCK, optional=_ENCODER_OPTIONAL,
@@ -620,6 +628,7 @@ def _expected_shapes(h: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
             "ffn_gate_exps": (e, f, x), "ffn_up_exps": (e, f, x), "ffn_down_exps": (f, e, x),
             "ffn_gate_exps_b": (f, x), "ffn_up_exps_b": (f, x), "ffn_down_exps_b": (e, x),
             "ffn_gate_shexp": (e, fs), "ffn_up_shexp": (e, fs), "ffn_down_shexp": (fs, e),
+            "ffn_gate_inp_shexp": (e,),
         })
     return shapes
 
@@ -675,15 +684,15 @@ def _layer_roles(arch: Architecture, h: Mapping[str, Any], i: int) -> tuple[tupl
     """The roles layer ``i`` must have and may have: an expert layer's FFN is
     the router and the experts (and shared experts where the model has them),
     a leading dense layer's the plain gated FFN."""
-    if arch.recurrent and h["recurrent_layers"][i]:
-        return arch.recurrent, ()
+    required, optional = (arch.recurrent, ()) if arch.recurrent and h["recurrent_layers"][i] else \
+        (arch.required, arch.optional)
     experts = arch.experts
     if experts is None:
-        return arch.required, arch.optional
+        return required, optional
     if i < h["n_layer_dense_lead"]:
-        return arch.required + _DENSE_FFN, arch.optional
+        return required + _DENSE_FFN, optional
     shared = _SHARED_EXPERTS if h["n_expert_shared"] > 0 else ()
-    return arch.required + experts.required + shared, arch.optional + experts.optional
+    return required + experts.required + shared, optional + experts.optional
 
 
 def _check_encoder_projections(i: int, table: dict[str, Optional[str]]) -> None:
