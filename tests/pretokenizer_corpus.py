@@ -22,8 +22,9 @@ import random
 CONFIGS = [
     *[("qwen2", pre) for pre in ("qwen2", "gpt-4o", "tekken", "glm4")],
     *[("llama-bpe", pre) for pre in ("gpt-4o", "tekken", "glm4", "chatglm-bpe")],
+    ("qwen35", "qwen35"),
     *[("probe", pre) for pre in ("gpt-4o", "tekken", "glm4", "qwen2", "llama-bpe", "deepseek-llm",
-                                 "deepseek-coder", "falcon", "default", "gpt-2", "starcoder")],
+                                 "deepseek-coder", "falcon", "default", "gpt-2", "starcoder", "qwen35")],
 ]
 #: Other names llama.cpp maps to the same pre-tokenizer: compared on the probe vocabulary,
 #: by a digest of all their ids.

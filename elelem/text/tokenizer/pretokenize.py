@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from ._unicode_classes import LETTER as _L, NUMBER as _N, PUNCTUATION as _P
+from ._unicode_classes import LETTER as _L, MARK as _M, NUMBER as _N, PUNCTUATION as _P
 
 log = logging.getLogger("elelem")
 
@@ -43,12 +43,12 @@ _CONTRACTIONS_ANY_CASE = r"'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]
 _CONTRACTIONS_LOWER = r"'s|'t|'re|'ve|'m|'ll|'d"
 
 
-def _qwen2_like(digits: str) -> str:
+def _qwen2_like(digits: str, letters: str = _L) -> str:
     return (
         f"{_CONTRACTIONS_ANY_CASE}"
-        f"|[^\\r\\n{_L}{_N}]?[{_L}]+"
+        f"|[^\\r\\n{_L}{_N}]?[{letters}]+"
         f"|{digits}"
-        f"| ?[^{_W}{_L}{_N}]+[\\r\\n]*"
+        f"| ?[^{_W}{letters}{_N}]+[\\r\\n]*"
         f"|[{_W}]*[\\r\\n]+"
         f"|[{_W}]+(?![^{_W}])"
         f"|[{_W}]+"
@@ -58,6 +58,9 @@ def _qwen2_like(digits: str) -> str:
 
 #: Qwen2: digits one at a time.
 QWEN2_PATTERN = _qwen2_like(f"[{_N}]")
+#: Qwen3.5 / Qwen3-Next: Qwen2's, with combining marks (\p{M}) in letter runs and out of
+#: punctuation runs (unicode_regex_split_custom_qwen35); a mark may still be a run's prefix.
+QWEN35_PATTERN = _qwen2_like(f"[{_N}]", _L + _M)
 #: Llama 3: digits in groups of up to three, from the left.
 LLAMA3_PATTERN = _qwen2_like(f"[{_N}]{{1,3}}")
 #: GPT-2.
@@ -232,6 +235,7 @@ def _multi_pass(passes) -> Callable[[str], list[str]]:
 
 
 _QWEN2 = ("qwen2", QWEN2_PATTERN, False, False)
+_QWEN35 = ("qwen35", QWEN35_PATTERN, False, False)
 _LLAMA3 = ("llama3", LLAMA3_PATTERN, True, True)
 _GPT2 = ("gpt2", GPT2_PATTERN, False, False)
 _SMOLLM = ("smollm", SMOLLM_PATTERN, False, False)
@@ -242,6 +246,7 @@ _GPT4O = ("gpt4o", (GPT4O_PATTERN,), False, False)
 _BY_PRE = {
     **{k: _QWEN2 for k in ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez",
                            "stablelm2", "hunyuan", "solar-open")},
+    "qwen35": _QWEN35,
     **{k: _LLAMA3 for k in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
                             "pixtral", "midm-2.0", "lfm2", "jina-v5-nano")},
     **{k: ("llama3", LLAMA3_PATTERN, False, False) for k in ("dbrx", "smaug-bpe")},
