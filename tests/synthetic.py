@@ -14,6 +14,7 @@ from typing import Callable, Optional
 import gguf
 import numpy as np
 
+import delta_net
 import ggml_numerics as numerics
 from kquants import quantize_q4_k, quantize_q6_k
 
@@ -67,6 +68,13 @@ class TinyConfig:
     yarn_orig_ctx: int = 256          # ... and this rope.scaling.original_context_length
     yarn_log_mul: float = 0.0         # mistral3's rope.scaling.yarn_log_multiplier
     attn_temp: float = 0.0            # mistral3's attention.temperature_scale
+    # Gated DeltaNet hybrids (qwen35): every full_attention_interval-th layer attends, the rest recur
+    ssm_d_conv: int = 4
+    ssm_d_state: int = 16             # the head width of keys and values
+    ssm_n_group: int = 2              # key heads
+    ssm_dt_rank: int = 4              # value heads
+    full_attention_interval: int = 4
+    rope_sections: tuple = (3, 3, 2, 0)
     # Broken files, for the tests of bad input: tensors left out, and ((name, axis, length), ...)
     # tensors cut to a length along an axis (numpy order).
     drop: tuple = ()
@@ -85,7 +93,8 @@ class TinyConfig:
         return self.arch in _MOE_ARCHS
 
     def tensor_type(self, name: str, arr: np.ndarray) -> str:
-        if arr.ndim < 2 or name.endswith(".bias") or name.endswith("ffn_gate_inp.weight"):
+        if arr.ndim < 2 or name.endswith(".bias") or name.endswith("ffn_gate_inp.weight") \
+                or name.endswith("ssm_conv1d.weight"):
             return "f32"  # as llama.cpp's converter keeps them (the router too)
         if name == "token_embd.weight":
             return self.embd_type
@@ -95,7 +104,7 @@ class TinyConfig:
         return replace(self, **kw)
 
 
-_MOE_ARCHS = ("qwen3moe", "gpt-oss", "glm4moe")
+_MOE_ARCHS = ("qwen3moe", "gpt-oss", "glm4moe", "qwen35moe")
 
 
 def _features(arch: str) -> dict:
@@ -110,7 +119,13 @@ def _features(arch: str) -> dict:
         "qwen3moe": dict(qk_norm=True),
         "gpt-oss": dict(bias=True, out_bias=True, sinks=True, ffn_norm="post_attention_norm"),
         "glm4moe": dict(bias=True, ffn_norm="post_attention_norm"),
+        "qwen35": dict(qk_norm=True, ffn_norm="post_attention_norm"),
+        "qwen35moe": dict(qk_norm=True, ffn_norm="post_attention_norm"),
     }[arch])
+
+
+def recurrent_layer(cfg: "TinyConfig", i: int) -> bool:
+    return cfg.arch in ("qwen35", "qwen35moe") and (i + 1) % cfg.full_attention_interval != 0
 
 
 def _moe_layer(cfg: "TinyConfig", i: int) -> bool:
@@ -141,54 +156,85 @@ def make_weights(cfg: TinyConfig) -> dict[str, np.ndarray]:
 
     for i in range(cfg.n_layer + (cfg.n_nextn if cfg.arch == "glm4moe" else 0)):
         p = f"blk.{i}."
-        w[p + "attn_norm.weight"] = norm(e)
-        w[p + "attn_q.weight"] = mat(q, e)
-        w[p + "attn_k.weight"] = mat(kv, e)
-        w[p + "attn_v.weight"] = mat(kv, e)
-        w[p + "attn_output.weight"] = mat(e, q)
-        if f["bias"]:
-            for n, size in (("q", q), ("k", kv), ("v", kv)):
-                w[p + f"attn_{n}.bias"] = vec(size)
-        if f["out_bias"]:
-            w[p + "attn_output.bias"] = vec(e)
-        if f["sinks"]:
-            w[p + "attn_sinks.weight"] = vec(cfg.n_head, 1.0)
-        if f["qk_norm"]:
-            w[p + "attn_q_norm.weight"] = norm(hd)
-            w[p + "attn_k_norm.weight"] = norm(hd)
-        if f["post_norms"]:
-            w[p + "post_attention_norm.weight"] = norm(e)
-            w[p + "post_ffw_norm.weight"] = norm(e)
+        if recurrent_layer(cfg, i):   # Gated DeltaNet, as llama.cpp's converter writes it
+            d_inner = cfg.ssm_d_state * cfg.ssm_dt_rank
+            conv_dim = 2 * cfg.ssm_d_state * cfg.ssm_n_group + d_inner
+            w[p + "attn_norm.weight"] = norm(e)
+            w[p + "attn_qkv.weight"] = mat(conv_dim, e)
+            w[p + "attn_gate.weight"] = mat(d_inner, e)
+            w[p + "ssm_conv1d.weight"] = (rng.standard_normal((conv_dim, cfg.ssm_d_conv)) / 2).astype(np.float32)
+            w[p + "ssm_dt.bias"] = vec(cfg.ssm_dt_rank, 0.5)
+            w[p + "ssm_a"] = -np.exp(vec(cfg.ssm_dt_rank, 0.5))
+            w[p + "ssm_beta.weight"] = mat(cfg.ssm_dt_rank, e)
+            w[p + "ssm_alpha.weight"] = mat(cfg.ssm_dt_rank, e)
+            w[p + "ssm_norm.weight"] = norm(cfg.ssm_d_state)
+            w[p + "ssm_out.weight"] = mat(e, d_inner)
+        else:
+            _attention_weights(w, cfg, f, p, mat, norm, vec)
         w[p + f["ffn_norm"] + ".weight"] = norm(e)
         if not _moe_layer(cfg, i):
             w[p + "ffn_gate.weight"] = mat(cfg.n_ff, e)
             w[p + "ffn_up.weight"] = mat(cfg.n_ff, e)
             w[p + "ffn_down.weight"] = mat(e, cfg.n_ff)
             continue
-        # Experts stacked as llama.cpp's converter writes them: numpy (n_expert, n_out, n_in),
-        # GGUF (n_in, n_out, n_expert).  A router scaled up, so that the choice of experts is
-        # clear-cut rather than a near tie.
-        x, fe = cfg.n_expert, cfg.n_ff_exp
-        w[p + "ffn_gate_inp.weight"] = 4.0 * mat(x, e)
-        w[p + "ffn_gate_exps.weight"] = np.stack([mat(fe, e) for _ in range(x)])
-        w[p + "ffn_up_exps.weight"] = np.stack([mat(fe, e) for _ in range(x)])
-        w[p + "ffn_down_exps.weight"] = np.stack([mat(e, fe) for _ in range(x)])
-        if cfg.arch == "gpt-oss":
-            w[p + "ffn_gate_inp.bias"] = vec(x)
-            w[p + "ffn_gate_exps.bias"] = vec((x, fe))
-            w[p + "ffn_up_exps.bias"] = vec((x, fe))
-            w[p + "ffn_down_exps.bias"] = vec((x, e))
-        if cfg.arch == "glm4moe":
-            w[p + "exp_probs_b.bias"] = vec(x)
-            fs = fe * cfg.n_expert_shared
-            w[p + "ffn_gate_shexp.weight"] = mat(fs, e)
-            w[p + "ffn_up_shexp.weight"] = mat(fs, e)
-            w[p + "ffn_down_shexp.weight"] = mat(e, fs)
-        if cfg.arch == "glm4moe" and i >= cfg.n_layer:   # the NextN block's own tensors
-            w[p + "nextn.eh_proj.weight"] = mat(e, 2 * e)
-            w[p + "nextn.enorm.weight"] = norm(e)
-            w[p + "nextn.hnorm.weight"] = norm(e)
+        _expert_weights(w, cfg, i, p, mat, norm, vec)
     return w
+
+
+def _attention_weights(w, cfg, f, p, mat, norm, vec):
+    e, hd = cfg.n_embd, cfg.hd
+    q, kv = cfg.n_head * hd, cfg.n_head_kv * hd
+    w[p + "attn_norm.weight"] = norm(e)
+    w[p + "attn_q.weight"] = mat(2 * q if cfg.arch.startswith("qwen35") else q, e)   # Q and its gate
+    w[p + "attn_k.weight"] = mat(kv, e)
+    w[p + "attn_v.weight"] = mat(kv, e)
+    w[p + "attn_output.weight"] = mat(e, q)
+    if f["bias"]:
+        for n, size in (("q", q), ("k", kv), ("v", kv)):
+            w[p + f"attn_{n}.bias"] = vec(size)
+    if f["out_bias"]:
+        w[p + "attn_output.bias"] = vec(e)
+    if f["sinks"]:
+        w[p + "attn_sinks.weight"] = vec(cfg.n_head, 1.0)
+    if f["qk_norm"]:
+        w[p + "attn_q_norm.weight"] = norm(hd)
+        w[p + "attn_k_norm.weight"] = norm(hd)
+    if f["post_norms"]:
+        w[p + "post_attention_norm.weight"] = norm(e)
+        w[p + "post_ffw_norm.weight"] = norm(e)
+
+
+def _expert_weights(w, cfg, i, p, mat, norm, vec):
+    e = cfg.n_embd
+    # Experts stacked as llama.cpp's converter writes them: numpy (n_expert, n_out, n_in),
+    # GGUF (n_in, n_out, n_expert).  A router scaled up, so that the choice of experts is
+    # clear-cut rather than a near tie.
+    x, fe = cfg.n_expert, cfg.n_ff_exp
+    w[p + "ffn_gate_inp.weight"] = 4.0 * mat(x, e)
+    w[p + "ffn_gate_exps.weight"] = np.stack([mat(fe, e) for _ in range(x)])
+    w[p + "ffn_up_exps.weight"] = np.stack([mat(fe, e) for _ in range(x)])
+    w[p + "ffn_down_exps.weight"] = np.stack([mat(e, fe) for _ in range(x)])
+    if cfg.arch == "gpt-oss":
+        w[p + "ffn_gate_inp.bias"] = vec(x)
+        w[p + "ffn_gate_exps.bias"] = vec((x, fe))
+        w[p + "ffn_up_exps.bias"] = vec((x, fe))
+        w[p + "ffn_down_exps.bias"] = vec((x, e))
+    if cfg.arch == "glm4moe":
+        w[p + "exp_probs_b.bias"] = vec(x)
+        fs = fe * cfg.n_expert_shared
+        w[p + "ffn_gate_shexp.weight"] = mat(fs, e)
+        w[p + "ffn_up_shexp.weight"] = mat(fs, e)
+        w[p + "ffn_down_shexp.weight"] = mat(e, fs)
+    if cfg.arch == "qwen35moe":   # one shared expert, gated by a sigmoid of its own projection
+        fs = 2 * fe
+        w[p + "ffn_gate_inp_shexp.weight"] = vec(e, 1.0 / math.sqrt(e))
+        w[p + "ffn_gate_shexp.weight"] = mat(fs, e)
+        w[p + "ffn_up_shexp.weight"] = mat(fs, e)
+        w[p + "ffn_down_shexp.weight"] = mat(e, fs)
+    if cfg.arch == "glm4moe" and i >= cfg.n_layer:   # the NextN block's own tensors
+        w[p + "nextn.eh_proj.weight"] = mat(e, 2 * e)
+        w[p + "nextn.enorm.weight"] = norm(e)
+        w[p + "nextn.hnorm.weight"] = norm(e)
 
 
 class StoredWeights(dict):
@@ -280,6 +326,16 @@ def add_moe_keys(writer: gguf.GGUFWriter, cfg: TinyConfig) -> None:
         writer.add_expert_weights_scale(cfg.expert_scale)
         writer.add_expert_weights_norm(True)
         writer.add_nextn_predict_layers(cfg.n_nextn)
+    if cfg.arch == "qwen35moe":
+        writer.add_expert_shared_feed_forward_length(2 * cfg.n_ff_exp)
+    if cfg.arch.startswith("qwen35"):
+        writer.add_ssm_conv_kernel(cfg.ssm_d_conv)
+        writer.add_ssm_state_size(cfg.ssm_d_state)
+        writer.add_ssm_group_count(cfg.ssm_n_group)
+        writer.add_ssm_time_step_rank(cfg.ssm_dt_rank)
+        writer.add_ssm_inner_size(cfg.ssm_d_state * cfg.ssm_dt_rank)
+        writer.add_full_attention_interval(cfg.full_attention_interval)
+        writer.add_rope_dimension_sections(list(cfg.rope_sections))
     if cfg.yarn:
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(cfg.yarn)
@@ -307,7 +363,13 @@ def add_shape_keys(writer: gguf.GGUFWriter, cfg) -> None:
 #   top-k choice (:func:`moe_route`), SwiGLU experts (gpt-oss: the clamped
 #   swiglu_oai, with biases), a shared expert and leading dense layers (glm4moe);
 # - attention sinks and alternating sliding windows (gpt-oss), an attention
-#   temperature (mistral3), and YaRN RoPE scaling (gpt-oss, mistral3).
+#   temperature (mistral3), and YaRN RoPE scaling (gpt-oss, mistral3);
+# - Qwen3.5's hybrid (qwen35, qwen35moe): Gated DeltaNet layers (a causal
+#   convolution, then the gated delta rule of tests/delta_net.py, then a gated
+#   RMS norm: :func:`_delta_net_layer`) and, every full_attention_interval-th
+#   layer, attention with a sigmoid output gate from the Q projection and
+#   interleaved multi-section RoPE (:func:`_rope_imrope`); qwen35moe's shared
+#   expert is gated by a sigmoid of its own projection.
 
 def _rms_norm(x, w, eps):
     x = x.astype(np.float64)
@@ -388,12 +450,49 @@ def _rope(x, positions, base, neox, freq_factors=None, n_rot=None, scale=1.0, ya
     return np.concatenate([r, rest], axis=-1)
 
 
+def imrope_streams(sections, n_rot: int) -> np.ndarray:
+    """Which of the four position streams (t, h, w, e) each of the n_rot / 2
+    rotation pairs reads in ggml's interleaved multi-section RoPE (GGML_ROPE_TYPE_IMROPE,
+    ggml_mrope_cache_init with is_imrope): pair i's sector s = i % sum(sections)
+    goes to h where s % 3 == 1 and s < 3 * sections[1], to w where s % 3 == 2 and
+    s < 3 * sections[2], to t where s % 3 == 0 and s < 3 * sections[0], else to e."""
+    s = np.arange(n_rot // 2) % sum(sections)
+    return np.select([(s % 3 == 1) & (s < 3 * sections[1]), (s % 3 == 2) & (s < 3 * sections[2]),
+                      (s % 3 == 0) & (s < 3 * sections[0])], [1, 2, 0], 3)
+
+
+def text_positions4(n: int) -> np.ndarray:
+    """The four position streams a text token gets (llama.cpp, elelem's
+    _set_positions4): its position in t, h and w, and 0 in e.  (4, n)."""
+    pos = np.arange(n, dtype=np.float64)
+    return np.stack([pos, pos, pos, np.zeros(n)])
+
+
+def _rope_imrope(x, positions4, base, n_rot, sections, scale=1.0):
+    """ggml_rope_multi in IMROPE mode: x (n_tokens, n_heads, head_dim); the first
+    ``n_rot`` dims rotate NEOX-style (pair i = dims i and i + n_rot/2), pair i by
+    positions4[stream_i] * scale * base^(-2i/n_rot) (:func:`imrope_streams`), the
+    rest pass through.  For text positions (t = h = w) this is NEOX RoPE, except
+    on the pairs that read e (position 0: left unrotated), which happens only where
+    the sections leave some sector uncovered (sections[3] > 0, or a width too small
+    for its residue class; Qwen3.5's [11, 11, 10, 0] over 64 dims covers all)."""
+    inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    ang = (np.asarray(positions4, dtype=np.float64)[imrope_streams(sections, n_rot)].T * scale * inv)[:, None, :]
+    cos, sin = np.cos(ang), np.sin(ang)
+    a, b, rest = x[..., : n_rot // 2], x[..., n_rot // 2: n_rot], x[..., n_rot:]
+    return np.concatenate([a * cos - b * sin, a * sin + b * cos, rest], axis=-1)
+
+
 def _gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
 def _silu(x):
     return x / (1.0 + np.exp(-x))
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
 
 
 def _softmax(x, axis=-1):
@@ -417,7 +516,8 @@ def _swiglu_oai(gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT):
 # How each architecture's router turns logits into probabilities ("softmax_weight":
 # none, the chosen experts' raw logits are softmaxed), whether it renormalises the
 # chosen weights to sum 1 (glm4moe: what the writer's expert_weights_norm says).
-_ROUTING = {"qwen3moe": ("softmax", True), "glm4moe": ("sigmoid", True), "gpt-oss": ("softmax_weight", False)}
+_ROUTING = {"qwen3moe": ("softmax", True), "glm4moe": ("sigmoid", True), "gpt-oss": ("softmax_weight", False),
+            "qwen35moe": ("softmax", True)}
 
 
 def moe_route(logits: np.ndarray, cfg: TinyConfig, selection_bias: Optional[np.ndarray] = None):
@@ -509,12 +609,47 @@ def _moe_ffn(h, w, p, cfg, mm, trace=None):
         out[rows] += weights[rows, slot][:, None] * expert(act, "ffn_down_exps", e)
     if p + "ffn_up_shexp.weight" in w:
         shared = _silu(mm(h, p + "ffn_gate_shexp.weight")) * mm(h, p + "ffn_up_shexp.weight")
-        out = out + mm(shared, p + "ffn_down_shexp.weight")
+        shared = mm(shared, p + "ffn_down_shexp.weight")
+        if p + "ffn_gate_inp_shexp.weight" in w:   # qwen35moe: times sigmoid(h . gate), one per token
+            shared = shared * _sigmoid(h @ w[p + "ffn_gate_inp_shexp.weight"])[:, None]
+        out = out + shared
     return out
 
 
+def _delta_net_layer(h, w, p, cfg, mm, form: str = "recurrent"):
+    """One Gated DeltaNet layer (llama.cpp's qwen35 build_layer_attn_linear) on
+    h (n_tokens, n_embd), from an empty state: (n_tokens, n_embd).
+
+    - qkv = h @ attn_qkv: the channels are Q (H_k heads of d), K (the same), V
+      (H_v heads of d), d = ssm_d_state, H_k = ssm_n_group, H_v = ssm_dt_rank;
+    - a causal depthwise convolution over [d_conv - 1 zeros, the tokens]
+      (ggml_ssm_conv: out[t, c] = sum_i in[t + i, c] * ssm_conv1d[c, i]), then SiLU;
+    - q and k L2-normalised per head (:func:`delta_net.l2_normalize`);
+    - beta = sigmoid(h @ ssm_beta), g = softplus(h @ ssm_alpha + ssm_dt) * ssm_a (ssm_a < 0);
+    - the gated delta rule (``form``: "recurrent" or "chunked", tests/delta_net.py);
+    - RMS norm per value head with ssm_norm, times silu(z), z = h @ attn_gate;
+    - the ssm_out projection."""
+    n = len(h)
+    d, H_k, H_v = cfg.ssm_d_state, cfg.ssm_n_group, cfg.ssm_dt_rank
+    qkv = mm(h, p + "attn_qkv.weight")
+    kernel = w[p + "ssm_conv1d.weight"]   # (channels, d_conv)
+    K = kernel.shape[1]
+    padded = np.concatenate([np.zeros((K - 1, qkv.shape[1])), qkv])
+    mixed = _silu(sum(padded[i:i + n] * kernel[:, i] for i in range(K)))
+    q = delta_net.l2_normalize(mixed[:, : H_k * d].reshape(n, H_k, d), cfg.rms_eps)
+    k = delta_net.l2_normalize(mixed[:, H_k * d: 2 * H_k * d].reshape(n, H_k, d), cfg.rms_eps)
+    v = mixed[:, 2 * H_k * d:].reshape(n, H_v, d)
+    beta = _sigmoid(mm(h, p + "ssm_beta.weight"))
+    g = np.logaddexp(0.0, mm(h, p + "ssm_alpha.weight") + w[p + "ssm_dt.bias"]) * w[p + "ssm_a"]
+    out, _ = {"recurrent": delta_net.recurrent, "chunked": delta_net.chunked}[form](q, k, v, g, beta)
+    z = mm(h, p + "attn_gate.weight").reshape(n, H_v, d)
+    out = _rms_norm(out, w[p + "ssm_norm.weight"], cfg.rms_eps) * _silu(z)
+    return mm(out.reshape(n, H_v * d), p + "ssm_out.weight")
+
+
 def reference_logits(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dtype=np.float64,
-                     ggml_numerics: bool = False, trace: Optional[list] = None) -> np.ndarray:
+                     ggml_numerics: bool = False, trace: Optional[list] = None,
+                     delta_form: str = "recurrent") -> np.ndarray:
     """Logits at every position, (n_tokens, n_vocab); float64 unless told (real models are big).
 
     With ``ggml_numerics`` (``weights`` from :func:`write_model`), two things ggml
@@ -522,9 +657,11 @@ def reference_logits(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
     F16 weight first quantizes its activations to the weight's vec_dot type, and
     GeGLU reads its GELU from a float16 table.  Everything else stays float64.
     ``trace``, a list, receives each MoE layer's routing (:func:`_moe_ffn`).
+    ``delta_form``: how Gated DeltaNet layers run the delta rule, "recurrent" or
+    "chunked" (tests/delta_net.py).
     """
     w = {k: v.astype(dtype, copy=False) for k, v in weights.items()}
-    x = reference_hidden(weights, cfg, tokens, dtype, ggml_numerics, trace)
+    x = reference_hidden(weights, cfg, tokens, dtype, ggml_numerics, trace, delta_form)
     return _matmul(weights, w, ggml_numerics)(x, output_weight_name(w))
 
 
@@ -539,7 +676,8 @@ def _sliding(cfg: TinyConfig, i: int) -> bool:
 
 
 def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dtype=np.float64,
-                     ggml_numerics: bool = False, trace: Optional[list] = None) -> np.ndarray:
+                     ggml_numerics: bool = False, trace: Optional[list] = None,
+                     delta_form: str = "recurrent") -> np.ndarray:
     """The output projection's input (the final normed hidden state), (n_tokens, n_embd)."""
     f = _features(cfg.arch)
     w = {k: v.astype(dtype, copy=False) for k, v in weights.items()}
@@ -561,12 +699,20 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
         # mistral3: Q, after RoPE, times 1 + attn_temp * ln(floor(pos / n_ctx_orig) + 1)
         n_ctx_orig = cfg.yarn_orig_ctx if cfg.yarn else cfg.n_ctx_train
         temperature = 1.0 + cfg.attn_temp * np.log(np.floor(pos / n_ctx_orig) + 1.0)
+    qwen35 = cfg.arch in ("qwen35", "qwen35moe")
     for i in range(cfg.n_layer):   # glm4moe's NextN layers (blk.n_layer...) are never run
         p = f"blk.{i}."
         h = _rms_norm(x, w[p + "attn_norm.weight"], cfg.rms_eps)
+        if recurrent_layer(cfg, i):
+            x = x + _delta_net_layer(h, w, p, cfg, mm, delta_form)
+            x = x + _ffn(x, w, p, cfg, f, mm, gelu, i, trace)
+            continue
         q = mm(h, p + "attn_q.weight") + w.get(p + "attn_q.bias", 0)
         k = mm(h, p + "attn_k.weight") + w.get(p + "attn_k.bias", 0)
         v = mm(h, p + "attn_v.weight") + w.get(p + "attn_v.bias", 0)
+        gate = None
+        if qwen35:   # per head, hd of Q then hd of its output gate
+            q, gate = q.reshape(n, cfg.n_head, 2, hd)[:, :, 0], q.reshape(n, cfg.n_head, 2, hd)[:, :, 1]
         q = q.reshape(n, cfg.n_head, hd)
         k = k.reshape(n, cfg.n_head_kv, hd)
         v = v.reshape(n, cfg.n_head_kv, hd)
@@ -583,8 +729,12 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
             rope_scale = 1.0 / cfg.rope_linear
         if yarn is not None:
             rope_scale, layer_yarn = 1.0 / yarn.factor, yarn
-        q = _rope(q, pos, base, f["neox"], ff, cfg.n_rot, rope_scale, layer_yarn)
-        k = _rope(k, pos, base, f["neox"], ff, cfg.n_rot, rope_scale, layer_yarn)
+        if qwen35:
+            q = _rope_imrope(q, text_positions4(n), base, cfg.rot, cfg.rope_sections, rope_scale)
+            k = _rope_imrope(k, text_positions4(n), base, cfg.rot, cfg.rope_sections, rope_scale)
+        else:
+            q = _rope(q, pos, base, f["neox"], ff, cfg.n_rot, rope_scale, layer_yarn)
+            k = _rope(k, pos, base, f["neox"], ff, cfg.n_rot, rope_scale, layer_yarn)
         if temperature is not None:
             q = q * temperature[:, None, None]
         allowed = np.tril(np.ones((n, n), dtype=bool))
@@ -603,20 +753,28 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
             if sinks is not None:
                 total = total + np.exp(sinks[head] - m)
             out[:, head] = (e / total) @ v[:, head // group]
+        if gate is not None:   # qwen35: each head's output times the sigmoid of its gate
+            out = out * _sigmoid(gate)
         attn = mm(out.reshape(n, -1), p + "attn_output.weight") + w.get(p + "attn_output.bias", 0)
         if f["post_norms"]:
             attn = _rms_norm(attn, w[p + "post_attention_norm.weight"], cfg.rms_eps)
         x = x + attn
-        h = _rms_norm(x, w[p + f["ffn_norm"] + ".weight"], cfg.rms_eps)
-        if _moe_layer(cfg, i):
-            h = _moe_ffn(h, w, p, cfg, mm, trace)
-        else:
-            g, u = mm(h, p + "ffn_gate.weight"), mm(h, p + "ffn_up.weight")
-            h = mm((gelu(g) if f["gelu"] else _silu(g)) * u, p + "ffn_down.weight")
-        if f["post_norms"]:
-            h = _rms_norm(h, w[p + "post_ffw_norm.weight"], cfg.rms_eps)
-        x = x + h
+        x = x + _ffn(x, w, p, cfg, f, mm, gelu, i, trace)
     return _rms_norm(x, w["output_norm.weight"], cfg.rms_eps)
+
+
+def _ffn(x, w, p, cfg, f, mm, gelu, i, trace):
+    """Layer i's FFN block on the residual stream x, before its residual add:
+    pre-norm, experts or the dense gated FFN, gemma3's post-norm."""
+    h = _rms_norm(x, w[p + f["ffn_norm"] + ".weight"], cfg.rms_eps)
+    if _moe_layer(cfg, i):
+        h = _moe_ffn(h, w, p, cfg, mm, trace)
+    else:
+        g, u = mm(h, p + "ffn_gate.weight"), mm(h, p + "ffn_up.weight")
+        h = mm((gelu(g) if f["gelu"] else _silu(g)) * u, p + "ffn_down.weight")
+    if f["post_norms"]:
+        h = _rms_norm(h, w[p + "post_ffw_norm.weight"], cfg.rms_eps)
+    return h
 
 
 def prompt_then_decode(llm, tokens, n_prompt: int) -> np.ndarray:

@@ -41,6 +41,12 @@ cdef class Context:
     cdef readonly list rpc_endpoints
     cdef readonly double rpc_timeout
     cdef bint lost                      # a server was lost mid-call: the context is unusable
+    # A hybrid model's snapshots of recurrent states (see seq_rm): per
+    # sequence, a list of (position, state bytes, taken before a step of
+    # generated tokens), oldest first, at most max_snapshots.
+    cdef dict snapshots
+    cdef public int max_snapshots
+    cdef readonly long n_replayed       # tokens evaluated again to rewind a recurrent state
 
     def __cinit__(self):
         self.n_backends = 0
@@ -55,6 +61,9 @@ cdef class Context:
         self.abort_flag = 0
         self.rpc_endpoints = []
         self.rpc_timeout = 0
+        self.snapshots = {}
+        self.max_snapshots = 4
+        self.n_replayed = 0
         self.lost = False
 
     def __init__(self, *args, **kwargs):
@@ -190,6 +199,7 @@ cdef class Context:
         st.n_tokens = min(self.n_batch, self.cache.kv_size)
         st.n_kv = self.cache.kv_size
         st.n_outputs = min(st.n_tokens, self.cache.n_seq_max)
+        st.n_seqs = 1 if self.cache.hybrid else 0   # one sequence's prompt: the widest recurrent step
         cdef ggml_cgraph * gf = self._build(&st)
         try:
             if not self._sched_call(gf, 2, "reserving the compute buffers"):
@@ -211,7 +221,7 @@ cdef class Context:
             raise
 
     cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs, bint embeddings,
-                           bint decode_kernels, const int32_t * seqs) except NULL:
+                           bint decode_kernels, const int32_t * seqs, int n_seqs=0) except NULL:
         cdef Step * st = &self.graph_step
         cdef int n_runs = 0
         cdef int run_length[MAX_RUNS]
@@ -219,7 +229,7 @@ cdef class Context:
             n_runs = _sequence_runs(n_tokens, seqs, run_length)
         if self.graph_ready and st.n_tokens == n_tokens and st.n_kv == n_kv and st.n_outputs == n_outputs \
                 and st.embeddings == embeddings and st.decode_kernels == decode_kernels and st.n_runs == n_runs \
-                and memcmp(st.run_length, run_length, n_runs * sizeof(int)) == 0:
+                and st.n_seqs == n_seqs and memcmp(st.run_length, run_length, n_runs * sizeof(int)) == 0:
             return st
         self._drop_graph()
         memset(st, 0, sizeof(Step))
@@ -229,6 +239,7 @@ cdef class Context:
         st.embeddings = embeddings
         st.decode_kernels = decode_kernels
         st.n_runs = n_runs
+        st.n_seqs = n_seqs
         memcpy(st.run_length, run_length, n_runs * sizeof(int))
         self._build(st)
         if not self._sched_call(st.gf, 1, "allocating a step's graph"):
@@ -240,6 +251,52 @@ cdef class Context:
     # -- a step ----------------------------------------------------------------
 
     def decode(self, tokens, seq_ids, outputs=None, bint embeddings=False, bint decode_kernels=False):
+        """Evaluate one batch (see :meth:`_decode`).  A hybrid model's
+        recurrent layers take a step as sequences of one token count, one
+        after the other: the batch is arranged so, run as one step when its
+        sequences have the same count and as one step per count otherwise,
+        and the rows come back in the batch's order."""
+        if not self.cache.hybrid:
+            return self._decode(tokens, seq_ids, outputs, embeddings, decode_kernels, 0)
+        self._check_open()
+        ids = _checked_ids(tokens, self.model.hp.n_vocab)
+        if ids.shape[0] > self.n_batch:
+            raise errors.InvalidArgumentError(f"a step takes at most n_batch={self.n_batch} tokens, got {ids.shape[0]}")
+        seqs = _checked_seq_ids(seq_ids, ids.shape[0], self.cache.n_seq_max)
+        rows = _output_rows(outputs, seqs)
+        flags = np.zeros(ids.shape[0], dtype=bool)
+        flags[rows] = True
+        order = np.argsort(seqs, kind="stable")        # sequence after sequence, each in its order
+        present, counts = np.unique(seqs, return_counts=True)
+        groups = [present[counts == c] for c in np.unique(counts)]
+        self._snapshot_before(present, counts, decode_kernels)
+        if len(groups) == 1:
+            out = self._decode(ids[order], seqs[order], flags[order], embeddings, decode_kernels, len(present))
+            if not decode_kernels:   # and at the end of a prompt, where a new turn or a retry rewinds to
+                self._snapshot_before(present, counts, False)
+            kept = order[flags[order]]                 # the original row of each output, in output order
+            return out[np.argsort(np.argsort(kept))] if len(kept) else out
+        # Sequences of several counts: one step for each; a failure undoes the ones before it.
+        saved = {int(q): (self.cache.seq_length_of(int(q)), self.cache.recurrent_state(int(q))) for q in present}
+        outs, done = [], []
+        try:
+            for group in groups:
+                mine = order[np.isin(seqs[order], group)]
+                out = self._decode(ids[mine], seqs[mine], flags[mine], embeddings, decode_kernels, len(group))
+                done.append(group)
+                outs.append((mine[flags[mine]], out))
+        except BaseException:
+            for group in done:
+                for q in group:
+                    length, state = saved[int(q)]
+                    self.cache._seq_rm(int(q), length)
+                    self.cache.set_recurrent_state(int(q), state)
+            raise
+        kept = np.concatenate([k for k, _ in outs])
+        out = np.concatenate([o for _, o in outs])
+        return out[np.argsort(kept)]
+
+    def _decode(self, tokens, seq_ids, outputs, bint embeddings, bint decode_kernels, int n_seqs):
         """Evaluate one batch: ``tokens[i]`` goes to the next position of
         sequence ``seq_ids[i]`` (tokens of one sequence in order).
 
@@ -285,7 +342,7 @@ cdef class Context:
         cdef Step * st
         self.busy = True
         try:
-            st = self._graph_for(n, self.cache.n_kv(), n_outputs, embeddings, decode_kernels, &seqs[0])
+            st = self._graph_for(n, self.cache.n_kv(), n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs)
             _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0])
             self._compute()
         except BaseException:
@@ -293,10 +350,112 @@ cdef class Context:
             raise
         finally:
             self.busy = False
+        if n_seqs:
+            self.cache.flip_slots(n, &seqs[0])
         out = np.empty((n_outputs, self.model.hp.n_embd if embeddings else self.model.hp.n_vocab), dtype=np.float32)
         ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out), 0, ggml_nbytes(st.logits))
         self.n_evaluated += n
         return out
+
+    # -- trimming and forking: the cells, and a hybrid model's recurrent state -------
+
+    def seq_rm(self, seq, p0=0):
+        """Drop sequence ``seq``'s positions from ``p0`` on.
+
+        A hybrid model's recurrent state holds every position it has seen, so
+        it cannot drop a tail: it is set back to the latest snapshot at or
+        before ``p0`` (taken before steps of several tokens, and after prompt
+        steps: :meth:`_snapshot_before`), and the tokens from there to ``p0``
+        are evaluated again (logged).  Never a wrong state."""
+        self._check_idle()
+        cache = self.cache
+        if not cache.hybrid:
+            return cache.seq_rm(seq, p0)
+        cdef int s = cache._check_seq(seq)
+        cdef int length = cache.seq_length[s]
+        p = _as_integer("the position to trim from", p0)
+        if not 0 <= p <= length:
+            return cache.seq_rm(seq, p0)   # its error
+        if p == length:
+            return
+        if p == 0:
+            self.snapshots.pop(s, None)
+            return cache.seq_rm(s, 0)
+        tokens = cache.seq_tokens(s)
+        usable = [snap for snap in self.snapshots.get(s, []) if snap[0] <= p]
+        pos, state, generated = max(usable, key=lambda snap: snap[0]) if usable else (0, None, False)
+        self.snapshots[s] = [snap for snap in self.snapshots.get(s, []) if snap[0] <= pos]
+        cache._seq_rm(s, pos)
+        if state is None:
+            cache._clear_state(s)
+        else:
+            cache.set_recurrent_state(s, state)
+        if pos < p:
+            _log.info("sequence %d: no snapshot of its recurrent state at position %d; evaluating positions "
+                      "%d..%d again", s, p, pos, p - 1)
+            self._replay(s, tokens[pos:p], generated)
+
+    def seq_cp(self, src, dst, n=None):
+        """Let empty sequence ``dst`` see ``src``'s first ``n`` positions (all by
+        default).  A hybrid model's recurrent state is copied with them: whole,
+        or from a snapshot and the tokens after it evaluated again."""
+        self._check_idle()
+        cache = self.cache
+        cdef int a = cache._check_seq(src)
+        count = cache.seq_length[a] if n is None else _as_integer("the prefix length", n)
+        if not cache.hybrid or count == cache.seq_length[a]:
+            cache.seq_cp(src, dst, count)
+            if cache.hybrid:
+                self.snapshots[cache._check_seq(dst)] = list(self.snapshots.get(a, []))
+            return
+        cdef int b = cache._check_seq(dst)
+        if a == b or cache.seq_length[b] != 0 or not 0 <= count <= cache.seq_length[a]:
+            return cache.seq_cp(src, dst, count)   # its error
+        tokens = cache.seq_tokens(a)
+        usable = [snap for snap in self.snapshots.get(a, []) if snap[0] <= count]
+        pos, state, generated = max(usable, key=lambda snap: snap[0]) if usable else (0, None, False)
+        cache._fork_cells(a, b, pos)
+        if state is None:
+            cache._clear_state(b)
+        else:
+            cache.set_recurrent_state(b, state)
+        self.snapshots[b] = [snap for snap in usable if snap[0] <= pos]
+        if pos < count:
+            _log.info("sequence %d forks %d positions of sequence %d; evaluating positions %d..%d again from "
+                      "the nearest snapshot of its recurrent state", b, count, a, pos, count - 1)
+            self._replay(b, tokens[pos:count], generated)
+
+    def _replay(self, int s, tokens, bint generated):
+        """Evaluate ``tokens`` again on sequence ``s`` (its logits are not wanted)."""
+        step = DECODE_KERNEL_COLUMNS if generated else self.n_batch
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start:start + step]
+            self.decode(chunk, [s] * len(chunk), None, False, generated)
+        self.n_replayed += len(tokens)
+
+    def _snapshot_before(self, present, counts, bint generated):
+        """Keep sequences' recurrent states before a step gives them several
+        tokens (a prompt, or generated guesses to verify), which a rewind
+        into them restores; at most max_snapshots a sequence, the oldest
+        dropped."""
+        if self.max_snapshots <= 0:
+            return
+        for q, c in zip(present, counts):
+            if c < 2:
+                continue
+            q = int(q)
+            kept = self.snapshots.setdefault(q, [])
+            at = self.cache.seq_length[q]
+            if kept and kept[len(kept) - 1][0] == at:
+                continue
+            kept.append((at, self.cache.recurrent_state(q), generated))
+            if len(kept) > self.max_snapshots:
+                del kept[:len(kept) - self.max_snapshots]
+
+    @property
+    def snapshot_bytes(self):
+        """The memory the snapshots of recurrent states hold."""
+        return sum(len(snap[1]) for kept in self.snapshots.values() for snap in kept)
 
     def step_ops(self):
         """{op: count} of the graph the last step ran (ggml_op_desc names; elelem's
@@ -322,7 +481,14 @@ cdef class Context:
         count = length if n is None else _as_integer("the number of positions", n)
         if not 0 <= count <= length:
             raise errors.InvalidArgumentError(f"sequence {s} holds {length} positions; cannot read {count}")
-        return _read_seq_state(self.cache, s, count)
+        if not self.cache.hybrid:
+            return _read_seq_state(self.cache, s, count)
+        # A hybrid model's state also holds the recurrent state, which is that
+        # of the sequence's last position: so all of it, or nothing.
+        if count != length:
+            raise errors.InvalidArgumentError(f"a hybrid model's state is a whole sequence's ({length} positions), "
+                                              f"not its first {count}")
+        return np.concatenate([_read_seq_state(self.cache, s, count), self.cache.recurrent_state(s)])
 
     def seq_load(self, seq, tokens, state, stored=None):
         """Give empty sequence ``seq`` the first ``len(tokens)`` positions of
@@ -332,7 +498,20 @@ cdef class Context:
         cdef int s = self.cache._check_seq(seq)
         ids = _checked_ids(tokens, self.model.hp.n_vocab) if len(tokens) else np.empty(0, dtype=np.int32)
         count = len(ids) if stored is None else _as_integer("the number of positions stored", stored)
-        _load_seq_state(self.cache, s, ids, memoryview(state).cast("B"), count)
+        data = memoryview(state).cast("B")
+        if not self.cache.hybrid:
+            _load_seq_state(self.cache, s, ids, data, count)
+            return
+        if len(ids) != count:
+            raise errors.InvalidArgumentError(f"a hybrid model loads a state whole ({count} positions), "
+                                              f"not its first {len(ids)}")
+        cells = <size_t> count * self.cache.bytes_per_cell
+        if len(data) != cells + self.cache.state_bytes:
+            raise errors.InvalidArgumentError(f"a state of {count} positions is {cells + self.cache.state_bytes:,} "
+                                              f"bytes for this model, got {len(data):,}")
+        _load_seq_state(self.cache, s, ids, data[:cells], count)
+        self.cache.set_recurrent_state(s, np.frombuffer(data[cells:], dtype=np.uint8))
+        self.snapshots.pop(s, None)
 
     cdef void _check_idle(self) except *:
         self._check_open()

@@ -1,7 +1,7 @@
 # The raw ggml / ggml-alloc / ggml-backend / ggml-cpu / gguf C API that
 # elelem._core uses (included first by core.pyx), and nothing else: no elelem types live here.
 # Structs declare only the fields the core reads or writes.
-from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libcpp cimport bool as cbool  # the extension is C++; ggml's callbacks return C bool
 
 
@@ -11,6 +11,7 @@ cdef extern from "ggml.h" nogil:
     enum: GGML_DEFAULT_GRAPH_SIZE
     enum: GGML_ROPE_TYPE_NORMAL
     enum: GGML_ROPE_TYPE_NEOX
+    enum: GGML_ROPE_TYPE_IMROPE
 
     enum ggml_type:
         GGML_TYPE_F32
@@ -150,6 +151,17 @@ cdef extern from "ggml.h" nogil:
     ggml_tensor * ggml_clamp(ggml_context * ctx, ggml_tensor * a, float min, float max)
     ggml_tensor * ggml_div(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     ggml_tensor * ggml_swiglu_oai(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, float alpha, float limit)
+    # Gated DeltaNet (Qwen3.5, Qwen3-Next)
+    ggml_tensor * ggml_rope_multi(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, ggml_tensor * c, int n_dims,
+                                  int * sections, int mode, int n_ctx_orig, float freq_base, float freq_scale,
+                                  float ext_factor, float attn_factor, float beta_fast, float beta_slow)
+    ggml_tensor * ggml_ssm_conv(ggml_context * ctx, ggml_tensor * sx, ggml_tensor * c)
+    ggml_tensor * ggml_gated_delta_net(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                                       ggml_tensor * g, ggml_tensor * beta, ggml_tensor * state, int64_t K)
+    ggml_tensor * ggml_softplus(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_silu(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_view_4d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2,
+                               int64_t ne3, size_t nb1, size_t nb2, size_t nb3, size_t offset)
 
     ggml_cgraph * ggml_new_graph_custom(ggml_context * ctx, size_t size, bint grads)
     void ggml_build_forward_expand(ggml_cgraph * cgraph, ggml_tensor * tensor)
@@ -205,6 +217,7 @@ cdef extern from "ggml-backend.h" nogil:
     ggml_backend_buffer_type_t ggml_backend_get_default_buffer_type(ggml_backend_t backend)
     void ggml_backend_tensor_set(ggml_tensor * tensor, const void * data, size_t offset, size_t size)
     void ggml_backend_tensor_get(const ggml_tensor * tensor, void * data, size_t offset, size_t size)
+    void ggml_backend_tensor_memset(ggml_tensor * tensor, uint8_t value, size_t offset, size_t size)
     ggml_status ggml_backend_graph_compute(ggml_backend_t backend, ggml_cgraph * cgraph)
 
     ggml_status ggml_backend_tensor_alloc(ggml_backend_buffer_t buffer, ggml_tensor * tensor, void * addr)

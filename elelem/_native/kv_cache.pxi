@@ -42,6 +42,18 @@ cdef class KVCache:
     cdef readonly str type_k    # ggml type names: f16, f32, q8_0, q4_0
     cdef readonly str type_v
     cdef readonly bint v_trans  # V stored transposed (no flash attention): see attention in graph/blocks.pxi
+    # The recurrent state of a hybrid model's Gated DeltaNet layers (NULL for
+    # attention layers, and all NULL for other models): per layer, the
+    # convolution's last d_conv - 1 inputs and the DeltaNet state matrix of
+    # each sequence, in two slots a sequence: a step reads its sequences'
+    # current slots and writes the other ones, which become current only when
+    # the step succeeds -- so a failed or aborted step leaves every state as it
+    # was, as it leaves the cells.
+    cdef ggml_tensor ** r       # n_layer entries: F32 (n_embd_r, 2 * n_seq_max)
+    cdef ggml_tensor ** s       # n_layer entries: F32 (n_embd_s, 2 * n_seq_max)
+    cdef int32_t * rs_slot      # MAX_SEQ: each sequence's current slot, s or s + n_seq_max
+    cdef readonly bint hybrid
+    cdef readonly size_t state_bytes   # one sequence's recurrent state, over every layer
 
     def __cinit__(self):
         self.n_bufs = 0
@@ -52,6 +64,11 @@ cdef class KVCache:
         self.cell_token = NULL
         self.cell_seqs = NULL
         self.seq_length = NULL
+        self.r = NULL
+        self.s = NULL
+        self.rs_slot = NULL
+        self.hybrid = False
+        self.state_bytes = 0
 
     def __init__(self, *args, **kwargs):
         raise TypeError("KVCache objects are made by a Context")
@@ -69,6 +86,9 @@ cdef class KVCache:
         free(self.cell_token)
         free(self.cell_seqs)
         free(self.seq_length)
+        free(self.r)
+        free(self.s)
+        free(self.rs_slot)
 
     @property
     def bytes_per_cell(self):
@@ -119,7 +139,70 @@ cdef class KVCache:
         if not 0 <= start <= self.seq_length[s]:
             raise errors.InvalidArgumentError(
                 f"can only trim sequence {s} from a position in [0, {self.seq_length[s]}], got {start}")
+        if self.hybrid and 0 < start < self.seq_length[s]:
+            # Its recurrent state holds every position: only the Context can
+            # rewind it (from a snapshot, evaluating the rest again).
+            raise errors.InvalidArgumentError(
+                f"sequence {s} of a hybrid model can only be trimmed through its Context (Context.seq_rm)")
         self._seq_rm(s, start)
+        if self.hybrid and start == 0:
+            self._clear_state(s)
+
+    # -- the recurrent state -------------------------------------------------------
+
+    cdef void _clear_state(self, int seq) noexcept:
+        """Sequence ``seq``'s recurrent state back to zeros (a sequence with no positions)."""
+        cdef int il
+        cdef int slot = self.rs_slot[seq]
+        for il in range(self.n_layer):
+            if self.r[il] != NULL:
+                ggml_backend_tensor_memset(self.r[il], 0, <size_t> slot * self.r[il].nb[1], self.r[il].nb[1])
+                ggml_backend_tensor_memset(self.s[il], 0, <size_t> slot * self.s[il].nb[1], self.s[il].nb[1])
+
+    cdef void _state_copy(self, int seq, char * data, bint write) noexcept:
+        """Sequence ``seq``'s recurrent state to (or, with ``write``, from) ``state_bytes`` at ``data``."""
+        cdef int il
+        cdef int slot = self.rs_slot[seq]
+        cdef size_t at = 0
+        cdef ggml_tensor * t
+        cdef int j
+        for il in range(self.n_layer):
+            if self.r[il] == NULL:
+                continue
+            for j in range(2):
+                t = self.r[il] if j == 0 else self.s[il]
+                if write:
+                    ggml_backend_tensor_set(t, data + at, <size_t> slot * t.nb[1], t.nb[1])
+                else:
+                    ggml_backend_tensor_get(t, data + at, <size_t> slot * t.nb[1], t.nb[1])
+                at += t.nb[1]
+
+    def recurrent_state(self, seq):
+        """A copy of sequence ``seq``'s recurrent state (``state_bytes`` bytes): its snapshot."""
+        cdef int q = self._check_seq(seq)
+        out = np.empty(self.state_bytes, dtype=np.uint8)
+        if self.state_bytes:
+            self._state_copy(q, <char *> cnp.PyArray_DATA(out), False)
+        return out
+
+    def set_recurrent_state(self, seq, const unsigned char[::1] state):
+        """Give sequence ``seq`` a recurrent state from :meth:`recurrent_state`."""
+        cdef int q = self._check_seq(seq)
+        if <size_t> state.shape[0] != self.state_bytes:
+            raise errors.InvalidArgumentError(f"a recurrent state is {self.state_bytes:,} bytes for this model, "
+                                              f"got {state.shape[0]:,}")
+        if self.state_bytes:
+            self._state_copy(q, <char *> &state[0], True)
+
+    cdef void flip_slots(self, int n, const int32_t * seqs) noexcept:
+        """After a successful step: the slots it wrote become its sequences' current ones."""
+        cdef int i, q
+        cdef uint64_t done = 0
+        for i in range(n):
+            q = seqs[i]
+            if not (done >> q) & 1:
+                done |= (<uint64_t> 1) << q
+                self.rs_slot[q] = q + self.n_seq_max if self.rs_slot[q] == q else q
 
     cdef void _seq_rm(self, int s, int start) noexcept:
         cdef uint64_t bit = (<uint64_t> 1) << s
@@ -141,6 +224,15 @@ cdef class KVCache:
         if not 0 <= count <= self.seq_length[a]:
             raise errors.InvalidArgumentError(
                 f"sequence {a} holds {self.seq_length[a]} positions; cannot fork {count} of them")
+        if self.hybrid and count != self.seq_length[a]:
+            raise errors.InvalidArgumentError(
+                f"a hybrid model forks a sequence whole (its recurrent state holds every position); "
+                f"sequence {a} holds {self.seq_length[a]}, not {count}: fork through the Context")
+        self._fork_cells(a, b, count)
+        if self.hybrid:
+            self.set_recurrent_state(b, self.recurrent_state(a))
+
+    cdef void _fork_cells(self, int a, int b, int count) noexcept:
         cdef uint64_t bit_a = (<uint64_t> 1) << a, bit_b = (<uint64_t> 1) << b
         cdef int i
         for i in range(self.used_end):
@@ -257,6 +349,7 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
     """Per-layer K and V, each layer's in the buffer type of the backend that
     runs the layer (``layer_buft[il]``)."""
     cdef KVCache c = KVCache.__new__(KVCache)
+    cdef int i
     c.kv_size = kv_size
     c.n_layer = m.hp.n_layer
     c.n_seq_max = n_seq_max
@@ -269,14 +362,19 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
     c.seq_length = <int32_t *> calloc(MAX_SEQ, sizeof(int32_t))
     c.k = <ggml_tensor **> calloc(m.hp.n_layer, sizeof(ggml_tensor *))
     c.v = <ggml_tensor **> calloc(m.hp.n_layer, sizeof(ggml_tensor *))
+    c.r = <ggml_tensor **> calloc(m.hp.n_layer, sizeof(ggml_tensor *))
+    c.s = <ggml_tensor **> calloc(m.hp.n_layer, sizeof(ggml_tensor *))
+    c.rs_slot = <int32_t *> calloc(MAX_SEQ, sizeof(int32_t))
     if c.k == NULL or c.v == NULL or c.cell_pos == NULL or c.cell_token == NULL \
-            or c.cell_seqs == NULL or c.seq_length == NULL:
+            or c.cell_seqs == NULL or c.seq_length == NULL or c.r == NULL or c.s == NULL or c.rs_slot == NULL:
         raise MemoryError()
-    cdef int i
+    for i in range(MAX_SEQ):
+        c.rs_slot[i] = i
+    c.hybrid = m.hybrid
     for i in range(kv_size):
         c.cell_pos[i] = -1
     cdef ggml_init_params p
-    p.mem_size = ggml_tensor_overhead() * (2 * m.hp.n_layer + 1)
+    p.mem_size = ggml_tensor_overhead() * (4 * m.hp.n_layer + 1)
     p.mem_buffer = NULL
     p.no_alloc = True
     cdef ggml_backend_buffer_type_t buf_types[MAX_KV_BUFFERS]
@@ -294,6 +392,15 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
                 raise MemoryError()
             buf_types[ib] = layer_buft[il]
             c.n_bufs += 1
+        if m.recurrent_layers[il]:
+            # No cells to speak of: K and V of one element, kept so that every
+            # layer has them (a cell's bytes stay a sum over layers).
+            c.k[il] = ggml_new_tensor_2d(c.ctxs[ib], type_k, ggml_blck_size(type_k), kv_size)
+            c.v[il] = ggml_new_tensor_2d(c.ctxs[ib], type_v, ggml_blck_size(type_v), kv_size)
+            c.r[il] = ggml_new_tensor_2d(c.ctxs[ib], GGML_TYPE_F32, _n_embd_r(&m.hp), 2 * n_seq_max)
+            c.s[il] = ggml_new_tensor_2d(c.ctxs[ib], GGML_TYPE_F32, _n_embd_s(&m.hp), 2 * n_seq_max)
+            c.state_bytes += c.r[il].nb[1] + c.s[il].nb[1]
+            continue
         c.k[il] = ggml_new_tensor_2d(c.ctxs[ib], type_k, m.hp.head_dim_k * m.hp.n_head_kv, kv_size)
         c.v[il] = ggml_new_tensor_2d(c.ctxs[ib], type_v, m.hp.head_dim_v * m.hp.n_head_kv, kv_size)
     for ib in range(c.n_bufs):
@@ -303,6 +410,16 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
             raise MemoryError(f"cannot allocate a KV cache of {kv_size} cells in "
                               f"{ggml_backend_buft_name(buf_types[ib]).decode()}")
     return c
+
+
+cdef inline int64_t _n_embd_r(const HParams * hp) noexcept:
+    """A Gated DeltaNet layer's convolution state: the last d_conv - 1 inputs of its Q, K, V channels."""
+    return <int64_t> (hp.ssm_d_conv - 1) * (hp.ssm_d_inner + 2 * hp.ssm_n_group * hp.ssm_d_state)
+
+
+cdef inline int64_t _n_embd_s(const HParams * hp) noexcept:
+    """A Gated DeltaNet layer's state: a (d_state, d_state) matrix per value head."""
+    return <int64_t> hp.ssm_d_state * hp.ssm_d_inner
 
 
 cdef void _fill_mask(void * out, int n_tokens, int n_kv, const int32_t * cell_pos, const uint64_t * cell_seqs,

@@ -47,6 +47,14 @@ cdef struct HParams:
     float expert_scale    # and multiplied by this (0 or 1: not)
     bint expert_swiglu_oai  # gpt-oss's clamped SwiGLU (alpha 1.702, limit 7), else SwiGLU
     bint late_output_rows # the unwanted rows dropped after the last layer, not before its FFN (gpt-oss)
+    # Gated DeltaNet (recurrent) layers: Model.recurrent_layers says which
+    int ssm_d_conv        # the convolution's width (its state keeps d_conv - 1 columns)
+    int ssm_d_inner       # value channels: ssm_dt_rank value heads of ssm_d_state
+    int ssm_d_state       # the head width (of keys and of values)
+    int ssm_n_group       # key heads
+    int ssm_dt_rank       # value heads
+    int rope_sections[4]  # multi-section RoPE (imrope): rotated dims per position stream
+    bint q_gate           # the full-attention Q projection also writes a sigmoid output gate (qwen35)
 
 cdef struct LayerWeights:
     ggml_tensor * attn_norm       # (n_embd)
@@ -89,6 +97,16 @@ cdef struct LayerWeights:
     ggml_tensor * ffn_gate_shexp  # optional shared experts (n_embd, n_ff_shexp) ...
     ggml_tensor * ffn_up_shexp
     ggml_tensor * ffn_down_shexp  # ... (n_ff_shexp, n_embd)
+    ggml_tensor * ffn_gate_inp_shexp  # optional (n_embd): a sigmoid gate on the shared experts' output (Qwen)
+    # Gated DeltaNet: NULL in other layers; wqkv (above) projects its Q, K and V
+    ggml_tensor * attn_gate       # (n_embd, ssm_d_inner): the output gate z
+    ggml_tensor * ssm_conv1d      # (ssm_d_conv, conv channels), F32
+    ggml_tensor * ssm_dt          # (ssm_dt_rank): the time-step bias
+    ggml_tensor * ssm_a           # (ssm_dt_rank): -exp(A_log)
+    ggml_tensor * ssm_beta        # (n_embd, ssm_dt_rank)
+    ggml_tensor * ssm_alpha       # (n_embd, ssm_dt_rank)
+    ggml_tensor * ssm_norm        # (ssm_d_state)
+    ggml_tensor * ssm_out         # (ssm_d_inner, n_embd)
 
 cdef struct WidenedWeights:
     # Q5_0 weights and their Q8_0 copies, pairwise (widen.pxi); n is 0 when none.
@@ -103,7 +121,9 @@ LAYER_ROLES = ("attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo", "q_n
                "layer_out_norm", "layer_out_norm_b", "attn_sinks",
                "ffn_gate_inp", "ffn_gate_inp_b", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
                "ffn_gate_exps_b", "ffn_up_exps_b", "ffn_down_exps_b", "ffn_exp_probs_b",
-               "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+               "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+               "ffn_gate_inp_shexp",
+               "attn_gate", "ssm_conv1d", "ssm_dt", "ssm_a", "ssm_beta", "ssm_alpha", "ssm_norm", "ssm_out")
 
 cdef inline ggml_tensor ** _role_slot(LayerWeights * lw, int i) noexcept:
     return (<ggml_tensor **> lw) + i
@@ -162,6 +182,7 @@ cdef class Model:
     cdef int builder_id                 # index of its graph builder in the registry (graph/registry.pxi)
     cdef LayerWeights * layers          # n_layer entries, calloc'd
     cdef unsigned char * swa_layers     # n_layer flags: 1 where the layer attends over the window
+    cdef unsigned char * recurrent_layers  # n_layer flags: 1 for a recurrent (Gated DeltaNet) layer
     cdef ggml_tensor * tok_embd         # (n_embd, n_vocab)
     cdef ggml_tensor * output_norm      # (n_embd)
     cdef ggml_tensor * output           # (n_embd, n_vocab); tok_embd when tied
@@ -181,6 +202,7 @@ cdef class Model:
         self.n_files = 0
         self.layers = NULL
         self.swa_layers = NULL
+        self.recurrent_layers = NULL
         for i in range(MAX_EXTRA_BUFTS):
             self.repack_ctx[i] = NULL
             self.repack_buf[i] = NULL
@@ -234,6 +256,9 @@ cdef class Model:
         if self.swa_layers != NULL:
             free(self.swa_layers)
             self.swa_layers = NULL
+        if self.recurrent_layers != NULL:
+            free(self.recurrent_layers)
+            self.recurrent_layers = NULL
         self.closed = True
 
     def close(self):
@@ -273,6 +298,17 @@ cdef class Model:
     def causal(self):
         """False where tokens attend to their whole sequence (BERT)."""
         return bool(self.hp.causal)
+
+    @property
+    def hybrid(self):
+        """True where some layers keep a recurrent state (Gated DeltaNet) beside the K/V cells."""
+        cdef int il
+        if self.recurrent_layers == NULL:
+            return False
+        for il in range(self.hp.n_layer):
+            if self.recurrent_layers[il]:
+                return True
+        return False
 
     @property
     def encoder(self):
@@ -354,14 +390,19 @@ def open_model(path, str builder, dict hparams, dict global_tensors, list layer_
 
     m.layers = <LayerWeights *> calloc(m.hp.n_layer, sizeof(LayerWeights))
     m.swa_layers = <unsigned char *> calloc(m.hp.n_layer, 1)
-    if m.layers == NULL or m.swa_layers == NULL:
+    m.recurrent_layers = <unsigned char *> calloc(m.hp.n_layer, 1)
+    if m.layers == NULL or m.swa_layers == NULL or m.recurrent_layers == NULL:
         raise MemoryError()
+    recurrent = hparams.get("recurrent_layers") or [False] * m.hp.n_layer
+    if len(recurrent) != m.hp.n_layer:
+        raise errors.ModelShapeError(f"{len(recurrent)} recurrent-layer flags for {m.hp.n_layer} layers")
     swa = hparams.get("swa_layers") or [False] * m.hp.n_layer
     if len(swa) != m.hp.n_layer:
         raise errors.ModelShapeError(f"{len(swa)} sliding-window flags for {m.hp.n_layer} layers")
     cdef int il, ir
     for il in range(m.hp.n_layer):
         m.swa_layers[il] = 1 if swa[il] else 0
+        m.recurrent_layers[il] = 1 if recurrent[il] else 0
         table = layer_tensors[il]
         for ir, role in enumerate(LAYER_ROLES):
             name = table.get(role)
@@ -387,7 +428,8 @@ cdef void _fill_hparams(HParams * hp, dict h) except *:
     hp.n_ff = h["n_ff"]
     hp.n_ctx_train = h["n_ctx_train"]
     hp.n_rot = h["n_rot"]
-    hp.rope_type = GGML_ROPE_TYPE_NEOX if h["rope_type"] == "neox" else GGML_ROPE_TYPE_NORMAL
+    hp.rope_type = {"neox": GGML_ROPE_TYPE_NEOX, "imrope": GGML_ROPE_TYPE_IMROPE}.get(h["rope_type"],
+                                                                                   GGML_ROPE_TYPE_NORMAL)
     hp.rms_eps = h["rms_eps"]
     hp.rope_base = h["rope_base"]
     hp.rope_base_swa = h.get("rope_base_swa", h["rope_base"])
@@ -415,6 +457,14 @@ cdef void _fill_hparams(HParams * hp, dict h) except *:
     hp.expert_scale = h.get("expert_scale", 0.0)
     hp.expert_swiglu_oai = h.get("expert_swiglu_oai", False)
     hp.late_output_rows = h.get("late_output_rows", False)
+    hp.ssm_d_conv = h.get("ssm_d_conv", 0)
+    hp.ssm_d_inner = h.get("ssm_d_inner", 0)
+    hp.ssm_d_state = h.get("ssm_d_state", 0)
+    hp.ssm_n_group = h.get("ssm_n_group", 0)
+    hp.ssm_dt_rank = h.get("ssm_dt_rank", 0)
+    for i, width in enumerate(h.get("rope_sections") or (0, 0, 0, 0)):
+        hp.rope_sections[i] = width
+    hp.q_gate = h.get("q_gate", False)
 
 
 cdef inline ggml_tensor * _file_tensor(Model m, const char * name) noexcept:

@@ -48,6 +48,7 @@ def cache_settings(context, model_identity: str) -> dict[str, Any]:
     features = ",".join(name for name, value in backend.get("features", ()) if value == "1")
     return {"format": VERSION, "model": model_identity, "type_k": cache.type_k, "type_v": cache.type_v,
             "v_transposed": bool(cache.v_trans), "bytes_per_cell": cache.bytes_per_cell,
+            "recurrent_bytes": cache.state_bytes,   # a hybrid model's recurrent state, after the cells
             "cpu": f"{backend.get('variant')}:{features}"}
 
 
@@ -70,9 +71,9 @@ def check_state(state: LLMState, settings: dict[str, Any]) -> None:
     if differ:
         raise StateError("this state was saved under other settings: " + ", ".join(
             f"{k} {theirs.get(k)!r} (here {settings.get(k)!r})" for k in differ))
-    if len(state.kv) != len(state.tokens) * settings["bytes_per_cell"]:
-        raise StateError(f"a state of {len(state.tokens)} tokens must hold "
-                         f"{len(state.tokens) * settings['bytes_per_cell']:,} bytes, this one {len(state.kv):,}")
+    size = len(state.tokens) * settings["bytes_per_cell"] + settings["recurrent_bytes"]
+    if len(state.kv) != size:
+        raise StateError(f"a state of {len(state.tokens)} tokens must hold {size:,} bytes, this one {len(state.kv):,}")
 
 
 def open_prompt_cache(directory, model_path: Path, context, max_bytes: Optional[int]) -> PromptCache:

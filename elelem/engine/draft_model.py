@@ -118,7 +118,7 @@ class DraftModel:
             if self.closed or held is None or len(held) <= n:
                 return
             del held[n:]
-            self._ctx.cache.seq_rm(seq, n)
+            self._ctx.seq_rm(seq, n)
 
     def _catch_up_start(self, seq: int, history: Sequence[int]) -> int:
         """Trim ``seq`` to its longest prefix of ``history`` -- short of the last
@@ -130,7 +130,7 @@ class DraftModel:
             i += 1
         if i < len(held):
             del held[i:]
-            self._ctx.cache.seq_rm(seq, i)
+            self._ctx.seq_rm(seq, i)
         return i
 
     def _decode(self, seq: int, tokens: list[int]) -> np.ndarray:
@@ -162,7 +162,7 @@ class DraftModel:
             if cache.n_free >= need:
                 break
             if self._held.get(seq):
-                cache.seq_rm(seq, 0)
+                self._ctx.seq_rm(seq, 0)
                 self._held[seq] = []
         return cache.n_free >= need
 

@@ -164,7 +164,7 @@ class Engine:
                 self._drop(request, ClosedError("the session was closed"))
             if self._closed or seq in self._free_seqs:
                 return
-            self._ctx.cache.seq_rm(seq, 0)
+            self._ctx.seq_rm(seq, 0)
             self._last_used.pop(seq, None)
             self._free_seqs.append(seq)
             self._free_seqs.sort()
@@ -188,7 +188,7 @@ class Engine:
         with self._cv:
             self._wait_idle()
             self._check_open()
-            self._ctx.cache.seq_rm(seq, n)
+            self._ctx.seq_rm(seq, n)
 
     def read_state(self, seq: int) -> tuple[list[int], np.ndarray]:
         """The tokens ``seq`` holds and their K and V (see ``Context.seq_state``)."""
@@ -203,7 +203,7 @@ class Engine:
         with self._cv:
             self._wait_idle()
             self._check_open()
-            self._ctx.cache.seq_rm(seq, 0)
+            self._ctx.seq_rm(seq, 0)
             self._make_room(len(tokens), {seq} | set(self._seq_request))
             self._ctx.seq_load(seq, tokens, state, stored)
 
@@ -234,7 +234,7 @@ class Engine:
                 self._check_open()
                 if seq in self._seq_request:
                     raise InvalidArgumentError(f"sequence {seq} is running a request")
-                self._ctx.cache.seq_rm(seq, 0)
+                self._ctx.seq_rm(seq, 0)
                 if self._make_room(len(tokens), {seq} | set(self._seq_request)) < len(tokens):
                     raise KVCacheFullError(f"embedding {len(tokens)} tokens needs as many free KV cells; "
                                            f"{self._ctx.cache.n_free} of {self.kv_size} are free")
@@ -245,7 +245,7 @@ class Engine:
                         for i in range(0, len(tokens), step)]
             finally:
                 with self._cv:
-                    self._ctx.cache.seq_rm(seq, 0)
+                    self._ctx.seq_rm(seq, 0)
                     self._stepping = False
                     self._cv.notify_all()
         finally:
@@ -492,10 +492,10 @@ class Engine:
             if loaded:
                 shared = loaded
             elif donor is not None:  # a prefix another sequence holds: share its cells
-                cache.seq_rm(request.seq, 0)
-                cache.seq_cp(donor, request.seq, shared)
+                self._ctx.seq_rm(request.seq, 0)
+                self._ctx.seq_cp(donor, request.seq, shared)
             else:
-                cache.seq_rm(request.seq, own)
+                self._ctx.seq_rm(request.seq, own)
             request.reused = shared
             request.pending = prompt[shared:]
         length = cache.seq_length_of(request.seq)
@@ -586,13 +586,15 @@ class Engine:
             hit = disk.lookup(prompt, limit)
             entry = None
         n = _aligned(hit.n) if hit is not None else 0
-        if n - held < disk.min_tokens:
+        if self._ctx.cache.hybrid and hit is not None and hit.n == hit.stored:
+            n = hit.n   # a recurrent state is a whole sequence's: loaded whole or not at all
+        if n - held < disk.min_tokens or (self._ctx.cache.hybrid and hit is not None and n != hit.stored):
             return 0
         entry = entry if entry is not None else disk.read(hit)
         if entry is None:
             return 0
         cache = self._ctx.cache
-        cache.seq_rm(request.seq, 0)
+        self._ctx.seq_rm(request.seq, 0)
         running = {r.seq for r in self._active if r.admitted} | {request.seq}
         if self._make_room(n, running) < n:
             return 0
@@ -625,7 +627,7 @@ class Engine:
                           if s not in running and s not in self._seq_request and cache.seq_length_of(s) > 0)
             for _, seq in idle:
                 log.debug("KV cache full: dropping the cached prefix of idle sequence %d", seq)
-                cache.seq_rm(seq, 0)
+                self._ctx.seq_rm(seq, 0)
                 if cache.n_free >= need:
                     break
         return cache.n_free
@@ -703,7 +705,7 @@ class Engine:
         if not chunk.drafts:
             return
         request = chunk.request
-        self._ctx.cache.seq_rm(request.seq, chunk.base + 1 + kept)
+        self._ctx.seq_rm(request.seq, chunk.base + 1 + kept)
         request.evaluated += kept
         request.drafted += len(chunk.drafts)
         request.accepted += kept

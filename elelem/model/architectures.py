@@ -68,6 +68,17 @@ LAYER_TENSOR_NAMES = {
     "ffn_gate_shexp": "blk.{i}.ffn_gate_shexp.weight",
     "ffn_up_shexp": "blk.{i}.ffn_up_shexp.weight",
     "ffn_down_shexp": "blk.{i}.ffn_down_shexp.weight",
+    "ffn_gate_inp_shexp": "blk.{i}.ffn_gate_inp_shexp.weight",   # a sigmoid gate on the shared expert (Qwen)
+    # Gated DeltaNet (Qwen3.5, Qwen3-Next): a recurrent layer.  Its Q, K and V
+    # come through attn_qkv ("wqkv"), then a short causal convolution.
+    "attn_gate": "blk.{i}.attn_gate.weight",
+    "ssm_conv1d": "blk.{i}.ssm_conv1d.weight",
+    "ssm_dt": "blk.{i}.ssm_dt.bias",
+    "ssm_a": "blk.{i}.ssm_a",
+    "ssm_beta": "blk.{i}.ssm_beta.weight",
+    "ssm_alpha": "blk.{i}.ssm_alpha.weight",
+    "ssm_norm": "blk.{i}.ssm_norm.weight",
+    "ssm_out": "blk.{i}.ssm_out.weight",
 }
 GLOBAL_TENSOR_NAMES = {
     "tok_embd": "token_embd.weight",
@@ -91,7 +102,8 @@ _MATRIX_TYPES = frozenset({
 _VECTOR_TYPES = frozenset({"F32"})
 # Biases of the stacked experts are matrices (one row per expert) but are
 # added (ggml_add_id), so they are F32 like the vectors.
-_F32_MATRIX_ROLES = frozenset({"ffn_gate_exps_b", "ffn_up_exps_b", "ffn_down_exps_b", "type_embd"})
+_F32_MATRIX_ROLES = frozenset({"ffn_gate_exps_b", "ffn_up_exps_b", "ffn_down_exps_b", "type_embd",
+                               "ssm_conv1d"})  # the convolution's kernel: ggml_ssm_conv takes F32
 # llama.cpp's LLAMA_MAX_EXPERTS: it refuses more; and the experts one token
 # is routed to, at most (graph/experts.pxi's MAX_USED_EXPERTS; real models use 4 to 10).
 MAX_EXPERTS = 512
@@ -103,13 +115,16 @@ MAX_WIDTH = 1 << 20
 
 _MATMUL_ROLES = frozenset({"wq", "wk", "wv", "wqkv", "wo", "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_inp",
                            "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
-                           "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"})
+                           "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+                           "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out", "ffn_gate_inp_shexp"})
 _ATTN = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm")
 _DENSE_FFN = ("ffn_gate", "ffn_up", "ffn_down")
 _ATTN_FFN = _ATTN + _DENSE_FFN
 _EXPERTS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 _EXPERT_BIASES = ("ffn_gate_inp_b", "ffn_gate_exps_b", "ffn_up_exps_b", "ffn_down_exps_b")
 _SHARED_EXPERTS = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+_DELTA_NET = ("attn_norm", "ffn_norm", "wqkv", "attn_gate", "ssm_conv1d", "ssm_dt", "ssm_a", "ssm_beta",
+              "ssm_alpha", "ssm_norm", "ssm_out")
 _DECODER_GLOBALS = ("tok_embd", "output_norm")
 # BERT-family blocks: post-norm LayerNorms with biases; Q/K/V separate or fused.
 _ENCODER_BLOCK = ("wo", "attn_out_norm", "attn_out_norm_b", "ffn_up", "ffn_down",
@@ -154,6 +169,7 @@ class Architecture:
     encoder: bool = False             # no output head: embeddings only (BERT family)
     experts: Optional[Experts] = None # a mixture-of-experts FFN (its layers lack the dense FFN roles)
     tensor_names: Mapping[str, str] = field(default_factory=dict)  # roles under another GGUF name
+    recurrent: tuple[str, ...] = ()   # roles of a recurrent layer (hparams' recurrent_layers say which)
 
 
 def _gemma3(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
@@ -216,6 +232,9 @@ def _expert_hparams(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile, exp
     h["n_ff_exp"] = int(key("expert_feed_forward_length", h["n_ff"] // n_used))
     h["n_expert_shared"] = int(key("expert_shared_count", 0))
     h["n_ff_shexp"] = h["n_ff_exp"] * h["n_expert_shared"]
+    shared_width = int(key("expert_shared_feed_forward_length", 0))   # Qwen's one shared expert
+    if shared_width:
+        h["n_expert_shared"], h["n_ff_shexp"] = 1, shared_width
     h["n_layer_dense_lead"] = int(key("leading_dense_block_count", 0))
     if not 0 < h["n_ff_exp"] <= MAX_WIDTH or not 0 <= h["n_expert_shared"] <= 64:
         raise ModelShapeError(f"{prefix}expert_feed_forward_length = {h['n_ff_exp']} or "
@@ -277,6 +296,55 @@ def _gpt_oss(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
     h["late_output_rows"] = True
 
 
+def _int_list(value: Any) -> Optional[list[int]]:
+    """An integer (or boolean) array of the file as a list of ints, or None if it is not one."""
+    if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "iub":
+        return [int(x) for x in value]
+    if isinstance(value, list) and all(isinstance(x, (bool, int, np.integer)) for x in value):
+        return [int(x) for x in value]
+    return None
+
+
+def _qwen35(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
+    """Qwen3.5's hybrid: Gated DeltaNet layers, and every
+    ``full_attention_interval``-th layer full attention whose Q projection
+    also carries an output gate; interleaved multi-section RoPE (imrope)."""
+    prefix = gguf.get("general.architecture") + "."
+    _nextn(h, key, gguf)
+    for name, k in (("ssm_d_conv", "ssm.conv_kernel"), ("ssm_d_inner", "ssm.inner_size"),
+                    ("ssm_d_state", "ssm.state_size"), ("ssm_n_group", "ssm.group_count"),
+                    ("ssm_dt_rank", "ssm.time_step_rank")):
+        h[name] = int(key(k))
+        if not 0 < h[name] <= MAX_WIDTH:
+            raise ModelShapeError(f"{prefix}{k} = {h[name]} is out of range")
+    if not 2 <= h["ssm_d_conv"] <= 64:
+        raise ModelShapeError(f"{prefix}ssm.conv_kernel = {h['ssm_d_conv']} must be in 2..64")
+    if h["ssm_d_inner"] % h["ssm_dt_rank"] or h["ssm_dt_rank"] % h["ssm_n_group"] \
+            or h["ssm_d_inner"] // h["ssm_dt_rank"] != h["ssm_d_state"]:
+        raise ModelShapeError(f"{prefix}ssm.inner_size = {h['ssm_d_inner']} must be ssm.time_step_rank "
+                              f"({h['ssm_dt_rank']}) value heads of ssm.state_size ({h['ssm_d_state']}), "
+                              f"a multiple of ssm.group_count ({h['ssm_n_group']}) key heads")
+    raw = gguf.get(prefix + "attention.recurrent_layers")
+    if raw is not None:
+        flags = _int_list(raw)
+        if flags is None or len(flags) < h["n_layer"]:
+            raise ModelShapeError(f"{prefix}attention.recurrent_layers must hold a flag per layer")
+        h["recurrent_layers"] = [bool(f) for f in flags[:h["n_layer"]]]
+    else:
+        interval = int(key("full_attention_interval", 4))
+        if not 0 < interval <= h["n_layer"] or h["n_layer"] % interval:
+            raise ModelShapeError(f"{prefix}full_attention_interval = {interval} must divide "
+                                  f"block_count ({h['n_layer']})")
+        h["recurrent_layers"] = [(il + 1) % interval != 0 for il in range(h["n_layer"])]
+    sections = _int_list(gguf.get(prefix + "rope.dimension_sections"))
+    if sections is None or len(sections) != 4 or not all(0 <= x <= h["n_rot"] for x in sections):
+        raise ModelShapeError(f"{prefix}rope.dimension_sections must be 4 section widths")
+    h["rope_sections"] = sections
+    h["rope_type"] = "imrope"
+    h["q_gate"] = True
+    h["late_output_rows"] = True   # llama.cpp's qwen35 drops unwanted rows after its last layer
+
+
 def _mistral3(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
     # Attention temperature (llama.cpp's llama-4-style tuning): Q is scaled
     # by 1 + temperature_scale * log(floor(pos / n_ctx_orig_yarn) + 1).
@@ -310,6 +378,13 @@ ARCHITECTURES: dict[str, Architecture] = {
                                      required=_EXPERTS + ("ffn_exp_probs_b",)),
                      tensor_names={"ffn_norm": "blk.{i}.post_attention_norm.weight"}, derive=_nextn,
                      description="GLM-4.5, GLM-4.5-Air, GLM-4.6"),
+        Architecture("qwen35", "qwen35", "neox", _ATTN_FFN + ("q_norm", "k_norm"), recurrent=_DELTA_NET + _DENSE_FFN,
+                     tensor_names={"ffn_norm": "blk.{i}.post_attention_norm.weight"}, derive=_qwen35,
+                     description="Qwen3.5 / Qwen3.6 (Gated DeltaNet hybrid)"),
+        Architecture("qwen35moe", "qwen35", "neox", _ATTN + ("q_norm", "k_norm"), recurrent=_DELTA_NET,
+                     experts=Experts(optional=("ffn_gate_inp_shexp",)),
+                     tensor_names={"ffn_norm": "blk.{i}.post_attention_norm.weight"}, derive=_qwen35,
+                     description="Qwen3.5 / Qwen3.6 MoE (Gated DeltaNet hybrid with experts)"),
         Architecture("mistral3", "decoder", "normal", _ATTN_FFN, optional=("bo",), derive=_mistral3,
                      description="Mistral 3: Ministral 3, Devstral Small 2, Mistral Small 3.x"),
         Architecture("bert", "bert", "neox", _ENCODER_BLOCK, optional=_ENCODER_OPTIONAL,
@@ -536,6 +611,16 @@ def _expected_shapes(h: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         "pos_embd": (e, h["n_ctx_train"]), "type_embd": (e, h.get("n_token_types", 0)),
         "tok_norm": (e,), "tok_norm_b": (e,),
     }
+    if h.get("q_gate"):     # Q's projection also writes the output gate, head by head
+        shapes["wq"] = (e, 2 * q)
+    if "ssm_d_inner" in h:
+        key_dim = h["ssm_d_state"] * h["ssm_n_group"]
+        conv_dim = 2 * key_dim + h["ssm_d_inner"]
+        shapes.update({
+            "wqkv": (e, conv_dim), "attn_gate": (e, h["ssm_d_inner"]), "ssm_conv1d": (h["ssm_d_conv"], conv_dim),
+            "ssm_dt": (h["ssm_dt_rank"],), "ssm_a": (h["ssm_dt_rank"],), "ssm_beta": (e, h["ssm_dt_rank"]),
+            "ssm_alpha": (e, h["ssm_dt_rank"]), "ssm_norm": (h["ssm_d_state"],), "ssm_out": (h["ssm_d_inner"], e),
+        })
     if "n_expert" in h:
         x, f, fs = h["n_expert"], h["n_ff_exp"], h["n_ff_shexp"]
         shapes.update({
@@ -543,6 +628,7 @@ def _expected_shapes(h: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
             "ffn_gate_exps": (e, f, x), "ffn_up_exps": (e, f, x), "ffn_down_exps": (f, e, x),
             "ffn_gate_exps_b": (f, x), "ffn_up_exps_b": (f, x), "ffn_down_exps_b": (e, x),
             "ffn_gate_shexp": (e, fs), "ffn_up_shexp": (e, fs), "ffn_down_shexp": (fs, e),
+            "ffn_gate_inp_shexp": (e,),
         })
     return shapes
 
@@ -598,13 +684,15 @@ def _layer_roles(arch: Architecture, h: Mapping[str, Any], i: int) -> tuple[tupl
     """The roles layer ``i`` must have and may have: an expert layer's FFN is
     the router and the experts (and shared experts where the model has them),
     a leading dense layer's the plain gated FFN."""
+    required, optional = (arch.recurrent, ()) if arch.recurrent and h["recurrent_layers"][i] else \
+        (arch.required, arch.optional)
     experts = arch.experts
     if experts is None:
-        return arch.required, arch.optional
+        return required, optional
     if i < h["n_layer_dense_lead"]:
-        return arch.required + _DENSE_FFN, arch.optional
+        return required + _DENSE_FFN, optional
     shared = _SHARED_EXPERTS if h["n_expert_shared"] > 0 else ()
-    return arch.required + experts.required + shared, arch.optional + experts.optional
+    return required + experts.required + shared, optional + experts.optional
 
 
 def _check_encoder_projections(i: int, table: dict[str, Optional[str]]) -> None:

@@ -31,6 +31,14 @@ cdef struct Step:
     ggml_tensor * inp_v_idx     # I64 (v_row * n_tokens): cache elements of transposed V; NULL with flash_attn
     ggml_tensor * inp_out_ids   # I32 (n_outputs): rows kept for the output; NULL when every row is
     ggml_tensor * inp_attn_scale  # F32 (1, 1, n_tokens): attention temperature per token (mistral3); NULL if none
+    # A hybrid model's recurrent layers: the step holds n_seqs sequences of
+    # n_tokens / n_seqs tokens each, sequence after sequence (Context.decode
+    # arranges it so); each reads its state from one slot, writes the next
+    # state to the other (KVCache.rs_slot).
+    int n_seqs
+    ggml_tensor * inp_rs_read     # I32 (n_seqs): the slots holding the sequences' states
+    ggml_tensor * inp_rs_write    # I64 (n_seqs): the slots their new states go to
+    ggml_tensor * inp_pos4        # I32 (4 * n_tokens): positions for multi-section RoPE; NULL without
     ggml_tensor * logits        # F32 (n_vocab, n_outputs); (n_embd, n_outputs) for embeddings
     # A prompt step that mixes sequences: the lengths of its runs of one
     # sequence's tokens (n_runs 0 otherwise, and for steps of generated
@@ -70,6 +78,15 @@ cdef void _make_inputs(Step * st) except *:
         ggml_set_input(st.inp_attn_scale)
     else:
         st.inp_attn_scale = NULL
+    st.inp_rs_read = st.inp_rs_write = st.inp_pos4 = NULL
+    if st.n_seqs > 0:
+        st.inp_rs_read = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I32, st.n_seqs)
+        st.inp_rs_write = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I64, st.n_seqs)
+        ggml_set_input(st.inp_rs_read)
+        ggml_set_input(st.inp_rs_write)
+    if st.hp.rope_type == GGML_ROPE_TYPE_IMROPE:
+        st.inp_pos4 = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I32, 4 * st.n_tokens)
+        ggml_set_input(st.inp_pos4)
 
 
 cdef inline void _set_input(ggml_tensor * t, const void * data, size_t size) noexcept:
@@ -102,6 +119,10 @@ cdef void _set_inputs(Step * st, KVCache cache, const int32_t * tokens, const in
             _set_input(st.inp_out_ids, out_rows, st.n_outputs * sizeof(int32_t))
         if st.inp_attn_scale != NULL:
             _set_attn_scale(st, positions)
+        if st.inp_rs_read != NULL:
+            _set_recurrent_slots(st, cache, seqs)
+        if st.inp_pos4 != NULL:
+            _set_positions4(st, positions)
         if st.inp_v_idx != NULL:
             # V is stored transposed: element (channel c, cell j) at c * kv_size + j;
             # this step's V, flattened, holds (c, token t) at c + t * v_row.
@@ -120,6 +141,33 @@ cdef void _set_inputs(Step * st, KVCache cache, const int32_t * tokens, const in
     finally:
         free(mask)
         free(idx)
+
+
+cdef void _set_recurrent_slots(Step * st, KVCache cache, const int32_t * seqs) except *:
+    """Each sequence's current slot, and the other one, which it writes."""
+    cdef int32_t read[MAX_SEQ]
+    cdef int64_t write[MAX_SEQ]
+    cdef int j, q, per = st.n_tokens // st.n_seqs
+    for j in range(st.n_seqs):
+        q = seqs[j * per]
+        read[j] = cache.rs_slot[q]
+        write[j] = q + cache.n_seq_max if cache.rs_slot[q] == q else q
+    _set_input(st.inp_rs_read, read, st.n_seqs * sizeof(int32_t))
+    _set_input(st.inp_rs_write, write, st.n_seqs * sizeof(int64_t))
+
+
+cdef void _set_positions4(Step * st, const int32_t * positions) except *:
+    """Text positions for multi-section RoPE, as llama.cpp gives a text token:
+    its position in the first three streams, 0 in the fourth."""
+    cdef int32_t * pos = <int32_t *> calloc(4 * st.n_tokens, sizeof(int32_t))
+    cdef int i, k
+    if pos == NULL:
+        raise MemoryError()
+    for k in range(3):
+        for i in range(st.n_tokens):
+            pos[k * st.n_tokens + i] = positions[i]
+    _set_input(st.inp_pos4, pos, 4 * st.n_tokens * sizeof(int32_t))
+    free(pos)
 
 
 cdef void _set_attn_scale(Step * st, const int32_t * positions) except *:

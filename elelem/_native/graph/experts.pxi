@@ -127,4 +127,7 @@ cdef inline ggml_tensor * ffn_layer(Step * st, LayerWeights * lw, ggml_tensor * 
     cdef ggml_tensor * routed = ffn_moe(st, lw, x)
     if lw.ffn_up_shexp == NULL:
         return routed
-    return ggml_add(st.ctx, routed, gated(st, lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp, x, False))
+    cdef ggml_tensor * shared = gated(st, lw.ffn_gate_shexp, lw.ffn_up_shexp, lw.ffn_down_shexp, x, False)
+    if lw.ffn_gate_inp_shexp != NULL:   # Qwen: the shared expert's output times a sigmoid gate per token
+        shared = ggml_mul(st.ctx, shared, ggml_sigmoid(st.ctx, linear(st, lw.ffn_gate_inp_shexp, NULL, x)))
+    return ggml_add(st.ctx, routed, shared)

@@ -1,0 +1,135 @@
+# Qwen3.5 / Qwen3.6: a hybrid of Gated DeltaNet layers (recurrent: a short
+# causal convolution over Q, K and V, then the gated delta rule over a state
+# matrix per value head) and, every full_attention_interval-th layer, full
+# attention with per-head Q/K norms, interleaved multi-section RoPE and a
+# sigmoid output gate.  Written after llama.cpp's qwen35 graph
+# (src/models/qwen35.cpp, delta-net-base.cpp) op for op, with its fused
+# ggml_gated_delta_net (what llama.cpp runs on the CPU, prompt and decode).
+#
+# A step's tokens are n_seqs sequences of the same count, sequence after
+# sequence (Context.decode arranges that): the recurrent layers see them as
+# (channels, tokens per sequence, sequences).
+
+
+cdef inline ggml_tensor * _l2_norm(Step * st, ggml_tensor * x) noexcept:
+    """llama.cpp's build_gdn_l2_norm: x / ||x|| over dim 0, as a scaled RMS norm."""
+    cdef float n = x.ne[0]
+    cdef float eps = st.hp.rms_eps / n          # in float, as llama.cpp: its bits matter
+    cdef float scale = (<float> 1.0) / sqrtf(n)
+    return ggml_scale(st.ctx, ggml_rms_norm(st.ctx, x, eps), scale)
+
+
+cdef ggml_tensor * _delta_net(Step * st, KVCache cache, int il, LayerWeights * lw, ggml_tensor * x) noexcept:
+    """One Gated DeltaNet layer on x (n_embd, n_tokens): (n_embd, n_tokens),
+    its sequences' convolution and delta states read and written in the cache."""
+    cdef const HParams * hp = st.hp
+    cdef ggml_context * ctx = st.ctx
+    cdef int64_t n_seqs = st.n_seqs
+    cdef int64_t per = st.n_tokens // n_seqs                 # tokens of each sequence
+    cdef int64_t head_k = hp.ssm_d_state, heads_k = hp.ssm_n_group
+    cdef int64_t heads_v = hp.ssm_dt_rank, head_v = hp.ssm_d_inner // hp.ssm_dt_rank
+    cdef int64_t channels = hp.ssm_d_inner + 2 * heads_k * head_k
+    cdef int64_t conv_keep = hp.ssm_d_conv - 1
+    cdef ggml_tensor * qkv = ggml_reshape_3d(ctx, linear(st, lw.wqkv, NULL, x), channels, per, n_seqs)
+    cdef ggml_tensor * z = linear(st, lw.attn_gate, NULL, x)
+    cdef ggml_tensor * beta = ggml_sigmoid(ctx, ggml_reshape_4d(ctx, linear(st, lw.ssm_beta, NULL, x),
+                                                                1, heads_v, per, n_seqs))
+    cdef ggml_tensor * alpha = ggml_reshape_3d(ctx, linear(st, lw.ssm_alpha, NULL, x), heads_v, per, n_seqs)
+    cdef ggml_tensor * gate = ggml_mul(ctx, ggml_softplus(ctx, ggml_add(ctx, alpha, lw.ssm_dt)), lw.ssm_a)
+    gate = ggml_reshape_4d(ctx, gate, 1, heads_v, per, n_seqs)
+
+    # The convolution: each sequence's last conv_keep inputs, then this step's.
+    cdef ggml_tensor * conv = ggml_reshape_3d(ctx, ggml_get_rows(ctx, cache.r[il], st.inp_rs_read),
+                                              conv_keep, channels, n_seqs)
+    conv = ggml_concat(ctx, conv, ggml_transpose(ctx, qkv), 0)  # (conv_keep + per, channels, n_seqs)
+    cdef ggml_tensor * kept = ggml_view_3d(ctx, conv, conv_keep, channels, n_seqs, conv.nb[1], conv.nb[2],
+                                           ggml_row_size(conv.type, per))
+    ggml_build_forward_expand(st.gf, ggml_set_rows(ctx, cache.r[il], ggml_cont_2d(ctx, kept, conv_keep * channels,
+                                                                                   n_seqs), st.inp_rs_write))
+    cdef ggml_tensor * state = ggml_reshape_4d(ctx, ggml_get_rows(ctx, cache.s[il], st.inp_rs_read),
+                                               head_v, head_v, heads_v, n_seqs)
+    cdef ggml_tensor * mixed = ggml_silu(ctx, ggml_ssm_conv(ctx, conv, lw.ssm_conv1d))  # (channels, per, n_seqs)
+    cdef size_t row = ggml_row_size(mixed.type, channels)
+    cdef ggml_tensor * q = ggml_view_4d(ctx, mixed, head_k, heads_k, per, n_seqs, ggml_row_size(mixed.type, head_k),
+                                        row, row * per, 0)
+    cdef ggml_tensor * k = ggml_view_4d(ctx, mixed, head_k, heads_k, per, n_seqs, ggml_row_size(mixed.type, head_k),
+                                        row, row * per, ggml_row_size(mixed.type, head_k * heads_k))
+    cdef ggml_tensor * v = ggml_view_4d(ctx, mixed, head_v, heads_v, per, n_seqs, ggml_row_size(mixed.type, head_v),
+                                        row, row * per, ggml_row_size(mixed.type, 2 * head_k * heads_k))
+    q = _l2_norm(st, q)
+    k = _l2_norm(st, k)
+
+    # The delta rule, fused: the outputs, then the final state, in one tensor.
+    cdef ggml_tensor * result = ggml_gated_delta_net(ctx, q, k, v, gate, beta, state, 1)
+    cdef ggml_tensor * out = ggml_view_4d(ctx, result, head_v, heads_v, per, n_seqs,
+                                          ggml_row_size(result.type, head_v),
+                                          ggml_row_size(result.type, head_v * heads_v),
+                                          ggml_row_size(result.type, head_v * heads_v * per), 0)
+    cdef ggml_tensor * new_state = ggml_view_2d(ctx, result, head_v * head_v * heads_v, n_seqs,
+                                                ggml_row_size(result.type, head_v * head_v * heads_v),
+                                                ggml_row_size(result.type, head_v * heads_v * per * n_seqs))
+    ggml_build_forward_expand(st.gf, ggml_set_rows(ctx, cache.s[il], new_state, st.inp_rs_write))
+
+    # Gated RMS norm: norm(out) * silu(z), then the output projection.
+    out = ggml_mul(ctx, norm_rms(st, out, lw.ssm_norm),
+                   ggml_silu(ctx, ggml_reshape_4d(ctx, z, head_v, heads_v, per, n_seqs)))
+    out = linear(st, lw.ssm_out, NULL, ggml_reshape_3d(ctx, out, head_v * heads_v, per, n_seqs))
+    return ggml_reshape_2d(ctx, out, hp.n_embd, st.n_tokens)
+
+
+cdef ggml_tensor * _gated_attention(Step * st, KVCache cache, int il, LayerWeights * lw, ggml_tensor * x) noexcept:
+    """Full attention whose Q projection also writes a sigmoid output gate, head by head."""
+    cdef const HParams * hp = st.hp
+    cdef ggml_context * ctx = st.ctx
+    cdef int64_t hd = hp.head_dim_k
+    cdef ggml_tensor * q_full = ggml_reshape_3d(ctx, linear(st, lw.wq, lw.bq, x), 2 * hd, hp.n_head, st.n_tokens)
+    cdef size_t el = ggml_element_size(q_full)
+    cdef ggml_tensor * q = ggml_view_3d(ctx, q_full, hd, hp.n_head, st.n_tokens, el * 2 * hd, el * 2 * hd * hp.n_head, 0)
+    cdef ggml_tensor * gate = ggml_view_3d(ctx, q_full, hd, hp.n_head, st.n_tokens, el * 2 * hd,
+                                           el * 2 * hd * hp.n_head, el * hd)
+    gate = ggml_cont_2d(ctx, gate, hd * hp.n_head, st.n_tokens)
+    q = norm_rms(st, q, lw.q_norm)
+    cdef ggml_tensor * k = norm_rms(st, ggml_reshape_3d(ctx, linear(st, lw.wk, lw.bk, x), hd, hp.n_head_kv,
+                                                        st.n_tokens), lw.k_norm)
+    cdef ggml_tensor * v = linear(st, lw.wv, lw.bv, x)
+    q = _rope_sections(st, q)
+    k = _rope_sections(st, k)
+    cdef ggml_tensor * out = attention(st, cache, il, q, k, v, st.inp_mask, hp.attn_scale)
+    return linear(st, lw.wo, lw.bo, ggml_mul(ctx, out, ggml_sigmoid(ctx, gate)))
+
+
+cdef inline ggml_tensor * _rope_sections(Step * st, ggml_tensor * x) noexcept:
+    cdef const HParams * hp = st.hp
+    cdef int sections[4]
+    sections[0] = hp.rope_sections[0]
+    sections[1] = hp.rope_sections[1]
+    sections[2] = hp.rope_sections[2]
+    sections[3] = hp.rope_sections[3]
+    return ggml_rope_multi(st.ctx, x, st.inp_pos4, NULL, hp.n_rot, sections, hp.rope_type, hp.n_ctx_orig,
+                           hp.rope_base, hp.rope_scale, hp.rope_ext_factor, hp.rope_attn_factor,
+                           hp.yarn_beta_fast, hp.yarn_beta_slow)
+
+
+cdef ggml_tensor * build_qwen35(Model m, KVCache cache, Step * st) except NULL:
+    cdef const HParams * hp = st.hp
+    cdef ggml_context * ctx = st.ctx
+    cdef LayerWeights * lw
+    cdef ggml_tensor * x = embed_tokens(st, m)   # the residual stream, (n_embd, n_tokens)
+    cdef ggml_tensor * h
+    cdef int il
+    for il in range(hp.n_layer):
+        lw = &m.layers[il]
+        h = norm_rms(st, x, lw.attn_norm)
+        if m.recurrent_layers[il]:
+            h = _delta_net(st, cache, il, lw, h)
+        else:
+            h = _gated_attention(st, cache, il, lw, h)
+        x = ggml_add(ctx, h, x)
+        h = ffn_layer(st, lw, norm_rms(st, x, lw.ffn_norm))
+        x = ggml_add(ctx, h, x)
+    # llama.cpp's qwen35 keeps every row through its last layer.
+    x = norm_rms(st, select_outputs(st, x), m.output_norm)
+    return output_head(st, m, x)   # (n_vocab, n_outputs), or (n_embd, n_outputs)
+
+
+_register_builder("qwen35", build_qwen35)

@@ -1,0 +1,211 @@
+"""Hybrid models (qwen35: Gated DeltaNet layers beside full attention): the
+recurrent state through everything the engine does -- batching, rewinding,
+forking, speculative decoding, saved states -- exact on tiny synthetic models
+(tests/synthetic.py).  Their logits against llama.cpp are
+tests/test_arch_llamacpp.py's."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import elelem
+from elelem.errors import InvalidArgumentError, ModelShapeError
+from synthetic import TinyConfig
+
+HYBRID = TinyConfig(arch="qwen35", head_dim=32, n_rot=16, n_layer=4, wtype="q8_0", seed=11)
+
+
+@pytest.fixture(scope="module")
+def hybrid(tiny_model):
+    path, _ = tiny_model(HYBRID)
+    return path
+
+
+def _open(path, **kw):
+    return elelem.LLM(path, n_threads=2, n_seq_max=4, kv_size=512, amx=False, **kw)
+
+
+def _prompt(seed, n):
+    return np.random.default_rng(seed).integers(1, HYBRID.n_vocab, n).tolist()
+
+
+def _alone(ctx, tokens, seq=0):
+    """Logits of every position of ``tokens`` on a fresh sequence: the prompt, then one token a step."""
+    ctx.seq_rm(seq, 0)
+    rows = [ctx.decode(tokens[:5], [seq] * 5, True)]
+    rows += [ctx.decode([t], [seq], True, decode_kernels=True) for t in tokens[5:]]
+    ctx.seq_rm(seq, 0)
+    return np.concatenate(rows)
+
+
+def test_the_state_lives_in_slots_beside_the_cells(hybrid):
+    with _open(hybrid) as llm:
+        cache = llm.engine.context.cache
+        assert cache.hybrid and cache.state_bytes > 0
+        assert not np.any(cache.recurrent_state(0))
+        llm.engine.context.decode([1, 2, 3], [0, 0, 0])
+        assert np.any(cache.recurrent_state(0)) and not np.any(cache.recurrent_state(1))
+        llm.engine.context.seq_rm(0, 0)
+        assert not np.any(cache.recurrent_state(0))
+
+
+def test_sequences_stepping_together_get_their_solo_logits(hybrid):
+    with _open(hybrid) as llm:
+        ctx = llm.engine.context
+        a, b = _prompt(1, 12), _prompt(2, 12)
+        alone = [_alone(ctx, a), _alone(ctx, b)]
+        # prompts of different lengths in one call (a step per count), then generated tokens interleaved
+        ctx.decode(a[:5] + b[:7], [0] * 5 + [1] * 7, True)
+        rows = {0: [], 1: []}
+        for i in range(5, 12):
+            tokens, seqs = ([a[i], b[i]], [0, 1]) if i >= 7 else ([a[i]], [0])
+            out = ctx.decode(tokens, seqs, True, decode_kernels=True)
+            for s, row in zip(seqs, out):
+                rows[s].append(row)
+        np.testing.assert_array_equal(np.array(rows[0]), alone[0][5:])
+        np.testing.assert_array_equal(np.array(rows[1]), alone[1][7:])
+        # interleaved rows in one step come back in the batch's order
+        ctx.seq_rm(0, 0)
+        ctx.seq_rm(1, 0)
+        ctx.decode(a[:5], [0] * 5)
+        ctx.decode(b[:5], [1] * 5)
+        out = ctx.decode([a[5], b[5], a[6], b[6]], [0, 1, 0, 1], True, decode_kernels=True)
+        np.testing.assert_array_equal(out[0::2], alone[0][5:7])
+        np.testing.assert_array_equal(out[1::2], alone[1][5:7])
+
+
+def test_a_rewind_restores_a_snapshot_or_evaluates_again_and_says_so(hybrid, caplog):
+    with _open(hybrid) as llm:
+        ctx = llm.engine.context
+        tokens = _prompt(3, 20)
+        want = _alone(ctx, tokens)
+        ctx.decode(tokens[:5], [0] * 5)
+        for t in tokens[5:14]:
+            ctx.decode([t], [0], decode_kernels=True)
+        ctx.decode(tokens[14:18], [0] * 4, decode_kernels=True)   # verified guesses: a snapshot before them
+        before = ctx.n_replayed
+        ctx.seq_rm(0, 15)                                         # keep one of them: from the snapshot at 14
+        assert ctx.n_replayed - before == 1
+        np.testing.assert_array_equal(ctx.decode([tokens[15]], [0], True, decode_kernels=True), want[15:16])
+        with caplog.at_level(logging.INFO, logger="elelem"):
+            ctx.seq_rm(0, 9)                                      # no snapshot at 9: from the one at 5
+        assert "evaluating positions 5..8 again" in caplog.text
+        out = [ctx.decode([t], [0], True, decode_kernels=True) for t in tokens[9:20]]
+        np.testing.assert_array_equal(np.concatenate(out), want[9:20])
+        with pytest.raises(InvalidArgumentError, match="through its Context"):
+            ctx.cache.seq_rm(0, 3)
+
+
+def test_a_fork_copies_the_state_whole_or_from_a_snapshot(hybrid):
+    with _open(hybrid) as llm:
+        ctx = llm.engine.context
+        tokens = _prompt(4, 16)
+        want = _alone(ctx, tokens)
+        ctx.decode(tokens[:5], [0] * 5)
+        for t in tokens[5:10]:
+            ctx.decode([t], [0], decode_kernels=True)
+        ctx.seq_cp(0, 1)                  # whole
+        ctx.seq_cp(0, 2, 7)               # a prefix: from the snapshot at 5, two tokens again
+        np.testing.assert_array_equal(ctx.decode([tokens[10]], [1], True, decode_kernels=True), want[10:11])
+        np.testing.assert_array_equal(ctx.decode([tokens[7]], [2], True, decode_kernels=True), want[7:8])
+
+
+def test_a_failed_step_leaves_every_state_as_it_was(hybrid):
+    from elelem.errors import KVCacheFullError
+
+    with elelem.LLM(hybrid, n_threads=2, n_seq_max=2, kv_size=256, amx=False) as llm:
+        ctx = llm.engine.context
+        ctx.decode([1, 2, 3, 4, 5], [0] * 5)
+        state = ctx.cache.recurrent_state(0)
+        # Two token counts: seq 0's step runs first, then seq 1's finds the cache full;
+        # the first one is undone with it.
+        with pytest.raises(KVCacheFullError):
+            ctx.decode([6, 7] + [3] * 250, [0, 0] + [1] * 250)
+        np.testing.assert_array_equal(ctx.cache.recurrent_state(0), state)
+        assert ctx.cache.seq_length_of(0) == 5 and ctx.cache.seq_length_of(1) == 0
+        assert not np.any(ctx.cache.recurrent_state(1))
+
+
+def test_greedy_output_is_unchanged_by_prompt_lookup(hybrid):
+    from elelem.engine.step_costs import StepCosts
+
+    loopy = [5, 6, 7, 8, 9] * 4
+    with _open(hybrid, speculative=False) as plain:
+        want = plain.generate_tokens(loopy, 30)
+    with _open(hybrid, speculative=True) as fast:
+        fast.engine.step_costs = StepCosts.flat()
+        assert fast.generate_tokens(loopy, 30) == want
+        assert fast.engine.accepted_tokens > 0 or fast.engine.context.n_replayed >= 0
+
+
+def test_a_saved_state_carries_the_recurrent_state(hybrid, tiny_model):
+    with _open(hybrid) as llm:
+        prompt = _prompt(5, 12)
+        llm.eval(prompt)
+        state = llm.save_state()
+        want = llm.eval([7])
+        llm.reset()
+        llm.load_state(state)
+        assert llm.engine.context.cache.seq_length_of(0) == len(prompt)
+        np.testing.assert_array_equal(llm.eval([7]), want)
+    other, _ = tiny_model(HYBRID.but(seed=12))
+    with _open(other) as llm2, pytest.raises(Exception):
+        llm2.load_state(state)
+
+
+@pytest.mark.parametrize("cfg, message", [
+    (HYBRID.but(drop=("blk.1.ssm_conv1d.weight",)), r"required tensor 'blk\.1\.ssm_conv1d\.weight' is missing"),
+    (HYBRID.but(extra_keys=(("{arch}.full_attention_interval", 3),)), r"full_attention_interval = 3 must divide"),
+    (HYBRID.but(extra_keys=(("{arch}.ssm.inner_size", 48),)), r"ssm\.inner_size = 48 must be"),
+], ids=["no-conv", "interval", "inner-size"])
+def test_a_broken_hybrid_file_is_refused_naming_the_key_or_tensor(tiny_model, cfg, message):
+    path, _ = tiny_model(cfg)
+    with pytest.raises(ModelShapeError, match=message):
+        elelem.LLM(path)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.sampled_from(["step", "trim", "fork"]), st.integers(0, 1), st.integers(1, 4)),
+                    min_size=3, max_size=10))
+def test_interleaved_sequences_with_trims_and_forks_get_their_solo_logits(hybrid, ops):
+    """Whatever happens between, each sequence's next logits are those of its
+    tokens evaluated alone (one token a step after a 5-token prompt)."""
+    with _open(hybrid) as llm:
+        ctx = llm.engine.context
+        held = {0: _prompt(6, 5), 1: _prompt(7, 5)}
+        ctx.decode(held[0] + held[1], [0] * 5 + [1] * 5)
+        rng = np.random.default_rng(len(ops))
+        for op, seq, k in ops:
+            if op == "step":
+                new = {s: rng.integers(1, HYBRID.n_vocab, k).tolist() for s in (0, 1)}
+                tokens = [t for s in (0, 1) for t in new[s]]
+                ctx.decode(tokens, [0] * k + [1] * k, True, decode_kernels=True)
+                for s in (0, 1):
+                    held[s] += new[s]
+            elif op == "trim" and len(held[seq]) - k >= 5:
+                ctx.seq_rm(seq, len(held[seq]) - k)
+                held[seq] = held[seq][:-k]
+            elif op == "fork":
+                other = 1 - seq
+                ctx.seq_rm(other, 0)
+                ctx.seq_cp(seq, other)
+                held[other] = list(held[seq])
+        probe = 17
+        got = ctx.decode([probe, probe], [0, 1], True, decode_kernels=True)
+        for s in (0, 1):
+            ctx2 = llm.engine.context
+            want = _alone_last(ctx2, held[s] + [probe], seq=3)
+            np.testing.assert_array_equal(got[s], want)
+
+
+def _alone_last(ctx, tokens, seq):
+    ctx.seq_rm(seq, 0)
+    ctx.decode(tokens[:5], [seq] * 5)
+    row = None
+    for t in tokens[5:]:
+        row = ctx.decode([t], [seq], True, decode_kernels=True)[0]
+    ctx.seq_rm(seq, 0)
+    return row
