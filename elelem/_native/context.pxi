@@ -175,6 +175,7 @@ cdef class Context:
         st.hp = &self.model.hp
         st.widened = &self.model.widened
         st.kv_size = self.cache.kv_size
+        st.v_row = self.cache.v_row
         st.flash_attn = self.flash_attn
         _make_inputs(st)
         st.logits = _builders[self.model.builder_id](self.model, self.cache, st)
