@@ -153,3 +153,43 @@ def test_states_prompt_lookup_and_the_prompt_cache_leave_greedy_tokens_unchanged
     with elelem.LLM(path, n_threads=2, speculative=False, prompt_cache=tmp_path) as cached:
         assert cached.generate_tokens(LONG[:-2] + [50, 51], 16) == plain_tail
         assert cached.engine.prompt_cache.hits == 1
+
+
+# -- Gemma 4's tokenizer and chat template, end to end ---------------------------------
+
+@pytest.mark.real_model   # Gemma 4's vocabulary and template: llama.cpp's ggml-vocab-gemma-4.gguf, from the sdist
+def test_thinking_is_switched_per_request_through_the_models_own_template(tmp_path):
+    """A tiny gemma4 model with Gemma 4's vocabulary and chat template: the
+    template's markup tokenizes to Gemma 4's special tokens, and
+    chat_template_kwargs turn thinking on for one request and not the next."""
+    import llamacpp_sdist as sdist
+    from vocab_metadata import vocab_size, vocab_writer
+    from synthetic import write_model
+
+    vocab = sdist.vocab_path("gemma-4")
+    cfg = TinyConfig(arch="gemma4", n_embd=32, n_head=2, n_head_kv=1, head_dim=16, head_dim_swa=8, n_ff=32,
+                     n_layer=2, swa_every=2, n_swa=4, tied=True, n_vocab=vocab_size(vocab))
+    path = tmp_path / "gemma4-vocab.gguf"
+    add_vocab = vocab_writer(vocab)
+    source = (sdist.templates_dir() / "google-gemma-4-31B-it.jinja").read_text(encoding="utf-8")
+
+    def add_vocab_and_template(writer):
+        add_vocab(writer)
+        writer.add_chat_template(source)
+
+    write_model(path, cfg, extra_metadata=add_vocab_and_template)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    with elelem.LLM(path, n_ctx=128, n_threads=2) as llm:
+        think, turn = llm.tokenize("<|think|>", add_bos=False, special=True), \
+            llm.tokenize("<|turn>", add_bos=False, special=True)
+        assert len(think) == 1 and len(turn) == 1   # special tokens, not text
+        template = llm.chat_template
+        for on in (True, False, True):
+            text = template.render(messages, add_generation_prompt=True, enable_thinking=on)
+            assert ("<|think|>" in text) == on
+            ids = llm.tokenize(text, add_bos=False, special=True)
+            reply = llm.create_chat_completion(messages, max_tokens=1, chat_template_kwargs={"enable_thinking": on})
+            assert reply["usage"]["prompt_tokens"] == len(ids)
+            assert ids[0] == llm.tokenizer.bos_id and (think[0] in ids) == on and ids.count(turn[0]) == 3
+        with pytest.raises(elelem.errors.InvalidArgumentError, match="chat_template_kwargs cannot set 'messages'"):
+            llm.create_chat_completion(messages, max_tokens=1, chat_template_kwargs={"messages": []})

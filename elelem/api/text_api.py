@@ -42,7 +42,8 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 from . import completions
 from .assets import ModelAssets
 from .generation import TextStream
-from .prompts import Prompt, chat_prompt_ids, completion_prompt_ids, infill_prompt_ids, token_budget
+from .prompts import (Prompt, chat_prompt_ids, completion_prompt_ids, infill_prompt_ids, template_variables,
+                      token_budget)
 from .structured import output_constraint, output_grammar
 from ..errors import GrammarError, InvalidArgumentError
 from ..sampling.logprobs import chat_logprobs_count
@@ -106,30 +107,33 @@ class TextAPI:
     def chat_stream(self, messages: Messages, *, max_tokens: Optional[int] = None, stop: StopArg = None,
                     tools: Optional[Sequence[Mapping[str, Any]]] = None, tool_choice: ToolChoice = None,
                     response_format: Optional[Mapping[str, Any]] = None, grammar: Optional[str] = None,
-                    **sampling: Any) -> TextStream:
+                    chat_template_kwargs: Optional[Mapping[str, Any]] = None, **sampling: Any) -> TextStream:
         """An iterator of the assistant's reply to ``messages``, as text deltas.
 
         ``messages`` are ``{"role", "content"}`` dicts, rendered with the
         model's chat template (ChatML when it has none).  With ``tools``, the
         deltas are the raw reply in the model's own format, tool-call markup
         included (``create_chat_completion`` is the API that parses calls);
-        ``tool_choice`` works as there.
+        ``tool_choice`` works as there.  ``chat_template_kwargs`` are more
+        variables for the template, for this request: ``{"enable_thinking":
+        False}`` turns thinking off in the templates that read it (Qwen3,
+        Gemma 4, ...), as llama.cpp's server takes them.
         """
         with self._lock:
             plan = plan_tools(tools, tool_choice, self.assets.chat_template.source)
             output = output_grammar(response_format, grammar)
-            return self._chat_text_stream(messages, plan, max_tokens, stop, sampling, output)
+            return self._chat_text_stream(messages, plan, max_tokens, stop, sampling, output, chat_template_kwargs)
 
     def chat(self, messages: Messages, *, max_tokens: Optional[int] = None, stop: StopArg = None,
              tools: Optional[Sequence[Mapping[str, Any]]] = None, tool_choice: ToolChoice = None,
              response_format: Optional[Mapping[str, Any]] = None, grammar: Optional[str] = None,
-             **sampling: Any) -> str:
+             chat_template_kwargs: Optional[Mapping[str, Any]] = None, **sampling: Any) -> str:
         """The assistant's reply to ``messages``: its raw text, including any
         tool-call markup (see ``chat_stream``)."""
         with self._lock:
             return self.chat_stream(messages, max_tokens=max_tokens, stop=stop, tools=tools,
                                     tool_choice=tool_choice, response_format=response_format,
-                                    grammar=grammar, **sampling).text()
+                                    grammar=grammar, chat_template_kwargs=chat_template_kwargs, **sampling).text()
 
     # -- llama-cpp-python's dicts ---------------------------------------------
 
@@ -171,7 +175,9 @@ class TextAPI:
                                tools: Optional[Sequence[Mapping[str, Any]]] = None, tool_choice: ToolChoice = None,
                                response_format: Optional[Mapping[str, Any]] = None, grammar: Optional[str] = None,
                                model: Optional[str] = None, logprobs: Optional[bool] = None,
-                               top_logprobs: Optional[int] = None, **sampling: Any) -> Union[dict, Iterator[dict]]:
+                               top_logprobs: Optional[int] = None,
+                               chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+                               **sampling: Any) -> Union[dict, Iterator[dict]]:
         """llama-cpp-python's ``create_chat_completion``: a ``chat.completion`` dict, or its chunks.
 
         ``tools`` are OpenAI function tools, shown to the model through its
@@ -183,7 +189,8 @@ class TextAPI:
         ``response_format`` and ``grammar`` constrain the reply's content (see
         :mod:`elelem.api.structured`).  ``logprobs=True`` adds OpenAI's
         ``choices[0]["logprobs"]["content"]``, with the ``top_logprobs``
-        (0..20) likeliest tokens of each step.
+        (0..20) likeliest tokens of each step.  ``chat_template_kwargs``: more
+        variables for the chat template (``{"enable_thinking": False}``; see ``chat_stream``).
         """
         with self._lock:
             plan = plan_tools(tools, tool_choice, self.assets.chat_template.source)
@@ -194,7 +201,7 @@ class TextAPI:
             if n_top is not None:
                 sampling = {**sampling, "logprobs": n_top}
             text = self._chat_text_stream(messages, plan, _unlimited_if_not_positive(max_tokens), stop, sampling,
-                                          output)
+                                          output, chat_template_kwargs)
             name = model if model is not None else self.assets.model_name
             if plan.parses_calls:
                 build = tool_responses.chat_completion_chunks if stream else tool_responses.chat_completion
@@ -206,12 +213,14 @@ class TextAPI:
     # -- shared ----------------------------------------------------------------
 
     def _chat_text_stream(self, messages: Messages, plan: ToolPlan, max_tokens: Optional[int],
-                          stop: StopArg, sampling: dict, output: Optional[Grammar]) -> TextStream:
+                          stop: StopArg, sampling: dict, output: Optional[Grammar],
+                          template_kwargs: Optional[Mapping[str, Any]] = None) -> TextStream:
         if output is not None and plan.template_tools is not None:
             # A constrained reply could hold no tool call, and a call would break the format.
             raise GrammarError(f"{output.param} cannot be combined with tools, unless tool_choice is 'none'",
                                param=output.param)
-        ids = chat_prompt_ids(self.assets, messages_for_template(messages), tools=plan.template_tools)
+        ids = chat_prompt_ids(self.assets, messages_for_template(messages), tools=plan.template_tools,
+                              **template_variables(template_kwargs))
         constraint = plan.constraint(self.assets) if output is None else output_constraint(self.assets, output)
         return self._text_stream(ids, max_tokens, stop, sampling, CHAT_DEFAULTS, constraint)
 

@@ -5,8 +5,10 @@ it asks for the only behaviour there is (``n`` of 1), or refused with a
 400 naming it; an unknown field is refused too, so a typo
 never passes silently.  llama.cpp's sampling extensions (``top_k``,
 ``min_p``, ``repeat_penalty``) and its ``grammar`` (GBNF text) are accepted
-as well.  ``response_format`` is passed to the library, which compiles it (a
-schema it cannot enforce is a 400 naming the keyword).  Value ranges
+as well, and so are its ``chat_template_kwargs`` (more variables for the
+chat template: ``{"enable_thinking": false}``).  ``response_format`` is
+passed to the library, which compiles it (a schema it cannot enforce is a
+400 naming the keyword).  Value ranges
 (temperature, penalties, logit_bias ids) are checked by the library, whose
 errors become 400s too.
 """
@@ -27,7 +29,7 @@ _SAMPLING = {"temperature", "top_p", "presence_penalty", "frequency_penalty", "l
 _PASSED_ON = _SAMPLING | {"grammar"}  # handed to the library as they are; it checks them
 _COMMON = _PASSED_ON | {"model", "stream", "stream_options", "stop", "max_tokens", "n", "user", "logprobs"}
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",
-                   "top_logprobs", "response_format"}
+                   "top_logprobs", "response_format", "chat_template_kwargs"}
 _COMPLETION = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 
@@ -66,6 +68,11 @@ def chat_call(body: Any, config: ServerConfig) -> Call:
         if not isinstance(response_format, dict):
             raise bad_request("response_format must be an object", "response_format")
         call.options["response_format"] = response_format
+    template_kwargs = body.get("chat_template_kwargs")
+    if template_kwargs is not None:   # llama.cpp's server's: {"enable_thinking": false}, ...
+        if not isinstance(template_kwargs, dict):
+            raise bad_request("chat_template_kwargs must be an object", "chat_template_kwargs")
+        call.options["chat_template_kwargs"] = template_kwargs
     try:
         n_top = chat_logprobs_count(body.get("logprobs"), body.get("top_logprobs"))
     except InvalidArgumentError as error:
