@@ -88,6 +88,18 @@ def test_only_the_layers_that_own_k_and_v_get_cache(tiny_model):
         assert llm.engine.context.cache.bytes_per_cell == 2 * 2 * (16 + 16 + 64)
 
 
+def test_a_quantized_cache_needs_every_layers_heads_to_fill_its_blocks(tiny_model):
+    path, _ = tiny_model(E2B)   # sliding layers' heads are 16 wide, Q8_0 blocks 32
+    with pytest.raises(elelem.errors.InvalidArgumentError, match="blocks of 32 values; this model's heads are 16 wide"):
+        elelem.LLM(path, kv_type="q8_0")
+    path, _ = tiny_model(A4B.but(head_dim=64, head_dim_swa=32))
+    with elelem.LLM(path, kv_type="q8_0") as llm:   # flash attention, which a quantized V needs
+        whole = llm.eval(PROMPT, all_logits=True)
+        llm.reset()
+        steps = np.stack([llm.eval([t]) for t in PROMPT])
+    np.testing.assert_allclose(steps, whole, rtol=0, atol=1e-3 * np.abs(whole).max())
+
+
 @pytest.mark.parametrize("cfg", [E2B, A4B], ids=["e2b", "a4b"])
 @pytest.mark.parametrize("flash_attn", [False, True])
 def test_token_by_token_equals_one_prompt_step(tiny_model, cfg, flash_attn):
