@@ -43,6 +43,8 @@ PROMPT = np.random.default_rng(3).integers(0, 96, 20).tolist()
     (E2B.but(n_kv_shared=2), r"layer 4 would share the K/V of layer 2, which is not a sliding-window layer"),
     (E2B.but(extra_keys=(("{arch}.attention.shared_kv_layers", 5),)),
      r"gemma4\.attention\.shared_kv_layers = 5 must leave at least 2"),
+    (E2B.but(extra_keys=(("{arch}.attention.sliding_window", 0),)),
+     r"gemma4\.attention\.sliding_window = 0 must be positive"),
     (E2B.but(extra_keys=(("{arch}.final_logit_softcapping", -1.0),)),
      r"gemma4\.final_logit_softcapping = -1\.0 must not be negative"),
     (A4B.but(drop=("blk.1.ffn_gate_inp.scale",)), r"required tensor 'blk\.1\.ffn_gate_inp\.scale' is missing"),
@@ -52,7 +54,7 @@ PROMPT = np.random.default_rng(3).integers(0, 96, 20).tolist()
      r"tensor 'blk\.0\.ffn_gate_up_exps\.weight' \(ffn_gate_up_exps\) has shape \[64, 32, 8\], expected \[64, 64, 8\]"),
     (A4B.but(extra_keys=(("{arch}.expert_count", 0),)), r"gemma4\.expert_count = 0 must be in 1\.\.512"),
 ], ids=["no-per-layer-table", "no-per-layer-gate", "no-rope-freqs", "no-k", "sliding-q-width", "global-k-width",
-        "double-ffn-width", "shared-kv-kind", "shared-kv-too-many", "softcap", "no-router-scale", "no-gate-up",
+        "double-ffn-width", "shared-kv-kind", "shared-kv-too-many", "no-window", "softcap", "no-router-scale", "no-gate-up",
         "no-expert-post-norm", "gate-up-width", "no-experts"])
 def test_a_broken_gemma4_file_is_refused_naming_the_key_or_tensor(tiny_model, cfg, message):
     path, _ = tiny_model(cfg)

@@ -347,6 +347,9 @@ def _gemma4(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
     if raw is None or len(raw) < n or not all(isinstance(v, (bool, int)) for v in raw):
         raise ModelShapeError(f"{prefix}attention.sliding_window_pattern must hold a flag per layer ({n} layers)")
     swa = h["swa_layers"] = [bool(v) for v in raw[:n]]
+    if any(swa) and h["n_swa"] <= 0:
+        raise ModelShapeError(f"{prefix}attention.sliding_window = {h['n_swa']} must be positive: "
+                              f"{prefix}attention.sliding_window_pattern has sliding layers")
     h["rope_base_swa"] = float(key("rope.freq_base_swa", 10000.0))
     h["rope_scale_swa"] = 1.0
     h["n_embd_per_layer"] = n_pl = int(key("embedding_length_per_layer_input"))
