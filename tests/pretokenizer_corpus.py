@@ -25,6 +25,8 @@ CONFIGS = [
     ("qwen35", "qwen35"),
     *[("probe", pre) for pre in ("gpt-4o", "tekken", "glm4", "qwen2", "llama-bpe", "deepseek-llm",
                                  "deepseek-coder", "falcon", "default", "gpt-2", "starcoder", "qwen35")],
+    # Gemma 4's own tokenizer (tokenizer.ggml.model "gemma4": llama.cpp sets pre "gemma4" itself).
+    ("gemma-4", "gemma4"),
 ]
 #: Other names llama.cpp maps to the same pre-tokenizer: compared on the probe vocabulary,
 #: by a digest of all their ids.
@@ -32,6 +34,9 @@ ALIASES = {"llama4": "gpt-4o", "minimax-m2": "gpt-4o", "kanana2": "gpt-4o", "tal
            "deepseek-r1-qwen": "qwen2", "falcon3": "llama-bpe"}
 #: Metadata keys left out of the "bare" variant, to see the pre-tokenizer's own BOS defaults.
 BARE_DROPPED_KEYS = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token")
+#: Bases with no "bare" variant: Gemma 4 has no default BOS id but always adds BOS, and
+#: llama.cpp aborts tokenizing with add_special then.
+NO_BARE = ("gemma-4",)
 #: The probe vocabulary has every substring of the corpus up to this many characters as a token.
 PROBE_MAX_CHARS = 10
 
@@ -179,7 +184,7 @@ def probe_metadata(pre: str) -> dict:
 
 def digest() -> str:
     """What a stored fixture must have been made from: the corpus and the configurations."""
-    data = json.dumps({"corpus": CORPUS, "configs": CONFIGS, "aliases": ALIASES, "bare": BARE_DROPPED_KEYS,
+    data = json.dumps({"corpus": CORPUS, "configs": CONFIGS, "aliases": ALIASES, "bare": BARE_DROPPED_KEYS, "no_bare": NO_BARE,
                        "probe_max_chars": PROBE_MAX_CHARS}, ensure_ascii=False)
     return hashlib.sha256(data.encode("utf-8")).hexdigest()
 

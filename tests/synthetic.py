@@ -75,6 +75,22 @@ class TinyConfig:
     ssm_dt_rank: int = 4              # value heads
     full_attention_interval: int = 4
     rope_sections: tuple = (3, 3, 2, 0)
+    # Gemma 4 (gemma4), as llama.cpp's converter writes it (conversion/gemma.py: Gemma4Model).
+    # head_dim is the global layers' head width, n_swa the window, n_head_kv the sliding layers' KV heads.
+    head_dim_swa: Optional[int] = None    # the sliding layers' head width (key/value_length_swa)
+    swa_every: int = 3                # every swa_every-th layer is global, the others slide
+    n_head_kv_global: Optional[int] = None  # the global layers' KV heads (head_count_kv then per layer)
+    n_rot_swa: Optional[int] = None   # rope.dimension_count_swa
+    rope_partial: float = 0.25        # the global layers' proportional RoPE: the fraction of a head that turns
+    rope_base_swa: float = 10000.0    # rope.freq_base_swa
+    n_kv_shared: int = 0              # attention.shared_kv_layers: the last layers reuse earlier K/V
+    n_embd_per_layer: int = 0         # embedding_length_per_layer_input: per-layer token embeddings
+    softcap: float = 0.0              # final_logit_softcapping
+    k_eq_v: bool = False              # the global layers have no attn_v: V is K
+    double_ffn: bool = False          # the shared-K/V layers' FFN twice as wide (feed_forward_length per layer)
+    layer_scale: bool = False         # blk.N.layer_output_scale
+    experts: bool = False             # gemma4 with experts beside each layer's dense FFN (26B-A4B)
+    fused_gate_up: bool = True        # ... their gate and up stacked in ffn_gate_up_exps, as the converter writes
     # Broken files, for the tests of bad input: tensors left out, and ((name, axis, length), ...)
     # tensors cut to a length along an axis (numpy order).
     drop: tuple = ()
@@ -90,7 +106,7 @@ class TinyConfig:
 
     @property
     def moe(self) -> bool:
-        return self.arch in _MOE_ARCHS
+        return self.arch in _MOE_ARCHS or (self.arch == "gemma4" and self.experts)
 
     def tensor_type(self, name: str, arr: np.ndarray) -> str:
         if arr.ndim < 2 or name.endswith(".bias") or name.endswith("ffn_gate_inp.weight") \
@@ -116,6 +132,7 @@ def _features(arch: str) -> dict:
         "mistral3": dict(neox=False),
         "qwen3": dict(qk_norm=True),
         "gemma3": dict(qk_norm=True, post_norms=True, gelu=True),
+        "gemma4": dict(qk_norm=True, post_norms=True, gelu=True),
         "qwen3moe": dict(qk_norm=True),
         "gpt-oss": dict(bias=True, out_bias=True, sinks=True, ffn_norm="post_attention_norm"),
         "glm4moe": dict(bias=True, ffn_norm="post_attention_norm"),
@@ -134,6 +151,8 @@ def _moe_layer(cfg: "TinyConfig", i: int) -> bool:
 
 def make_weights(cfg: TinyConfig) -> dict[str, np.ndarray]:
     """Random float32 weights, numpy shape (n_out, n_in) as gguf writes them."""
+    if cfg.arch == "gemma4":
+        return _gemma4_weights(cfg)
     rng = np.random.default_rng(cfg.seed)
     f = _features(cfg.arch)
     e, hd = cfg.n_embd, cfg.hd
@@ -237,6 +256,101 @@ def _expert_weights(w, cfg, i, p, mat, norm, vec):
         w[p + "nextn.hnorm.weight"] = norm(e)
 
 
+@dataclass(frozen=True)
+class Gemma4Layer:
+    """What llama.cpp makes of a gemma4 layer's hyperparameters."""
+    swa: bool
+    head_dim: int
+    n_head_kv: int
+    n_rot: int
+    n_ff: int
+    kv_source: int    # the layer whose K/V it attends over (itself, or an earlier one)
+
+
+def gemma4_layers(cfg: TinyConfig) -> list[Gemma4Layer]:
+    first_shared = cfg.n_layer - cfg.n_kv_shared
+    out = []
+    for i in range(cfg.n_layer):
+        swa = cfg.n_swa > 0 and (i + 1) % cfg.swa_every != 0
+        hd = (cfg.head_dim_swa or cfg.hd) if swa else cfg.hd
+        kv = cfg.n_head_kv if swa else (cfg.n_head_kv_global or cfg.n_head_kv)
+        n_rot = (cfg.n_rot_swa or cfg.head_dim_swa or cfg.hd) if swa else cfg.hd
+        src = i if i < first_shared else first_shared - (2 if swa else 1)
+        n_ff = cfg.n_ff * 2 if cfg.double_ffn and i >= first_shared else cfg.n_ff
+        out.append(Gemma4Layer(swa, hd, kv, n_rot, n_ff, src))
+    return out
+
+
+def _gemma4_weights(cfg: TinyConfig) -> dict[str, np.ndarray]:
+    """A gemma4 model's tensors as the converter writes them: per-layer head
+    widths, shared-K/V layers without K/V weights, per-layer token
+    embeddings, proportional RoPE factors, and experts with a fused gate/up."""
+    rng = np.random.default_rng(cfg.seed)
+    e, n_pl = cfg.n_embd, cfg.n_embd_per_layer
+
+    def mat(n_out, n_in):
+        return (rng.standard_normal((n_out, n_in)) / math.sqrt(n_in)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    layers = gemma4_layers(cfg)
+    w = {"token_embd.weight": rng.standard_normal((cfg.n_vocab, e)).astype(np.float32),
+         "output_norm.weight": norm(e)}
+    if not cfg.tied:
+        w["output.weight"] = mat(cfg.n_vocab, e)
+    if not all(lay.swa for lay in layers):
+        turning = int(cfg.hd * cfg.rope_partial / 2)
+        w["rope_freqs.weight"] = np.array([1.0] * turning + [1e30] * (cfg.hd // 2 - turning), dtype=np.float32)
+    if n_pl:
+        w["per_layer_token_embd.weight"] = rng.standard_normal((cfg.n_vocab, n_pl * cfg.n_layer)).astype(np.float32)
+        w["per_layer_model_proj.weight"] = mat(n_pl * cfg.n_layer, e)
+        w["per_layer_proj_norm.weight"] = norm(n_pl)
+    for i, lay in enumerate(layers):
+        p = f"blk.{i}."
+        q, kv = cfg.n_head * lay.head_dim, lay.n_head_kv * lay.head_dim
+        w[p + "attn_norm.weight"] = norm(e)
+        w[p + "attn_q.weight"] = mat(q, e)
+        w[p + "attn_q_norm.weight"] = norm(lay.head_dim)
+        if lay.kv_source == i:
+            w[p + "attn_k.weight"] = mat(kv, e)
+            w[p + "attn_k_norm.weight"] = norm(lay.head_dim)
+            if not (cfg.k_eq_v and not lay.swa):
+                w[p + "attn_v.weight"] = mat(kv, e)
+        w[p + "attn_output.weight"] = mat(e, q)
+        w[p + "post_attention_norm.weight"] = norm(e)
+        w[p + "ffn_norm.weight"] = norm(e)
+        w[p + "ffn_gate.weight"] = mat(lay.n_ff, e)
+        w[p + "ffn_up.weight"] = mat(lay.n_ff, e)
+        w[p + "ffn_down.weight"] = mat(e, lay.n_ff)
+        w[p + "post_ffw_norm.weight"] = norm(e)
+        if cfg.experts:
+            x, fe = cfg.n_expert, cfg.n_ff_exp
+            w[p + "ffn_gate_inp.weight"] = 4.0 * mat(x, e)
+            w[p + "ffn_gate_inp.scale"] = norm(e)
+            w[p + "pre_ffw_norm_2.weight"] = norm(e)
+            w[p + "post_ffw_norm_1.weight"] = norm(e)
+            w[p + "post_ffw_norm_2.weight"] = norm(e)
+            gate = np.stack([mat(fe, e) for _ in range(x)])
+            up = np.stack([mat(fe, e) for _ in range(x)])
+            if cfg.fused_gate_up:
+                w[p + "ffn_gate_up_exps.weight"] = np.concatenate([gate, up], axis=1)
+            else:
+                w[p + "ffn_gate_exps.weight"] = gate
+                w[p + "ffn_up_exps.weight"] = up
+            w[p + "ffn_down_exps.weight"] = np.stack([mat(e, fe) for _ in range(x)])
+            w[p + "ffn_down_exps.scale"] = (0.5 + rng.uniform(0, 1, x)).astype(np.float32)
+        if n_pl:
+            # Scaled down: the residual stream it reads is ~sqrt(n_embd) large, and GELU's float16
+            # table rounds large inputs coarsely (the NumPy reference then drifts from ggml).
+            w[p + "inp_gate.weight"] = mat(n_pl, e) / math.sqrt(e)
+            w[p + "proj.weight"] = mat(e, n_pl)
+            w[p + "post_norm.weight"] = norm(e)
+        if cfg.layer_scale:
+            w[p + "layer_output_scale.weight"] = (0.5 + rng.uniform(0, 1, 1)).astype(np.float32)
+    return w
+
+
 class StoredWeights(dict):
     """name -> the weights exactly as stored (dequantized, float32), and for each
     name its type (``types``) and, when quantized, its raw rows (``raw``)."""
@@ -269,13 +383,16 @@ def write_model(path: Path, cfg: TinyConfig,
     writer = gguf.GGUFWriter(str(path), cfg.arch)
     a = cfg.arch
     add_shape_keys(writer, cfg)
-    writer.add_head_count_kv(cfg.n_head_kv)
+    if cfg.arch == "gemma4":
+        add_gemma4_keys(writer, cfg)
+    else:
+        writer.add_head_count_kv(cfg.n_head_kv)
     writer.add_layer_norm_rms_eps(cfg.rms_eps)
     writer.add_rope_freq_base(cfg.rope_base)
     if cfg.head_dim is not None:
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
-    if cfg.n_swa:
+    if cfg.n_swa and cfg.arch != "gemma4":
         writer.add_sliding_window(cfg.n_swa)
     if cfg.n_rot is not None:
         writer.add_rope_dimension_count(cfg.n_rot)
@@ -310,6 +427,28 @@ def write_model(path: Path, cfg: TinyConfig,
     writer.write_tensors_to_file()
     writer.close()
     return stored
+
+
+def add_gemma4_keys(writer: gguf.GGUFWriter, cfg: TinyConfig) -> None:
+    """The keys Gemma4Model.set_gguf_parameters writes (head_count_kv per
+    layer where the global layers have their own count)."""
+    layers = gemma4_layers(cfg)
+    if cfg.head_dim is None:   # the converter always writes the global layers' head width
+        writer.add_key_length(cfg.hd)
+        writer.add_value_length(cfg.hd)
+    kv = [lay.n_head_kv for lay in layers]
+    writer.add_head_count_kv(kv if len(set(kv)) > 1 else kv[0])
+    writer.add_sliding_window(cfg.n_swa)
+    writer.add_sliding_window_pattern([lay.swa for lay in layers])
+    writer.add_key_length_swa(cfg.head_dim_swa or cfg.hd)
+    writer.add_value_length_swa(cfg.head_dim_swa or cfg.hd)
+    writer.add_rope_dimension_count(cfg.hd)
+    writer.add_rope_dimension_count_swa(cfg.n_rot_swa or cfg.head_dim_swa or cfg.hd)
+    writer.add_rope_freq_base_swa(cfg.rope_base_swa)
+    writer.add_shared_kv_layers(cfg.n_kv_shared)
+    writer.add_embedding_length_per_layer_input(cfg.n_embd_per_layer)
+    if cfg.softcap:
+        writer.add_final_logit_softcapping(cfg.softcap)
 
 
 def add_moe_keys(writer: gguf.GGUFWriter, cfg: TinyConfig) -> None:
@@ -351,7 +490,10 @@ def add_shape_keys(writer: gguf.GGUFWriter, cfg) -> None:
     writer.add_context_length(cfg.n_ctx_train)
     writer.add_embedding_length(cfg.n_embd)
     writer.add_block_count(cfg.n_layer + (cfg.n_nextn if cfg.arch == "glm4moe" else 0))
-    writer.add_feed_forward_length(cfg.n_ff)
+    if cfg.arch == "gemma4" and getattr(cfg, "double_ffn", False):
+        writer.add_feed_forward_length([lay.n_ff for lay in gemma4_layers(cfg)])
+    else:
+        writer.add_feed_forward_length(cfg.n_ff)
     writer.add_head_count(cfg.n_head)
 
 
@@ -517,7 +659,7 @@ def _swiglu_oai(gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT):
 # none, the chosen experts' raw logits are softmaxed), whether it renormalises the
 # chosen weights to sum 1 (glm4moe: what the writer's expert_weights_norm says).
 _ROUTING = {"qwen3moe": ("softmax", True), "glm4moe": ("sigmoid", True), "gpt-oss": ("softmax_weight", False),
-            "qwen35moe": ("softmax", True)}
+            "qwen35moe": ("softmax", True), "gemma4": ("softmax", True)}
 
 
 def moe_route(logits: np.ndarray, cfg: TinyConfig, selection_bias: Optional[np.ndarray] = None):
@@ -662,7 +804,10 @@ def reference_logits(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
     """
     w = {k: v.astype(dtype, copy=False) for k, v in weights.items()}
     x = reference_hidden(weights, cfg, tokens, dtype, ggml_numerics, trace, delta_form)
-    return _matmul(weights, w, ggml_numerics)(x, output_weight_name(w))
+    logits = _matmul(weights, w, ggml_numerics)(x, output_weight_name(w))
+    if cfg.arch == "gemma4" and cfg.softcap:   # Gemma 4's final soft cap
+        logits = cfg.softcap * np.tanh(logits / cfg.softcap)
+    return logits
 
 
 def _sliding(cfg: TinyConfig, i: int) -> bool:
@@ -679,6 +824,8 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
                      ggml_numerics: bool = False, trace: Optional[list] = None,
                      delta_form: str = "recurrent") -> np.ndarray:
     """The output projection's input (the final normed hidden state), (n_tokens, n_embd)."""
+    if cfg.arch == "gemma4":
+        return _gemma4_hidden(weights, cfg, tokens, dtype, ggml_numerics, trace)
     f = _features(cfg.arch)
     w = {k: v.astype(dtype, copy=False) for k, v in weights.items()}
     mm = _matmul(weights, w, ggml_numerics)
@@ -775,6 +922,115 @@ def _ffn(x, w, p, cfg, f, mm, gelu, i, trace):
     if f["post_norms"]:
         h = _rms_norm(h, w[p + "post_ffw_norm.weight"], cfg.rms_eps)
     return h
+
+
+def _attend(q, k, v, allowed, scale, sinks=None):
+    """Grouped-query attention: q (n, n_head, hd), k and v (n, n_head_kv, hd), allowed (n, n)."""
+    n, n_head, _ = q.shape
+    group = n_head // k.shape[1]
+    out = np.empty((n, n_head, v.shape[2]))
+    for head in range(n_head):
+        s = q[:, head] @ k[:, head // group].T * scale
+        s = np.where(allowed, s, -np.inf)
+        m = s.max(axis=1, keepdims=True)
+        if sinks is not None:
+            m = np.maximum(m, sinks[head])
+        e = np.exp(s - m)
+        total = e.sum(axis=1, keepdims=True)
+        if sinks is not None:
+            total = total + np.exp(sinks[head] - m)
+        out[:, head] = (e / total) @ v[:, head // group]
+    return out
+
+
+def _gemma4_hidden(weights, cfg: TinyConfig, tokens, dtype, ggml_numerics: bool, trace) -> np.ndarray:
+    """Gemma 4, from its definition (Hugging Face's Gemma4 text model, as llama.cpp runs it):
+    - embeddings times sqrt(n_embd); per-layer token embeddings: each token's
+      table row per layer (times sqrt(n_embd_per_layer)) plus the RMS-normed
+      projection of the embeddings (times 1/sqrt(n_embd)), halved in
+      variance (times 1/sqrt 2);
+    - each layer: RMS-normed Q, K and V (V without weight), RoPE (the global
+      layers' turning only a fraction of each head: their factors are 1e30
+      past it), attention scaled by 1 over the sliding window or globally,
+      a shared-K/V layer attending over the K and V of the layer it reuses;
+      post-norms around the attention and the GeGLU FFN; an expert layer adds
+      its experts (routed on its own normed input, GeGLU, each output scaled)
+      to its dense FFN, each with its own norms; the per-layer embedding
+      mixed in through a GELU gate; a scale of the layer's output."""
+    w = {k: v.astype(dtype, copy=False) for k, v in weights.items()}
+    mm = _matmul(weights, w, ggml_numerics)
+    gelu = numerics.gelu_f16_table if ggml_numerics else _gelu_tanh
+    eps = cfg.rms_eps
+    tokens = np.asarray(tokens)
+    n, e, n_pl = len(tokens), cfg.n_embd, cfg.n_embd_per_layer
+    pos = np.arange(n, dtype=np.float64)
+    x = w["token_embd.weight"][tokens] * math.sqrt(e)
+    if n_pl:
+        table = w["per_layer_token_embd.weight"][tokens].reshape(n, cfg.n_layer, n_pl) * math.sqrt(n_pl)
+        proj = (mm(x, "per_layer_model_proj.weight") / math.sqrt(e)).reshape(n, cfg.n_layer, n_pl)
+        per_layer = (_rms_norm(proj, w["per_layer_proj_norm.weight"], eps) + table) / math.sqrt(2.0)
+    causal = np.tril(np.ones((n, n), dtype=bool))
+    window = causal & ((np.arange(n)[:, None] - np.arange(n)[None, :]) < cfg.n_swa)
+    cached = {}
+    for i, lay in enumerate(gemma4_layers(cfg)):
+        p = f"blk.{i}."
+        base = cfg.rope_base_swa if lay.swa else cfg.rope_base
+        ff = None if lay.swa else w["rope_freqs.weight"]
+        h = _rms_norm(x, w[p + "attn_norm.weight"], eps)
+        q = _rms_norm(mm(h, p + "attn_q.weight").reshape(n, cfg.n_head, lay.head_dim), w[p + "attn_q_norm.weight"], eps)
+        q = _rope(q, pos, base, True, ff, lay.n_rot)
+        if lay.kv_source == i:
+            k = mm(h, p + "attn_k.weight")
+            v = mm(h, p + "attn_v.weight") if p + "attn_v.weight" in w else k
+            k = _rms_norm(k.reshape(n, lay.n_head_kv, lay.head_dim), w[p + "attn_k_norm.weight"], eps)
+            v = _rms_norm(v.reshape(n, lay.n_head_kv, lay.head_dim), 1.0, eps)
+            cached[i] = (_rope(k, pos, base, True, ff, lay.n_rot), v)
+        k, v = cached[lay.kv_source]
+        out = _attend(q, k, v, window if lay.swa else causal, 1.0)
+        attn = _rms_norm(mm(out.reshape(n, -1), p + "attn_output.weight"), w[p + "post_attention_norm.weight"], eps)
+        x = x + attn
+
+        def dense(y):
+            return mm(gelu(mm(y, p + "ffn_gate.weight")) * mm(y, p + "ffn_up.weight"), p + "ffn_down.weight")
+
+        if p + "ffn_gate_inp.weight" in w:
+            h = _rms_norm(dense(_rms_norm(x, w[p + "ffn_norm.weight"], eps)), w[p + "post_ffw_norm_1.weight"], eps)
+            router_in = _rms_norm(x, 1.0, eps) / math.sqrt(e) * w[p + "ffn_gate_inp.scale"]
+            h = h + _rms_norm(_gemma4_experts(_rms_norm(x, w[p + "pre_ffw_norm_2.weight"], eps),
+                                              mm(router_in, p + "ffn_gate_inp.weight"), w, p, cfg, mm, gelu, trace),
+                              w[p + "post_ffw_norm_2.weight"], eps)
+        else:
+            h = dense(_rms_norm(x, w[p + "ffn_norm.weight"], eps))
+        x = x + _rms_norm(h, w[p + "post_ffw_norm.weight"], eps)
+        if n_pl:
+            g = gelu(mm(x, p + "inp_gate.weight")) * per_layer[:, i]
+            x = x + _rms_norm(mm(g, p + "proj.weight"), w[p + "post_norm.weight"], eps)
+        if p + "layer_output_scale.weight" in w:
+            x = x * w[p + "layer_output_scale.weight"]
+    return _rms_norm(x, w["output_norm.weight"], eps)
+
+
+def _gemma4_experts(h, logits, w, p, cfg, mm, gelu, trace):
+    """Gemma 4's experts for h (n_tokens, n_embd): softmax routing, the chosen
+    renormalised, GeGLU experts (gate and up stacked or not), each expert's
+    output times its scale."""
+    ids, weights = moe_route(logits, cfg)
+    if trace is not None:
+        trace.append(dict(layer=p, ids=ids, weights=weights, margin=routing_margin(logits, cfg)))
+    fused = p + "ffn_gate_up_exps.weight" in w
+    out = np.zeros_like(h)
+    for ex in range(cfg.n_expert):
+        rows, slot = np.nonzero(ids == ex)
+        if rows.size == 0:
+            continue
+        if fused:
+            gate_up = mm(h[rows], p + "ffn_gate_up_exps.weight", ex)
+            gate, up = gate_up[:, :cfg.n_ff_exp], gate_up[:, cfg.n_ff_exp:]
+        else:
+            gate, up = mm(h[rows], p + "ffn_gate_exps.weight", ex), mm(h[rows], p + "ffn_up_exps.weight", ex)
+        down = mm(gelu(gate) * up, p + "ffn_down_exps.weight", ex) * w[p + "ffn_down_exps.scale"][ex]
+        out[rows] += weights[rows, slot][:, None] * down
+    return out
 
 
 def prompt_then_decode(llm, tokens, n_prompt: int) -> np.ndarray:

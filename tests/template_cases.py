@@ -61,11 +61,12 @@ CASES = {
         {"role": "user", "content": "And times 3?"},
     ], True, {}),
     "thinking_off": (SYSTEM_USER_ASSISTANT_USER, True, {"enable_thinking": False}),
+    "thinking_on": (SYSTEM_USER_ASSISTANT_USER, True, {"enable_thinking": True}),
     "reasoning_effort_high": (SYSTEM_USER_ASSISTANT_USER, True, {"reasoning_effort": "high"}),
 }
 
 #: The templates of the models of issue 40 (MoE: Qwen3-MoE / Qwen3-Coder, gpt-oss, GLM-4.5/4.6/4.7,
-#: MiniMax-M2; Mistral 3 / Devstral / Magistral and Mistral Nemo for Tekken), with what the
+#: MiniMax-M2; Mistral 3 / Devstral / Magistral and Mistral Nemo for Tekken) and Gemma 4's, with what the
 #: plain conversation's prompt must end with and contain.  Their renderings are stored in
 #: full; the other templates' as digests.
 IN_SCOPE = {
@@ -82,6 +83,12 @@ IN_SCOPE = {
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja": {"ends": "[INST]And times 3?[/INST]",
                                                        "has": ["[SYSTEM_PROMPT]"]},
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": {"ends": "And times 3?[/INST]", "has": ["[INST]What is 2 + 2?[/INST]4."]},
+    # Gemma 4 (issue 42): thinking off unless enable_thinking, which puts <|think|> in the system turn.
+    "google-gemma-4-31B-it.jinja": {"ends": "<|turn>model\n<|channel>thought\n<channel|>",
+                                    "has": ["<|turn>system\nYou are a terse assistant.<turn|>",
+                                            "<|turn>user\nAnd times 3?<turn|>"]},
+    "google-gemma-4-31B-it-interleaved.jinja": {"ends": "<|turn>model\n<|channel>thought\n<channel|>",
+                                                "has": ["<|turn>model\n4.<turn|>"]},
 }
 
 

@@ -352,3 +352,12 @@ def test_threads_and_context_reach_the_session(smollm_path):
     result = cli("run", "-m", smollm_path, "-t", 1, "-c", 8, "--raw", "-n", 16, STORY)
     assert_clean_failure(result, 1)
     assert "n_ctx=8" in result.stderr
+
+
+def test_serve_passes_the_tool_call_format_to_its_models():
+    from elelem.cli.parser import build_parser
+    from elelem.cli.serve_cmd import _llm_options
+
+    args = build_parser().parse_args(["serve", "--tool-call-format", "qwen3_coder", "--rpc", "127.0.0.1:50052"])
+    assert _llm_options(args) == {"tool_call_format": "qwen3_coder", "rpc_servers": ["127.0.0.1:50052"]}
+    assert _llm_options(build_parser().parse_args(["serve"])) == {}

@@ -163,9 +163,19 @@ ARCH_CASES = {
     # Gemma 3 270M's global base (1e6) with no rope.freq_base_swa key: the sliding layers must keep
     # llama.cpp's default 10000, which the case above (global base 10000 too) cannot tell apart.
     "gemma3-global-base-1e6": TinyConfig(arch="gemma3", head_dim=32, n_layer=7, n_swa=5, tied=True, rope_base=1e6),
+    # Gemma 4: sliding layers (head 16, 2 KV heads) and every third layer global (head 32, 1 KV
+    # head, proportional RoPE); layers 3-5 reuse the K/V of layers 1 and 2; per-layer embeddings.
+    "gemma4": TinyConfig(arch="gemma4", head_dim=32, head_dim_swa=16, n_layer=6, n_swa=5, n_head_kv_global=1,
+                         n_kv_shared=3, n_embd_per_layer=16, double_ffn=True, softcap=30.0),
+    # ... with experts beside each dense FFN, V = K in global layers, layer output scales.
+    "gemma4-moe": TinyConfig(arch="gemma4", head_dim=32, head_dim_swa=16, n_layer=4, n_swa=5, swa_every=2,
+                             experts=True, k_eq_v=True, layer_scale=True, softcap=30.0, seed=3),
+    "gemma4-moe-gate-up-apart": TinyConfig(arch="gemma4", head_dim=32, n_layer=3, n_swa=5, experts=True,
+                                           fused_gate_up=False, seed=4),
 }
 # ggml's GELU reads a float16 table, so GeGLU models carry ~1e-4 relative error.
-ARCH_TOLERANCE = {"gemma3": 2e-3, "gemma3-global-base-1e6": 2e-3}
+ARCH_TOLERANCE = {"gemma3": 2e-3, "gemma3-global-base-1e6": 2e-3, "gemma4": 2e-3, "gemma4-moe": 2e-3,
+                  "gemma4-moe-gate-up-apart": 2e-3}
 
 
 @pytest.mark.parametrize("name", ARCH_CASES)

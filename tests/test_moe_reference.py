@@ -250,6 +250,32 @@ def test_elelem_runs_only_the_chosen_experts(tmp_path, name):
     assert_close(got, want)
 
 
+# -- Gemma 4 ---------------------------------------------------------------------------
+
+# Sliding and global layers alternating (head 16 and 32), experts beside every dense FFN,
+# global layers whose V is K, layer output scales, soft-capped logits.  Its experts and FFNs
+# are GeGLU, whose GELU ggml reads from a float16 table: the reference reads the same table
+# (ggml_numerics; its other parts, for F32 weights, are plain float64).  An input within float32
+# rounding of a float16 rounding tie still rounds either way, moving that GELU by a float16 step
+# (~1e-3): measured 5.4e-5 of the largest logit over the 48 tokens, hence 2e-4 here.  (Leaving
+# out the experts' output scales misses by ~1e-1.)
+GEMMA4_TOLERANCE = 2e-4
+GEMMA4_MOE = TinyConfig(arch="gemma4", head_dim=32, head_dim_swa=16, n_layer=4, n_swa=5, swa_every=2,
+                        experts=True, k_eq_v=True, layer_scale=True, softcap=30.0, seed=3)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["gate-up-stacked", "gate-up-apart"])
+def test_gemma4_experts_match_reference(tiny_model, fused):
+    """The router on its own input (RMS-normed, scaled by 1/sqrt(n_embd) and its
+    scale), softmax over the experts, the chosen renormalised, each expert's
+    output times its scale, added to the dense FFN's."""
+    cfg = GEMMA4_MOE.but(fused_gate_up=fused)
+    path, weights = tiny_model(cfg)
+    want, trace = reference_with_routing(weights, cfg, PROMPT, ggml_numerics=True)
+    assert [layer["layer"] for layer in trace] == [f"blk.{i}." for i in range(cfg.n_layer)]
+    assert_close(elelem_logits(path, PROMPT), want, GEMMA4_TOLERANCE)
+
+
 # -- MXFP4 ---------------------------------------------------------------------------
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]

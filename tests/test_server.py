@@ -282,10 +282,21 @@ def test_malformed_json_and_bad_fields_are_400(server, client, model_id):
                 {"messages": HI, "tools": WEATHER, "tool_choice": {"type": "function",
                                                                   "function": {"name": "nope"}}},
                 {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-                {"messages": [HI[0]] * 65}):
+                {"messages": [HI[0]] * 65}, {"messages": HI, "chat_template_kwargs": ["enable_thinking"]},
+                {"messages": HI, "chat_template_kwargs": {"messages": []}}):
         error_of(post(server, "/v1/chat/completions", {"model": model_id, **bad}), 400)
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=model_id, messages=HI, extra_body={"bogus": 1})
+
+
+def test_chat_template_kwargs_are_passed_to_the_template(client, model_id):
+    """llama.cpp's server's chat_template_kwargs ({"enable_thinking": false}, ...) are taken per
+    request (SmolLM2's template reads no such variable: the answer is the same)."""
+    plain = client.chat.completions.create(model=model_id, messages=HI, max_tokens=4, temperature=0)
+    off = client.chat.completions.create(model=model_id, messages=HI, max_tokens=4, temperature=0,
+                                         extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert off.choices[0].message.content == plain.choices[0].message.content
+    assert off.usage.prompt_tokens == plain.usage.prompt_tokens
 
 
 def test_a_prompt_past_the_context_is_400(server, model_id):

@@ -2,12 +2,13 @@
 
 The models of issue 40 (Qwen3-MoE / Qwen3-Coder, gpt-oss's harmony format,
 GLM-4.5/4.6/4.7, MiniMax-M2, Mistral 3 / Devstral / Magistral, Mistral Nemo)
+and Gemma 4 (issue 42)
 must render their own templates exactly as llama-cpp-python does
 (tests/fixtures/make_template_reference.py: Jinja2ChatFormatter; llama.cpp's C++
 Jinja engine itself is the judge in tests/test_template_corpus.py) on the conversations of
 tests/template_cases.py: a plain system / user / assistant / user chat with a
 generation prompt, without one, with tools, a tool call and its result,
-reasoning in the history, thinking switched off, a reasoning effort.  Every
+reasoning in the history, thinking switched off and on, a reasoning effort.  Every
 other template of the sdist must give the same text or fail where the
 reference fails.  The reference runs live when this machine has the llama.cpp
 reference build (cached), else the stored
@@ -115,12 +116,18 @@ def test_model_template_prompt_ends_with_the_assistant_turn(name):
 
 def test_model_templates_see_tools_and_thinking_switches():
     """What the extra variables change: the tool list is shown, enable_thinking=False closes the
-    thinking block, reasoning_effort reaches gpt-oss's system message."""
+    thinking block (Gemma 4: enable_thinking=True opens it), reasoning_effort reaches gpt-oss's
+    system message."""
     qwen3, gpt_oss, glm = compiled("Qwen-Qwen3-0.6B.jinja"), compiled("openai-gpt-oss-120b.jinja"), \
         compiled("GLM-4.6.jinja")
     assert render(qwen3, "thinking_off").endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    gemma4 = compiled("google-gemma-4-31B-it.jinja")
+    on, off = render(gemma4, "thinking_on"), render(gemma4, "thinking_off")
+    assert on.startswith("<s><|turn>system\n<|think|>\nYou are a terse") and on.endswith("<|turn>model\n")
+    assert "<|think|>" not in off and off.endswith("<|turn>model\n<|channel>thought\n<channel|>")
+    assert off == render(gemma4, "plain")   # off unless asked for
     assert "Reasoning: high" in render(gpt_oss, "reasoning_effort_high")
-    for template in (qwen3, gpt_oss, glm, compiled("Qwen3-Coder.jinja"),
+    for template in (qwen3, gpt_oss, glm, gemma4, compiled("Qwen3-Coder.jinja"),
                      compiled("Mistral-Small-3.2-24B-Instruct-2506.jinja")):
         assert "get_weather" in render(template, "with_tools")
         assert "get_weather" not in render(template, "plain")

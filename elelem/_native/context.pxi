@@ -184,6 +184,7 @@ cdef class Context:
         st.hp = &self.model.hp
         st.widened = &self.model.widened
         st.kv_size = self.cache.kv_size
+        st.v_row = self.cache.v_row
         st.flash_attn = self.flash_attn
         _make_inputs(st)
         st.logits = _builders[self.model.builder_id](self.model, self.cache, st)
@@ -594,13 +595,16 @@ cdef cnp.ndarray _output_rows(outputs, cnp.ndarray seqs):
 KV_TYPES = {"f16": GGML_TYPE_F16, "f32": GGML_TYPE_F32, "q8_0": GGML_TYPE_Q8_0, "q4_0": GGML_TYPE_Q4_0}
 
 
-cdef ggml_type _kv_type(str option, object name, int head_dim) except *:
+cdef ggml_type _kv_type(str option, object name, Model model, bint values) except *:
     if not isinstance(name, str) or name not in KV_TYPES:
         raise errors.InvalidArgumentError(f"{option} must be one of {', '.join(KV_TYPES)}, got {name!r}")
     cdef ggml_type t = KV_TYPES[name]
-    if head_dim % ggml_blck_size(t) != 0:
-        raise errors.InvalidArgumentError(
-            f"{option}={name} stores blocks of {ggml_blck_size(t)} values; this model's heads are {head_dim} wide")
+    cdef int il, head_dim
+    for il in range(model.hp.n_layer):   # every layer's heads (Gemma 4's differ between layers)
+        head_dim = model.shapes[il].head_dim_v if values else model.shapes[il].head_dim_k
+        if head_dim % ggml_blck_size(t) != 0:
+            raise errors.InvalidArgumentError(f"{option}={name} stores blocks of {ggml_blck_size(t)} values; "
+                                              f"this model's heads are {head_dim} wide")
     return t
 
 
@@ -620,9 +624,9 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
     cdef int batch = _checked_count("n_batch", n_batch, MAX_CELLS)
     cdef int threads = _checked_count("n_threads", n_threads, MAX_N_THREADS)
     cdef int seqs = _checked_count("n_seq_max", n_seq_max, MAX_SEQ_IDS)
-    cdef ggml_type kv = _kv_type("kv_type (type_k)", kv_type, model.hp.head_dim_k)
+    cdef ggml_type kv = _kv_type("kv_type (type_k)", kv_type, model, False)
     cdef ggml_type kv_v = _kv_type("kv_type" if type_v is None else "type_v",
-                                   kv_type if type_v is None else type_v, model.hp.head_dim_v)
+                                   kv_type if type_v is None else type_v, model, True)
     if kv_v != GGML_TYPE_F16 and kv_v != GGML_TYPE_F32 and not flash_attn:
         _log.info("a %s V cache needs flash attention: turning it on", ggml_type_name(kv_v).decode())
         flash_attn = True

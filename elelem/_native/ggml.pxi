@@ -106,6 +106,9 @@ cdef extern from "ggml.h" nogil:
     ggml_tensor * ggml_rms_norm(ggml_context * ctx, ggml_tensor * a, float eps)
     ggml_tensor * ggml_norm(ggml_context * ctx, ggml_tensor * a, float eps)
     ggml_tensor * ggml_gelu(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_tanh(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_repeat_4d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2,
+                                 int64_t ne3)
     ggml_tensor * ggml_get_rows(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     ggml_tensor * ggml_cpy(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     ctypedef void (*ggml_custom_op_t)(ggml_tensor * dst, int ith, int nth, void * userdata)

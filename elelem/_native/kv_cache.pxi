@@ -8,6 +8,15 @@
 # builds the attention masks from the cells, and trims and forks sequences.
 # It computes nothing itself.
 #
+# Layers may differ in their K and V widths (Gemma 4's sliding-window and
+# global layers), and a layer may attend over an earlier layer's K and V
+# instead of storing its own (Gemma 4's shared K/V, llama.cpp's
+# n_layer_kv_from_start): such a layer gets no tensors of its own, its k[il]
+# and v[il] are its source's, and only the layers that own their K and V are
+# allocated, saved and counted.  Transposed V (no flash attention) is as wide
+# in every layer as in the widest (llama.cpp's TAG_V_CACHE_VARIABLE), so that
+# one index input writes every layer's.
+#
 # Positions of one sequence are always 0 .. length-1 with no gaps: a batch
 # appends to its sequences, trimming drops a tail, and a fork copies a prefix.
 
@@ -30,6 +39,9 @@ cdef class KVCache:
                                 # and a call given up on may still use their tensors
     cdef ggml_tensor ** k       # n_layer entries: (head_dim_k * n_head_kv, kv_size)
     cdef ggml_tensor ** v       # n_layer entries: (head_dim_v * n_head_kv, kv_size); transposed without flash attention
+    cdef LayerShape * shapes    # n_layer entries: each layer's geometry (the model's, copied)
+    cdef readonly int n_layer_kv  # layers that own their K and V
+    cdef readonly int v_row     # transposed V's row: the widest layer's head_dim_v * n_head_kv
     cdef int32_t * cell_pos     # kv_size: the position a cell holds, -1 when free
     cdef int32_t * cell_token   # kv_size: the token id at that position
     cdef uint64_t * cell_seqs   # kv_size: bit s set when sequence s sees the cell
@@ -60,6 +72,7 @@ cdef class KVCache:
         self.leak_buffers = False
         self.k = NULL
         self.v = NULL
+        self.shapes = NULL
         self.cell_pos = NULL
         self.cell_token = NULL
         self.cell_seqs = NULL
@@ -82,6 +95,7 @@ cdef class KVCache:
                 ggml_free(self.ctxs[i])
         free(self.k)
         free(self.v)
+        free(self.shapes)
         free(self.cell_pos)
         free(self.cell_token)
         free(self.cell_seqs)
@@ -92,12 +106,16 @@ cdef class KVCache:
 
     @property
     def bytes_per_cell(self):
-        """K and V of one position, over every layer."""
+        """K and V of one position, over every layer that stores its own."""
         cdef size_t total = 0
         cdef int il
         for il in range(self.n_layer):
-            total += self.k[il].nb[1] + ggml_row_size(self.v[il].type, self.v[il].ne[0])
+            if self.shapes[il].kv_source == il:
+                total += self.k[il].nb[1] + ggml_row_size(self.v[il].type, self.v[il].ne[0])
         return total
+
+    cdef inline bint owns_kv(self, int il) noexcept:
+        return self.shapes[il].kv_source == il
 
     @property
     def nbytes(self):
@@ -365,9 +383,11 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
     c.r = <ggml_tensor **> calloc(m.hp.n_layer, sizeof(ggml_tensor *))
     c.s = <ggml_tensor **> calloc(m.hp.n_layer, sizeof(ggml_tensor *))
     c.rs_slot = <int32_t *> calloc(MAX_SEQ, sizeof(int32_t))
-    if c.k == NULL or c.v == NULL or c.cell_pos == NULL or c.cell_token == NULL \
+    c.shapes = <LayerShape *> malloc(m.hp.n_layer * sizeof(LayerShape))
+    if c.k == NULL or c.v == NULL or c.shapes == NULL or c.cell_pos == NULL or c.cell_token == NULL \
             or c.cell_seqs == NULL or c.seq_length == NULL or c.r == NULL or c.s == NULL or c.rs_slot == NULL:
         raise MemoryError()
+    memcpy(c.shapes, m.shapes, m.hp.n_layer * sizeof(LayerShape))
     for i in range(MAX_SEQ):
         c.rs_slot[i] = i
     c.hybrid = m.hybrid
@@ -379,7 +399,16 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
     p.no_alloc = True
     cdef ggml_backend_buffer_type_t buf_types[MAX_KV_BUFFERS]
     cdef int il, ib
+    c.v_row = 0
+    c.n_layer_kv = 0
     for il in range(m.hp.n_layer):
+        c.v_row = max(c.v_row, m.shapes[il].head_dim_v * m.shapes[il].n_head_kv)
+    for il in range(m.hp.n_layer):
+        if m.shapes[il].kv_source != il:   # reads an earlier layer's (checked: it owns them)
+            c.k[il] = c.k[m.shapes[il].kv_source]
+            c.v[il] = c.v[m.shapes[il].kv_source]
+            continue
+        c.n_layer_kv += 1
         ib = 0
         while ib < c.n_bufs and buf_types[ib] != layer_buft[il]:
             ib += 1
@@ -401,8 +430,9 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
             c.s[il] = ggml_new_tensor_2d(c.ctxs[ib], GGML_TYPE_F32, _n_embd_s(&m.hp), 2 * n_seq_max)
             c.state_bytes += c.r[il].nb[1] + c.s[il].nb[1]
             continue
-        c.k[il] = ggml_new_tensor_2d(c.ctxs[ib], type_k, m.hp.head_dim_k * m.hp.n_head_kv, kv_size)
-        c.v[il] = ggml_new_tensor_2d(c.ctxs[ib], type_v, m.hp.head_dim_v * m.hp.n_head_kv, kv_size)
+        c.k[il] = ggml_new_tensor_2d(c.ctxs[ib], type_k, m.shapes[il].head_dim_k * m.shapes[il].n_head_kv, kv_size)
+        c.v[il] = ggml_new_tensor_2d(c.ctxs[ib], type_v, c.v_row if v_trans else
+                                     m.shapes[il].head_dim_v * m.shapes[il].n_head_kv, kv_size)
     for ib in range(c.n_bufs):
         # Zeroed: flash attention reads whole views, and masked garbage could be NaN.
         c.bufs[ib] = _alloc_tensors(c.ctxs[ib], buf_types[ib], GGML_BACKEND_BUFFER_USAGE_ANY, True, rpc_timeout)

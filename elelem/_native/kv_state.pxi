@@ -37,6 +37,8 @@ cdef void _state_io(KVCache c, const int32_t * cell_of, int m, int stored, char 
     cdef int64_t ch
     cdef ggml_tensor * v
     for il in range(c.n_layer):
+        if not c.owns_kv(il):   # reads an earlier layer's K and V, saved with that layer
+            continue
         row = c.k[il].nb[1]
         _copy_runs(c.k[il], data + at, 0, cell_of, m, row, write)
         at += <size_t> stored * row

@@ -55,6 +55,21 @@ cdef struct HParams:
     int ssm_dt_rank       # value heads
     int rope_sections[4]  # multi-section RoPE (imrope): rotated dims per position stream
     bint q_gate           # the full-attention Q projection also writes a sigmoid output gate (qwen35)
+    # Gemma 4
+    bint expert_gelu      # the experts' activation is GeGLU (tanh GELU), not SwiGLU
+    int n_embd_per_layer  # per-layer token embeddings' width, 0 for none
+    float final_logit_softcap  # logits = softcap * tanh(logits / softcap); 0: none
+
+cdef struct LayerShape:
+    # A layer's attention geometry, where it differs between layers (Gemma 4:
+    # sliding-window and global layers have their own head widths, KV heads and
+    # rotated dims); every layer has HParams' values otherwise.
+    int n_head_kv
+    int head_dim_k
+    int head_dim_v
+    int n_rot
+    int kv_source         # the layer whose cached K and V it attends over: itself, or an
+                          # earlier layer's when it shares theirs (Gemma 4) and stores none
 
 cdef struct LayerWeights:
     ggml_tensor * attn_norm       # (n_embd)
@@ -107,6 +122,17 @@ cdef struct LayerWeights:
     ggml_tensor * ssm_alpha       # (n_embd, ssm_dt_rank)
     ggml_tensor * ssm_norm        # (ssm_d_state)
     ggml_tensor * ssm_out         # (ssm_d_inner, n_embd)
+    # Gemma 4
+    ggml_tensor * ffn_gate_up_exps  # optional: the experts' gate and up stacked (n_embd, 2 * n_ff_exp, n_expert)
+    ggml_tensor * ffn_gate_inp_s  # the router's input scale (n_embd)
+    ggml_tensor * ffn_down_exps_s # optional: each expert's output scale (n_expert)
+    ggml_tensor * ffn_pre_norm_2  # norm before the experts (n_embd) ...
+    ggml_tensor * ffn_post_norm_1 # ... after the dense FFN of an expert layer
+    ggml_tensor * ffn_post_norm_2 # ... after the experts
+    ggml_tensor * per_layer_inp_gate   # per-layer embeddings: (n_embd, n_embd_per_layer) ...
+    ggml_tensor * per_layer_proj       # ... (n_embd_per_layer, n_embd)
+    ggml_tensor * per_layer_post_norm  # ... (n_embd)
+    ggml_tensor * layer_out_scale      # optional (1): the layer's output times this
 
 cdef struct WidenedWeights:
     # Q5_0 weights and their Q8_0 copies, pairwise (widen.pxi); n is 0 when none.
@@ -123,7 +149,9 @@ LAYER_ROLES = ("attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo", "q_n
                "ffn_gate_exps_b", "ffn_up_exps_b", "ffn_down_exps_b", "ffn_exp_probs_b",
                "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
                "ffn_gate_inp_shexp",
-               "attn_gate", "ssm_conv1d", "ssm_dt", "ssm_a", "ssm_beta", "ssm_alpha", "ssm_norm", "ssm_out")
+               "attn_gate", "ssm_conv1d", "ssm_dt", "ssm_a", "ssm_beta", "ssm_alpha", "ssm_norm", "ssm_out",
+               "ffn_gate_up_exps", "ffn_gate_inp_s", "ffn_down_exps_s", "ffn_pre_norm_2", "ffn_post_norm_1",
+               "ffn_post_norm_2", "per_layer_inp_gate", "per_layer_proj", "per_layer_post_norm", "layer_out_scale")
 
 cdef inline ggml_tensor ** _role_slot(LayerWeights * lw, int i) noexcept:
     return (<ggml_tensor **> lw) + i
@@ -183,6 +211,7 @@ cdef class Model:
     cdef LayerWeights * layers          # n_layer entries, calloc'd
     cdef unsigned char * swa_layers     # n_layer flags: 1 where the layer attends over the window
     cdef unsigned char * recurrent_layers  # n_layer flags: 1 for a recurrent (Gated DeltaNet) layer
+    cdef LayerShape * shapes            # n_layer entries: each layer's attention geometry
     cdef ggml_tensor * tok_embd         # (n_embd, n_vocab)
     cdef ggml_tensor * output_norm      # (n_embd)
     cdef ggml_tensor * output           # (n_embd, n_vocab); tok_embd when tied
@@ -192,6 +221,11 @@ cdef class Model:
     cdef ggml_tensor * type_embd        # optional (n_embd, n_token_types)
     cdef ggml_tensor * tok_norm         # optional (n_embd), with tok_norm_b
     cdef ggml_tensor * tok_norm_b
+    # Per-layer token embeddings (Gemma 4): a table of n_layer rows of
+    # n_embd_per_layer per token, a projection of the embeddings to as many, its norm.
+    cdef ggml_tensor * per_layer_tok_embd    # (n_embd_per_layer * n_layer, n_vocab)
+    cdef ggml_tensor * per_layer_model_proj  # (n_embd, n_embd_per_layer * n_layer)
+    cdef ggml_tensor * per_layer_proj_norm   # (n_embd_per_layer)
     cdef readonly object path
     cdef readonly dict hparams
     cdef readonly str description
@@ -203,6 +237,7 @@ cdef class Model:
         self.layers = NULL
         self.swa_layers = NULL
         self.recurrent_layers = NULL
+        self.shapes = NULL
         for i in range(MAX_EXTRA_BUFTS):
             self.repack_ctx[i] = NULL
             self.repack_buf[i] = NULL
@@ -217,6 +252,7 @@ cdef class Model:
         self.rpc_timeout = 0
         self.tok_embd = self.output_norm = self.output = self.rope_freqs = NULL
         self.pos_embd = self.type_embd = self.tok_norm = self.tok_norm_b = NULL
+        self.per_layer_tok_embd = self.per_layer_model_proj = self.per_layer_proj_norm = NULL
         self.closed = True
 
     def __init__(self, *args, **kwargs):
@@ -259,6 +295,9 @@ cdef class Model:
         if self.recurrent_layers != NULL:
             free(self.recurrent_layers)
             self.recurrent_layers = NULL
+        if self.shapes != NULL:
+            free(self.shapes)
+            self.shapes = NULL
         self.closed = True
 
     def close(self):
@@ -387,11 +426,15 @@ def open_model(path, str builder, dict hparams, dict global_tensors, list layer_
     m.type_embd = _optional_tensor(m, global_tensors, "type_embd")
     m.tok_norm = _optional_tensor(m, global_tensors, "tok_norm")
     m.tok_norm_b = _optional_tensor(m, global_tensors, "tok_norm_b")
+    m.per_layer_tok_embd = _optional_tensor(m, global_tensors, "per_layer_tok_embd")
+    m.per_layer_model_proj = _optional_tensor(m, global_tensors, "per_layer_model_proj")
+    m.per_layer_proj_norm = _optional_tensor(m, global_tensors, "per_layer_proj_norm")
 
     m.layers = <LayerWeights *> calloc(m.hp.n_layer, sizeof(LayerWeights))
     m.swa_layers = <unsigned char *> calloc(m.hp.n_layer, 1)
     m.recurrent_layers = <unsigned char *> calloc(m.hp.n_layer, 1)
-    if m.layers == NULL or m.swa_layers == NULL or m.recurrent_layers == NULL:
+    m.shapes = <LayerShape *> calloc(m.hp.n_layer, sizeof(LayerShape))
+    if m.layers == NULL or m.swa_layers == NULL or m.recurrent_layers == NULL or m.shapes == NULL:
         raise MemoryError()
     recurrent = hparams.get("recurrent_layers") or [False] * m.hp.n_layer
     if len(recurrent) != m.hp.n_layer:
@@ -399,6 +442,7 @@ def open_model(path, str builder, dict hparams, dict global_tensors, list layer_
     swa = hparams.get("swa_layers") or [False] * m.hp.n_layer
     if len(swa) != m.hp.n_layer:
         raise errors.ModelShapeError(f"{len(swa)} sliding-window flags for {m.hp.n_layer} layers")
+    _fill_layer_shapes(m, hparams)
     cdef int il, ir
     for il in range(m.hp.n_layer):
         m.swa_layers[il] = 1 if swa[il] else 0
@@ -410,6 +454,32 @@ def open_model(path, str builder, dict hparams, dict global_tensors, list layer_
                 _role_slot(&m.layers[il], ir)[0] = m._tensor(name, True)
     m.closed = False
     return m
+
+
+cdef void _fill_layer_shapes(Model m, dict h) except *:
+    """Each layer's attention geometry: HParams' values, or the per-layer lists
+    ``layer_n_head_kv``, ``layer_head_dim_k``, ``layer_head_dim_v``,
+    ``layer_n_rot`` and ``layer_kv_source`` where hparams has them (checked
+    by elelem.model.architectures)."""
+    cdef int il, n = m.hp.n_layer
+    defaults = {"layer_n_head_kv": m.hp.n_head_kv, "layer_head_dim_k": m.hp.head_dim_k,
+                "layer_head_dim_v": m.hp.head_dim_v, "layer_n_rot": m.hp.n_rot}
+    lists = {}
+    for name, value in defaults.items():
+        lists[name] = h.get(name) or [value] * n
+    lists["layer_kv_source"] = h.get("layer_kv_source") or list(range(n))
+    for name, values in lists.items():
+        if len(values) != n:
+            raise errors.ModelShapeError(f"{len(values)} entries of {name} for {n} layers")
+    for il in range(n):
+        m.shapes[il].n_head_kv = lists["layer_n_head_kv"][il]
+        m.shapes[il].head_dim_k = lists["layer_head_dim_k"][il]
+        m.shapes[il].head_dim_v = lists["layer_head_dim_v"][il]
+        m.shapes[il].n_rot = lists["layer_n_rot"][il]
+        m.shapes[il].kv_source = lists["layer_kv_source"][il]
+        if not 0 <= m.shapes[il].kv_source <= il or m.shapes[m.shapes[il].kv_source].kv_source != m.shapes[il].kv_source:
+            raise errors.ModelShapeError(f"layer {il} shares the K/V of layer {m.shapes[il].kv_source}, "
+                                         f"which is not an earlier layer with K/V of its own")
 
 
 cdef ggml_tensor * _optional_tensor(Model m, dict global_tensors, str role) except? NULL:
@@ -465,6 +535,9 @@ cdef void _fill_hparams(HParams * hp, dict h) except *:
     for i, width in enumerate(h.get("rope_sections") or (0, 0, 0, 0)):
         hp.rope_sections[i] = width
     hp.q_gate = h.get("q_gate", False)
+    hp.expert_gelu = h.get("expert_gelu", False)
+    hp.n_embd_per_layer = h.get("n_embd_per_layer", 0)
+    hp.final_logit_softcap = h.get("final_logit_softcap", 0.0)
 
 
 cdef inline ggml_tensor * _file_tensor(Model m, const char * name) noexcept:

@@ -104,6 +104,23 @@ def _chat_ids(assets: ModelAssets, text: str) -> list[int]:
     return ids
 
 
+#: What the chat template gets from the request itself, not from chat_template_kwargs.
+_OWN_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+
+
+def template_variables(kwargs: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+    """A request's ``chat_template_kwargs``, checked: a mapping of names to values,
+    none of them one the request itself sets (messages, tools, ...)."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        raise InvalidArgumentError("chat_template_kwargs must map variable names to values")
+    clash = sorted(_OWN_VARIABLES & set(kwargs))
+    if clash:
+        raise InvalidArgumentError(f"chat_template_kwargs cannot set {clash[0]!r}: the request itself gives it")
+    return dict(kwargs)
+
+
 def text_messages(messages: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
     """``messages`` with every list of content parts joined into its text."""
     if isinstance(messages, Sequence) and not isinstance(messages, (str, bytes)) and any(

@@ -205,7 +205,8 @@ class TextAPI:
         ``response_format`` and ``grammar`` constrain the reply's content (see
         :mod:`elelem.api.structured`).  ``logprobs=True`` adds OpenAI's
         ``choices[0]["logprobs"]["content"]``, with the ``top_logprobs``
-        (0..20) likeliest tokens of each step.
+        (0..20) likeliest tokens of each step.  ``chat_template_kwargs``: more
+        variables for the chat template (``{"enable_thinking": False}``; see ``chat_stream``).
         """
         with self._lock:
             plan = plan_tools(tools, tool_choice, self.assets.chat_template.source,

@@ -134,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="attend with mul_mat + softmax, llama-cpp-python's default, instead of ggml's "
                             "fused kernel (on by default, as in llama.cpp's server: it skips the cells of "
                             "the other requests, which otherwise every token attends over)")
+    serve.add_argument("--tool-call-format", default=None, metavar="NAME",
+                       help="the format the models write tool calls in (hermes, qwen3_coder, harmony, mistral, "
+                            "llama3, glm), for a chat template that does not show it (default: read from the "
+                            "template)")
     serve.add_argument("--grace", type=float, default=10.0, metavar="S",
                        help="on SIGTERM, seconds running requests may take to finish before they are cancelled")
     serve.set_defaults(handler=_command("serve"))

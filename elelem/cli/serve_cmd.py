@@ -30,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
                           speculative=args.speculative, flash_attn=args.flash_attn,
                           prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_size,
                           draft_model=None if args.draft_model is None else model_path(args.draft_model),
-                          llm_options={"rpc_servers": args.rpc} if args.rpc else {})
+                          llm_options=_llm_options(args))
     if not _is_loopback(args.host) and args.api_key is None:
         log.warning("binding %s without --api-key: anyone who can reach this port can use the models",
                     args.host)
@@ -38,6 +38,16 @@ def main(args: argparse.Namespace) -> int:
     if status == 0:
         print("elelem: server stopped", file=sys.stderr)
     return status
+
+
+def _llm_options(args) -> dict:
+    """LLM() options every served model gets from the command line."""
+    options = {}
+    if args.rpc:
+        options["rpc_servers"] = args.rpc
+    if args.tool_call_format:
+        options["tool_call_format"] = args.tool_call_format
+    return options
 
 
 def _is_loopback(host: str) -> bool:

@@ -79,6 +79,20 @@ LAYER_TENSOR_NAMES = {
     "ssm_alpha": "blk.{i}.ssm_alpha.weight",
     "ssm_norm": "blk.{i}.ssm_norm.weight",
     "ssm_out": "blk.{i}.ssm_out.weight",
+    # Gemma 4: the experts' gate and up in one stack (gate first), the router's
+    # input scale, each expert's output scale, the norms of an expert layer's
+    # two FFNs, the per-layer embeddings' gate, projection and norm, and a
+    # scale of the layer's output.
+    "ffn_gate_up_exps": "blk.{i}.ffn_gate_up_exps.weight",
+    "ffn_gate_inp_s": "blk.{i}.ffn_gate_inp.scale",
+    "ffn_down_exps_s": "blk.{i}.ffn_down_exps.scale",
+    "ffn_pre_norm_2": "blk.{i}.pre_ffw_norm_2.weight",
+    "ffn_post_norm_1": "blk.{i}.post_ffw_norm_1.weight",
+    "ffn_post_norm_2": "blk.{i}.post_ffw_norm_2.weight",
+    "per_layer_inp_gate": "blk.{i}.inp_gate.weight",
+    "per_layer_proj": "blk.{i}.proj.weight",
+    "per_layer_post_norm": "blk.{i}.post_norm.weight",
+    "layer_out_scale": "blk.{i}.layer_output_scale.weight",
 }
 GLOBAL_TENSOR_NAMES = {
     "tok_embd": "token_embd.weight",
@@ -89,6 +103,10 @@ GLOBAL_TENSOR_NAMES = {
     "type_embd": "token_types.weight",
     "tok_norm": "token_embd_norm.weight",
     "tok_norm_b": "token_embd_norm.bias",
+    # Gemma 4's per-layer token embeddings: the table, the projection of the embeddings, its norm.
+    "per_layer_tok_embd": "per_layer_token_embd.weight",
+    "per_layer_model_proj": "per_layer_model_proj.weight",
+    "per_layer_proj_norm": "per_layer_proj_norm.weight",
 }
 
 # ggml types the CPU backend can multiply (as the weight of a mul_mat) and
@@ -116,7 +134,8 @@ MAX_WIDTH = 1 << 20
 _MATMUL_ROLES = frozenset({"wq", "wk", "wv", "wqkv", "wo", "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_inp",
                            "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
                            "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
-                           "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out", "ffn_gate_inp_shexp"})
+                           "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out", "ffn_gate_inp_shexp",
+                           "ffn_gate_up_exps", "per_layer_inp_gate", "per_layer_proj"})
 _ATTN = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm")
 _DENSE_FFN = ("ffn_gate", "ffn_up", "ffn_down")
 _ATTN_FFN = _ATTN + _DENSE_FFN
@@ -142,7 +161,7 @@ class Experts:
                                      # (the raw logits, softmax over the chosen experts only: gpt-oss)
     normalize: Optional[bool] = True # renormalise the chosen weights to sum 1; None: the file says
                                      # (expert_weights_norm)
-    activation: str = "silu"         # SwiGLU, or "swiglu_oai": gpt-oss's clamped variant
+    activation: str = "silu"         # SwiGLU, "swiglu_oai": gpt-oss's clamped variant, or "gelu": GeGLU (Gemma 4)
     required: tuple[str, ...] = _EXPERTS   # per-layer roles of an expert layer
     optional: tuple[str, ...] = ()
 
@@ -170,6 +189,11 @@ class Architecture:
     experts: Optional[Experts] = None # a mixture-of-experts FFN (its layers lack the dense FFN roles)
     tensor_names: Mapping[str, str] = field(default_factory=dict)  # roles under another GGUF name
     recurrent: tuple[str, ...] = ()   # roles of a recurrent layer (hparams' recurrent_layers say which)
+    # (hparams, layer, the file's tensor names) -> (required, optional) roles of that layer, where
+    # they differ from layer to layer beyond what ``experts`` says (Gemma 4)
+    layer_roles: Optional[Callable[[Mapping[str, Any], int, Mapping[str, Any]],
+                                   tuple[tuple[str, ...], tuple[str, ...]]]] = None
+    per_layer_shapes: bool = False   # head_count_kv and feed_forward_length may differ per layer
 
 
 def _gemma3(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
@@ -254,6 +278,7 @@ def _expert_hparams(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile, exp
                         else _flag(gguf, prefix + "expert_weights_norm", False))
     h["expert_scale"] = float(key("expert_weights_scale", 0.0))
     h["expert_swiglu_oai"] = experts.activation == "swiglu_oai"
+    h["expert_gelu"] = experts.activation == "gelu"
 
 
 def _nextn(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
@@ -354,6 +379,128 @@ def _mistral3(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
         raise ModelShapeError("attention temperature scaling needs rope.scaling.original_context_length > 0")
 
 
+# Gemma 4's experts: softmax over the router's logits, the chosen renormalised, GeGLU
+# (llama.cpp's gemma4 graph passes these to build_moe_ffn, whatever the file says).
+_GEMMA4_EXPERTS = Experts(gating="softmax", normalize=True, activation="gelu",
+                          required=("ffn_gate_inp", "ffn_gate_inp_s", "ffn_down_exps", "ffn_pre_norm_2",
+                                    "ffn_post_norm_1", "ffn_post_norm_2"),
+                          optional=("ffn_down_exps_s",))
+_GEMMA4_LAYER = ("attn_norm", "wq", "wo", "q_norm", "attn_post_norm", "ffn_norm", "ffn_gate", "ffn_up",
+                 "ffn_down", "ffn_post_norm")
+_GEMMA4_PER_LAYER_EMBD = ("per_layer_inp_gate", "per_layer_proj", "per_layer_post_norm")
+
+
+def _gemma4(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
+    """As llama.cpp's llama_model_gemma4::load_arch_hparams.
+
+    Layers slide or not as the per-layer attention.sliding_window_pattern
+    says; sliding layers have their own head widths (key_length_swa,
+    value_length_swa), rotated dims (rope.dimension_count_swa, default
+    rope.dimension_count) and RoPE base (rope.freq_base_swa, default 10000,
+    never scaled), and head_count_kv may differ per layer.  The last
+    attention.shared_kv_layers layers store no K and V: each attends over
+    those of the last earlier layer of its kind (llama.cpp's
+    n_layer_kv_from_start and its reuse callback).  Embeddings are scaled by
+    sqrt(n_embd), Q.K by 1, and the logits are soft-capped by
+    final_logit_softcapping where given.  Layers with a router (ffn_gate_inp)
+    add the experts (expert_count ...) to the dense FFN."""
+    prefix = "gemma4."
+    n_all = h["n_layer"]
+    _nextn(h, key, gguf)
+    n = h["n_layer"]
+    h["embd_scale"] = math.sqrt(h["n_embd"])
+    h["attn_scale"] = 1.0
+    h["n_swa"] = int(key("attention.sliding_window"))
+    raw = _array(gguf.get(prefix + "attention.sliding_window_pattern"))
+    if raw is None or len(raw) < n or not all(isinstance(v, (bool, int)) for v in raw):
+        raise ModelShapeError(f"{prefix}attention.sliding_window_pattern must hold a flag per layer ({n} layers)")
+    swa = h["swa_layers"] = [bool(v) for v in raw[:n]]
+    if any(swa) and h["n_swa"] <= 0:
+        raise ModelShapeError(f"{prefix}attention.sliding_window = {h['n_swa']} must be positive: "
+                              f"{prefix}attention.sliding_window_pattern has sliding layers")
+    h["rope_base_swa"] = float(key("rope.freq_base_swa", 10000.0))
+    h["rope_scale_swa"] = 1.0
+    h["n_embd_per_layer"] = n_pl = int(key("embedding_length_per_layer_input"))
+    if not 0 <= n_pl <= MAX_WIDTH:
+        raise ModelShapeError(f"{prefix}embedding_length_per_layer_input = {n_pl} is out of range")
+    h["final_logit_softcap"] = cap = float(key("final_logit_softcapping", 0.0))
+    if cap < 0:
+        raise ModelShapeError(f"{prefix}final_logit_softcapping = {cap} must not be negative")
+    dims_swa = int(key("attention.key_length_swa")), int(key("attention.value_length_swa"))
+    dims_full = h["head_dim_k"], h["head_dim_v"]
+    for name, (k_dim, v_dim) in (("key_length", dims_full), ("key_length_swa", dims_swa)):
+        if k_dim != v_dim:
+            raise ModelShapeError(f"{prefix}attention.{name} = {k_dim} differs from the value length {v_dim}: "
+                                  f"Gemma 4 needs them equal")
+        if not 0 < k_dim <= 4096:
+            raise ModelShapeError(f"{prefix}attention.{name} = {k_dim} is out of range")
+    n_rot_swa = int(key("rope.dimension_count_swa", h["n_rot"]))
+    if not 0 < n_rot_swa <= dims_swa[0] or n_rot_swa % 2:
+        raise ModelShapeError(f"{prefix}rope.dimension_count_swa = {n_rot_swa} must be even and at most "
+                              f"{prefix}attention.key_length_swa = {dims_swa[0]}")
+    kv_heads = h.pop("layer_n_head_kv", [h["n_head_kv"]] * n)
+    for il, heads in enumerate(kv_heads):
+        if h["n_head"] % heads:
+            raise ModelShapeError(f"{prefix}attention.head_count_kv = {heads} (layer {il}) does not divide "
+                                  f"head_count = {h['n_head']}")
+    shared = int(key("attention.shared_kv_layers", 0))
+    first_shared = n_all - shared
+    if not 0 <= shared < n_all or (shared and first_shared < 2):
+        raise ModelShapeError(f"{prefix}attention.shared_kv_layers = {shared} must leave at least 2 of the "
+                              f"{n_all} layers with K/V of their own")
+    sources = []
+    for il in range(n):
+        src = il if il < first_shared else first_shared - (2 if swa[il] else 1)
+        if src != il and (swa[src] != swa[il] or kv_heads[src] != kv_heads[il]):
+            raise ModelShapeError(f"layer {il} would share the K/V of layer {src}, which is "
+                                  f"{'not ' if swa[il] else ''}a sliding-window layer "
+                                  f"({prefix}attention.shared_kv_layers = {shared}, sliding_window_pattern)")
+        sources.append(src)
+    h["layer_n_head_kv"] = kv_heads
+    h["layer_head_dim_k"] = [dims_swa[0] if s else dims_full[0] for s in swa]
+    h["layer_head_dim_v"] = [dims_swa[1] if s else dims_full[1] for s in swa]
+    h["layer_n_rot"] = [n_rot_swa if s else h["n_rot"] for s in swa]
+    h["layer_kv_source"] = sources
+    h["n_head_kv"] = max(kv_heads)
+    # The full-attention layers rotate through rope_freqs (head_dim / 2 factors).
+    h["rope_freqs_dims"] = dims_full[0]
+    if not all(swa) and GLOBAL_TENSOR_NAMES["rope_freqs"] not in gguf.tensors:
+        raise ModelShapeError(f"required tensor {GLOBAL_TENSOR_NAMES['rope_freqs']!r} is missing "
+                              f"(Gemma 4's global layers rotate through it)")
+    if n_pl:
+        for role in ("per_layer_tok_embd", "per_layer_model_proj", "per_layer_proj_norm"):
+            if GLOBAL_TENSOR_NAMES[role] not in gguf.tensors:
+                raise ModelShapeError(f"required tensor {GLOBAL_TENSOR_NAMES[role]!r} is missing "
+                                      f"({prefix}embedding_length_per_layer_input = {n_pl})")
+    routers = any(LAYER_TENSOR_NAMES["ffn_gate_inp"].format(i=il) in gguf.tensors for il in range(n))
+    if routers or gguf.get(prefix + "expert_count") is not None:
+        _expert_hparams(h, key, gguf, _GEMMA4_EXPERTS)
+        h["expert_gating"] = _GATING["softmax"]
+        h["expert_norm"] = True
+        h["expert_scale"] = 0.0
+
+
+def _gemma4_layer_roles(h: Mapping[str, Any], i: int, tensors: Mapping[str, Any]):
+    """A Gemma 4 layer's roles: K (and its norm) where it stores its own K/V
+    (V is optional: without it V is K), the per-layer embeddings' where the
+    model has them, and the experts where the layer has a router (their gate
+    and up stacked in one tensor, or two)."""
+    required, optional = _GEMMA4_LAYER, ("layer_out_scale",)
+    kv = ("wk", "k_norm")
+    if h["layer_kv_source"][i] == i:
+        required, optional = required + kv, optional + ("wv",)
+    else:   # a shared layer's own K/V weights, if the file has them, go unused
+        optional = optional + kv + ("wv",)
+    if h.get("n_embd_per_layer", 0) > 0:
+        required = required + _GEMMA4_PER_LAYER_EMBD
+    if LAYER_TENSOR_NAMES["ffn_gate_inp"].format(i=i) in tensors:
+        fused = LAYER_TENSOR_NAMES["ffn_gate_up_exps"].format(i=i) in tensors
+        required = required + _GEMMA4_EXPERTS.required + (
+            ("ffn_gate_up_exps",) if fused else ("ffn_gate_exps", "ffn_up_exps"))
+        optional = optional + _GEMMA4_EXPERTS.optional
+    return required, optional
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
@@ -387,6 +534,11 @@ ARCHITECTURES: dict[str, Architecture] = {
                      description="Qwen3.5 / Qwen3.6 MoE (Gated DeltaNet hybrid with experts)"),
         Architecture("mistral3", "decoder", "normal", _ATTN_FFN, optional=("bo",), derive=_mistral3,
                      description="Mistral 3: Ministral 3, Devstral Small 2, Mistral Small 3.x"),
+        Architecture("gemma4", "gemma4", "neox", _GEMMA4_LAYER, activation="gelu", derive=_gemma4,
+                     layer_roles=_gemma4_layer_roles, per_layer_shapes=True,
+                     global_optional=("output", "rope_freqs", "per_layer_tok_embd", "per_layer_model_proj",
+                                      "per_layer_proj_norm"),
+                     description="Gemma 4 (E2B, E4B, 31B; 26B-A4B: experts)"),
         Architecture("bert", "bert", "neox", _ENCODER_BLOCK, optional=_ENCODER_OPTIONAL,
                      activation="gelu", derive=_encoder, encoder=True,
                      global_required=("tok_embd", "pos_embd", "tok_norm", "tok_norm_b"),
@@ -415,6 +567,8 @@ class ModelSpec:
     def matmul_weights(self) -> list[str]:
         """Tensors used as the weight operand of a matrix multiplication."""
         names = [n for table in self.layer_tensors for role, n in table.items() if role in _MATMUL_ROLES]
+        if self.global_tensors.get("per_layer_model_proj"):
+            names.append(self.global_tensors["per_layer_model_proj"])
         if not self.arch.encoder:  # an encoder has no output projection
             names.append(self.global_tensors["output"] or self.global_tensors["tok_embd"])
         return names
@@ -485,15 +639,17 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
         "n_embd": int(key("embedding_length")),
         "n_layer": int(key("block_count")),
         "n_head": int(key("attention.head_count")),
-        # A model whose every layer has experts may have no dense FFN width.
-        "n_ff": int(key("feed_forward_length", gguf.get(prefix + "expert_feed_forward_length")
-                        if arch.experts else None)),
         "n_ctx_train": int(key("context_length")),
         "rms_eps": float(key("attention.layer_norm_rms_epsilon", 1e-5)),
         "rope_base": float(key("rope.freq_base", 10000.0)),
         "rope_type": arch.rope_type,
     }
-    h["n_head_kv"] = int(key("attention.head_count_kv", h["n_head"]))
+    if not 0 < h["n_layer"] <= MAX_LAYERS:
+        raise ModelShapeError(f"hyperparameter n_layer = {h['n_layer']} is out of range")
+    # A model whose every layer has experts may have no dense FFN width.
+    h["n_ff"] = _per_layer_key(h, gguf, arch, key, "feed_forward_length", "layer_n_ff",
+                               gguf.get(prefix + "expert_feed_forward_length") if arch.experts else None)
+    h["n_head_kv"] = _per_layer_key(h, gguf, arch, key, "attention.head_count_kv", "layer_n_head_kv", h["n_head"])
     for name in ("n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_ctx_train", "n_vocab"):
         if not 0 < h[name] < 2**31:
             raise ModelShapeError(f"hyperparameter {name} = {h[name]} is out of range")
@@ -535,6 +691,37 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
         if name in h and not (math.isfinite(h[name]) and h[name] > 0):
             raise ModelShapeError(f"{name} = {h[name]} must be a positive number")
     return h
+
+
+def _array(value: Any) -> Optional[list]:
+    """A GGUF array as a list (the reader gives numeric ones as numpy arrays), else None."""
+    if isinstance(value, np.ndarray):
+        return value.tolist() if value.ndim == 1 else None
+    return list(value) if isinstance(value, list) else None
+
+
+def _per_layer_key(h: dict, gguf: GGUFFile, arch: Architecture, key: Callable[[str, Any], Any], name: str,
+                   layer_name: str, default: Any) -> int:
+    """A hyperparameter llama.cpp reads as one number or one per layer
+    (get_key_or_arr): the number, or for an array of equal values that value.
+    An array of differing values is kept as ``h[layer_name]`` where the
+    architecture has per-layer shapes (Gemma 4; the number returned is then
+    the largest), and refused elsewhere."""
+    full = _array(gguf.get(arch.name + "." + name))
+    if full is None:
+        return int(key(name, default))
+    n = h["n_layer"]
+    if len(full) < n or not all(isinstance(v, int) and not isinstance(v, bool) for v in full):
+        raise ModelShapeError(f"{arch.name}.{name} must be a number or an integer per layer ({n} layers)")
+    values = [int(v) for v in full[:n]]
+    if any(not 0 < v < 2**31 for v in values):
+        raise ModelShapeError(f"{arch.name}.{name} = {values} is out of range")
+    if len(set(values)) > 1:
+        if not arch.per_layer_shapes:
+            raise ModelShapeError(f"{arch.name}.{name} differs from layer to layer ({values}), which elelem "
+                                  f"supports for Gemma 4 only")
+        h[layer_name] = values
+    return max(values)
 
 
 def _rope_scaling(gguf: GGUFFile, prefix: str, key: Callable[[str, Any], Any], n_ctx_train: int) -> dict:
@@ -603,13 +790,15 @@ def _expected_shapes(h: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         "q_norm": (h["head_dim_k"],), "k_norm": (h["head_dim_k"],),
         "ffn_gate": (e, h["n_ff"]), "ffn_up": (e, h["n_ff"]), "ffn_down": (h["n_ff"], e),
         "tok_embd": (e, h["n_vocab"]), "output": (e, h["n_vocab"]), "output_norm": (e,),
-        "rope_freqs": (h["n_rot"] // 2,),
+        "rope_freqs": (h.get("rope_freqs_dims", h["n_rot"]) // 2,),
         "wqkv": (e, q + kv_k + kv_v), "bqkv": (q + kv_k + kv_v,),
         "attn_out_norm": (e,), "attn_out_norm_b": (e,), "layer_out_norm": (e,), "layer_out_norm_b": (e,),
         "ffn_up_b": (h["n_ff"],), "ffn_down_b": (e,),
         "attn_sinks": (h["n_head"],),
         "pos_embd": (e, h["n_ctx_train"]), "type_embd": (e, h.get("n_token_types", 0)),
         "tok_norm": (e,), "tok_norm_b": (e,),
+        "ffn_pre_norm_2": (e,), "ffn_post_norm_1": (e,), "ffn_post_norm_2": (e,), "layer_out_scale": (1,),
+        "ffn_gate_inp_s": (e,),
     }
     if h.get("q_gate"):     # Q's projection also writes the output gate, head by head
         shapes["wq"] = (e, 2 * q)
@@ -621,6 +810,13 @@ def _expected_shapes(h: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
             "ssm_dt": (h["ssm_dt_rank"],), "ssm_a": (h["ssm_dt_rank"],), "ssm_beta": (e, h["ssm_dt_rank"]),
             "ssm_alpha": (e, h["ssm_dt_rank"]), "ssm_norm": (h["ssm_d_state"],), "ssm_out": (h["ssm_d_inner"], e),
         })
+    n_pl = h.get("n_embd_per_layer", 0)
+    if n_pl:
+        shapes.update({
+            "per_layer_inp_gate": (e, n_pl), "per_layer_proj": (n_pl, e), "per_layer_post_norm": (e,),
+            "per_layer_tok_embd": (n_pl * h["n_layer"], h["n_vocab"]),
+            "per_layer_model_proj": (e, n_pl * h["n_layer"]), "per_layer_proj_norm": (n_pl,),
+        })
     if "n_expert" in h:
         x, f, fs = h["n_expert"], h["n_ff_exp"], h["n_ff_shexp"]
         shapes.update({
@@ -629,8 +825,21 @@ def _expected_shapes(h: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
             "ffn_gate_exps_b": (f, x), "ffn_up_exps_b": (f, x), "ffn_down_exps_b": (e, x),
             "ffn_gate_shexp": (e, fs), "ffn_up_shexp": (e, fs), "ffn_down_shexp": (fs, e),
             "ffn_gate_inp_shexp": (e,),
+            "ffn_gate_up_exps": (e, 2 * f, x), "ffn_down_exps_s": (x,),
         })
     return shapes
+
+
+# Per-layer hparams lists (Gemma 4) -> the hparam each gives a layer its value of.
+_LAYER_HPARAMS = {"layer_n_head_kv": "n_head_kv", "layer_head_dim_k": "head_dim_k",
+                  "layer_head_dim_v": "head_dim_v", "layer_n_ff": "n_ff"}
+
+
+def _layer_shapes(h: Mapping[str, Any], shapes: dict, i: int) -> dict:
+    """The expected shapes for layer ``i``: ``shapes``, or where some
+    hyperparameters differ from layer to layer, those of the layer's own."""
+    own = {name: h[lists][i] for lists, name in _LAYER_HPARAMS.items() if lists in h and h[lists][i] != h[name]}
+    return _expected_shapes(dict(h, **own)) if own else shapes
 
 
 def _check_shape(gguf: GGUFFile, role: str, name: str, want: tuple[int, ...]) -> None:
@@ -663,16 +872,17 @@ def _tensor_tables(gguf: GGUFFile, arch: Architecture, h: dict[str, Any]):
     layers = []
     for i in range(h["n_layer"]):
         table: dict[str, Optional[str]] = {}
-        required, optional = _layer_roles(arch, h, i)
+        layer_shapes = _layer_shapes(h, shapes, i)
+        required, optional = _layer_roles(arch, h, i, gguf.tensors)
         for role in required + optional:
             name = arch.tensor_names.get(role, LAYER_TENSOR_NAMES[role]).format(i=i)
             if name not in gguf.tensors:
                 if role in required:
                     raise ModelShapeError(f"required tensor {name!r} is missing")
                 continue
-            _check_shape(gguf, role, name, shapes[role])
+            _check_shape(gguf, role, name, layer_shapes[role])
             table[role] = name
-        if ("bq" in table) != ("bk" in table) or ("q_norm" in table) != ("k_norm" in table):
+        if "wk" in table and (("bq" in table) != ("bk" in table) or ("q_norm" in table) != ("k_norm" in table)):
             raise ModelShapeError(f"layer {i}: Q and K must both have, or both lack, biases and norms")
         if arch.encoder:
             _check_encoder_projections(i, table)
@@ -680,10 +890,14 @@ def _tensor_tables(gguf: GGUFFile, arch: Architecture, h: dict[str, Any]):
     return globals_, layers
 
 
-def _layer_roles(arch: Architecture, h: Mapping[str, Any], i: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _layer_roles(arch: Architecture, h: Mapping[str, Any], i: int,
+                 tensors: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The roles layer ``i`` must have and may have: an expert layer's FFN is
     the router and the experts (and shared experts where the model has them),
-    a leading dense layer's the plain gated FFN."""
+    a leading dense layer's the plain gated FFN; or what the architecture's
+    own ``layer_roles`` says."""
+    if arch.layer_roles is not None:
+        return arch.layer_roles(h, i, tensors)
     required, optional = (arch.recurrent, ()) if arch.recurrent and h["recurrent_layers"][i] else \
         (arch.required, arch.optional)
     experts = arch.experts

@@ -17,6 +17,7 @@ cdef struct Step:
     int n_outputs           # rows whose logits are wanted
     int n_kv                # cells attended to (KVCache.n_kv: padded, masked)
     int kv_size             # cells in the cache
+    int v_row               # a cell's transposed V: KVCache.v_row
     bint flash_attn         # ggml_flash_attn_ext, else mul_mat + softmax (llama.cpp's default)
     bint embeddings         # the output is the final normed hidden state (n_embd rows), not logits
     bint decode_kernels     # every token is a generated one: small matmuls as one-token steps run them
@@ -61,7 +62,7 @@ cdef void _make_inputs(Step * st) except *:
     if st.flash_attn:
         st.inp_v_idx = NULL
     else:
-        st.inp_v_idx = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I64, <int64_t> st.hp.head_dim_v * st.hp.n_head_kv * st.n_tokens)
+        st.inp_v_idx = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I64, <int64_t> st.v_row * st.n_tokens)
         ggml_set_input(st.inp_v_idx)
     if st.hp.n_swa > 0:
         st.inp_mask_swa = ggml_new_tensor_2d(st.ctx, mask_type, st.n_kv, st.n_tokens)
@@ -99,7 +100,7 @@ cdef inline void _set_input(ggml_tensor * t, const void * data, size_t size) noe
 cdef void _set_inputs(Step * st, KVCache cache, const int32_t * tokens, const int32_t * seqs,
                       const int32_t * positions, const int32_t * cells, const int32_t * out_rows) except *:
     cdef size_t n_mask = <size_t> st.n_kv * st.n_tokens
-    cdef int64_t v_row = <int64_t> st.hp.head_dim_v * st.hp.n_head_kv
+    cdef int64_t v_row = st.v_row
     cdef size_t n_idx = st.n_tokens * (v_row if st.inp_v_idx != NULL else 1)
     cdef size_t mask_el = 2 if st.flash_attn else 4
     cdef void * mask = malloc(n_mask * mask_el)
@@ -401,8 +402,14 @@ cdef inline ggml_tensor * linear(Step * st, ggml_tensor * w, ggml_tensor * b, gg
 cdef inline ggml_tensor * rope(Step * st, ggml_tensor * x, float freq_base, float freq_scale,
                                ggml_tensor * freq_factors) noexcept:
     """Rotary position embedding of (head_dim, n_heads, n_tokens) at inp_pos."""
+    return rope_dims(st, x, st.hp.n_rot, freq_base, freq_scale, freq_factors)
+
+
+cdef inline ggml_tensor * rope_dims(Step * st, ggml_tensor * x, int n_rot, float freq_base, float freq_scale,
+                                    ggml_tensor * freq_factors) noexcept:
+    """rope() over the first n_rot dims of each head (a layer's own: LayerShape.n_rot)."""
     cdef const HParams * hp = st.hp
-    return ggml_rope_ext(st.ctx, x, st.inp_pos, freq_factors, hp.n_rot, hp.rope_type, hp.n_ctx_orig,
+    return ggml_rope_ext(st.ctx, x, st.inp_pos, freq_factors, n_rot, hp.rope_type, hp.n_ctx_orig,
                          freq_base, freq_scale, hp.rope_ext_factor, hp.rope_attn_factor,
                          hp.yarn_beta_fast, hp.yarn_beta_slow)  # without YaRN: ext_factor 0, attn_factor 1
 
@@ -414,6 +421,9 @@ cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, 
 
     q: (head_dim_k, n_head, n_tokens), k: (head_dim_k, n_head_kv, n_tokens),
     v: (head_dim_v * n_head_kv, n_tokens).  Returns (head_dim_v * n_head, n_tokens).
+    The widths are layer il's (KVCache.shapes).  k and v NULL: the layer
+    stores nothing and attends over the K and V of the layer it shares them
+    with (Gemma 4), which the cache's k[il] and v[il] are.
     sinks, optional (n_head): a logit per head that joins every softmax
     without a value (gpt-oss), as llama.cpp's soft_max/flash_attn add_sinks.
 
@@ -422,41 +432,46 @@ cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, 
     that softmax(KQ) @ V is a plain mul_mat over contiguous rows, as in
     llama.cpp, whose summation order this path reproduces.
     """
-    cdef const HParams * hp = st.hp
     cdef ggml_context * ctx = st.ctx
+    cdef const LayerShape * shape = &cache.shapes[il]
+    cdef int64_t n_head = q.ne[1], n_head_kv = shape.n_head_kv
+    cdef int64_t head_dim_k = shape.head_dim_k, head_dim_v = shape.head_dim_v
     cdef ggml_tensor * kc = cache.k[il]
     cdef ggml_tensor * vc = cache.v[il]
-    cdef int64_t k_row = hp.head_dim_k * hp.n_head_kv
-    cdef int64_t v_row = hp.head_dim_v * hp.n_head_kv
+    cdef int64_t k_row = head_dim_k * n_head_kv
+    cdef int64_t v_row = head_dim_v * n_head_kv
     cdef size_t v_el = ggml_element_size(vc)
 
     # The writes into the cache are expanded first, so they run before the reads
     # below.  Their destinations come from index inputs, not from view offsets,
     # so one graph serves every step of the same shape.
-    ggml_build_forward_expand(st.gf, ggml_set_rows(ctx, kc, ggml_reshape_2d(ctx, k, k_row, st.n_tokens),
-                                                   st.inp_k_idx))
-    if st.flash_attn:
-        ggml_build_forward_expand(st.gf, ggml_set_rows(ctx, vc, v, st.inp_k_idx))
-    else:  # one element per "row" of the flattened, transposed V
-        ggml_build_forward_expand(st.gf, ggml_set_rows(
-            ctx, ggml_reshape_2d(ctx, vc, 1, v_row * cache.kv_size), ggml_reshape_2d(ctx, v, 1, v_row * st.n_tokens),
-            st.inp_v_idx))
+    if k != NULL:
+        ggml_build_forward_expand(st.gf, ggml_set_rows(ctx, kc, ggml_reshape_2d(ctx, k, k_row, st.n_tokens),
+                                                       st.inp_k_idx))
+        if st.flash_attn:
+            ggml_build_forward_expand(st.gf, ggml_set_rows(ctx, vc, v, st.inp_k_idx))
+        else:  # one element per "row" of the flattened, transposed V, padded to the widest layer's
+            if v_row < st.v_row:
+                v = ggml_pad(ctx, v, st.v_row - v_row, 0, 0, 0)
+            ggml_build_forward_expand(st.gf, ggml_set_rows(
+                ctx, ggml_reshape_2d(ctx, vc, 1, st.v_row * cache.kv_size),
+                ggml_reshape_2d(ctx, v, 1, st.v_row * st.n_tokens), st.inp_v_idx))
 
-    cdef ggml_tensor * keys = ggml_view_3d(ctx, kc, hp.head_dim_k, st.n_kv, hp.n_head_kv,
-                                           kc.nb[1], ggml_row_size(kc.type, hp.head_dim_k), 0)
+    cdef ggml_tensor * keys = ggml_view_3d(ctx, kc, head_dim_k, st.n_kv, n_head_kv,
+                                           kc.nb[1], ggml_row_size(kc.type, head_dim_k), 0)
     cdef ggml_tensor * values
     cdef ggml_tensor * out
     q = ggml_permute(ctx, q, 0, 2, 1, 3)  # (head_dim_k, n_tokens, n_head)
     if st.flash_attn:
-        values = ggml_view_3d(ctx, vc, hp.head_dim_v, st.n_kv, hp.n_head_kv,
-                              vc.nb[1], ggml_row_size(vc.type, hp.head_dim_v), 0)
+        values = ggml_view_3d(ctx, vc, head_dim_v, st.n_kv, n_head_kv,
+                              vc.nb[1], ggml_row_size(vc.type, head_dim_v), 0)
         if st.n_runs > 1 and st.n_tokens >= FA_TILE_ROWS:
             return _flash_attention_per_run(st, q, keys, values, mask, kq_scale, sinks)
         out = ggml_flash_attn_ext(ctx, q, keys, values, mask, kq_scale, 0.0, 0.0)
         ggml_flash_attn_ext_add_sinks(out, sinks)
-        return ggml_reshape_2d(ctx, out, hp.head_dim_v * hp.n_head, st.n_tokens)
-    values = ggml_view_3d(ctx, vc, st.n_kv, hp.head_dim_v, hp.n_head_kv,
-                          cache.kv_size * v_el, cache.kv_size * v_el * hp.head_dim_v, 0)  # (n_kv, head_dim_v, n_head_kv)
+        return ggml_reshape_2d(ctx, out, head_dim_v * n_head, st.n_tokens)
+    values = ggml_view_3d(ctx, vc, st.n_kv, head_dim_v, n_head_kv,
+                          cache.kv_size * v_el, cache.kv_size * v_el * head_dim_v, 0)  # (n_kv, head_dim_v, n_head_kv)
     if st.decode_kernels and 2 <= st.n_tokens <= DECODE_KERNEL_COLUMNS:
         return _attention_per_token(st, q, keys, values, mask, kq_scale, sinks)
     out = ggml_mul_mat(ctx, keys, q)                                       # (n_kv, n_tokens, n_head)
@@ -464,7 +479,7 @@ cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, 
     ggml_soft_max_add_sinks(out, sinks)
     out = ggml_mul_mat(ctx, values, out)                                   # (head_dim_v, n_tokens, n_head)
     out = ggml_permute(ctx, out, 0, 2, 1, 3)                               # (head_dim_v, n_head, n_tokens)
-    return ggml_cont_2d(ctx, out, hp.head_dim_v * hp.n_head, st.n_tokens)
+    return ggml_cont_2d(ctx, out, head_dim_v * n_head, st.n_tokens)
 
 
 cdef ggml_tensor * _flash_attention_per_run(Step * st, ggml_tensor * q, ggml_tensor * keys, ggml_tensor * values,
@@ -475,9 +490,9 @@ cdef ggml_tensor * _flash_attention_per_run(Step * st, ggml_tensor * q, ggml_ten
     a step of its own -- the one-row kernel below 64 rows, whose result does
     not depend on the other sequences' cells -- where one op for the step
     would take the tiled kernel and round every sequence otherwise.
-    q: (head_dim_k, n_tokens, n_head), permuted."""
-    cdef const HParams * hp = st.hp
+    q: (head_dim_k, n_tokens, n_head), permuted; values (head_dim_v, n_kv, n_head_kv)."""
     cdef ggml_context * ctx = st.ctx
+    cdef int64_t n_head = q.ne[2], head_dim_v = values.ne[0]
     cdef ggml_tensor * out = NULL
     cdef ggml_tensor * part
     cdef int r, start = 0, n, first, rows
@@ -494,7 +509,7 @@ cdef ggml_tensor * _flash_attention_per_run(Step * st, ggml_tensor * q, ggml_ten
             keys, values, ggml_view_2d(ctx, mask, mask.ne[0], rows, mask.nb[1], <size_t> first * mask.nb[1]),
             kq_scale, 0.0, 0.0)
         ggml_flash_attn_ext_add_sinks(part, sinks)
-        part = ggml_reshape_2d(ctx, part, hp.head_dim_v * hp.n_head, rows)
+        part = ggml_reshape_2d(ctx, part, head_dim_v * n_head, rows)
         if rows != n:
             part = ggml_view_2d(ctx, part, part.ne[0], 1, part.nb[1], <size_t> (start - first) * part.nb[1])
         out = part if out == NULL else ggml_concat(ctx, out, part, 1)
@@ -507,19 +522,20 @@ cdef ggml_tensor * _attention_per_token(Step * st, ggml_tensor * q, ggml_tensor 
     """attention()'s products for a step of generated tokens (decode_kernels):
     one column per head and token, as a one-token step computes them, so
     that each token attends exactly as it would alone.  q: (head_dim_k,
-    n_tokens, n_head), permuted; the result as attention() returns it."""
-    cdef const HParams * hp = st.hp
+    n_tokens, n_head), permuted; values (n_kv, head_dim_v, n_head_kv); the
+    result as attention() returns it."""
     cdef ggml_context * ctx = st.ctx
+    cdef int64_t head_dim_k = q.ne[0], n_head = q.ne[2], head_dim_v = values.ne[1]
     # (head_dim_k, 1, n_head, n_tokens): the KV heads broadcast over dim 2, as in
     # a one-token step, and dim 3 (one "matrix" per token) over the single one.
-    q = ggml_reshape_4d(ctx, ggml_cont(ctx, ggml_permute(ctx, q, 0, 2, 1, 3)), hp.head_dim_k, 1, hp.n_head, st.n_tokens)
+    q = ggml_reshape_4d(ctx, ggml_cont(ctx, ggml_permute(ctx, q, 0, 2, 1, 3)), head_dim_k, 1, n_head, st.n_tokens)
     cdef ggml_tensor * kq = ggml_mul_mat(ctx, keys, q)                   # (n_kv, 1, n_head, n_tokens)
-    kq = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, kq, st.n_kv, hp.n_head, st.n_tokens), 0, 2, 1, 3))
+    kq = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, kq, st.n_kv, n_head, st.n_tokens), 0, 2, 1, 3))
     kq = ggml_soft_max_ext(ctx, kq, mask, kq_scale, 0.0)                 # (n_kv, n_tokens, n_head): a mask row per token
     ggml_soft_max_add_sinks(kq, sinks)
-    kq = ggml_reshape_4d(ctx, ggml_cont(ctx, ggml_permute(ctx, kq, 0, 2, 1, 3)), st.n_kv, 1, hp.n_head, st.n_tokens)
+    kq = ggml_reshape_4d(ctx, ggml_cont(ctx, ggml_permute(ctx, kq, 0, 2, 1, 3)), st.n_kv, 1, n_head, st.n_tokens)
     cdef ggml_tensor * out = ggml_mul_mat(ctx, values, kq)               # (head_dim_v, 1, n_head, n_tokens)
-    return ggml_reshape_2d(ctx, out, hp.head_dim_v * hp.n_head, st.n_tokens)
+    return ggml_reshape_2d(ctx, out, head_dim_v * n_head, st.n_tokens)
 
 
 cdef inline ggml_tensor * ffn_gated(Step * st, LayerWeights * lw, ggml_tensor * x, bint gelu) noexcept:

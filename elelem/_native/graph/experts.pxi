@@ -55,14 +55,22 @@ cdef ggml_tensor * matmul_id(Step * st, ggml_tensor * w, ggml_tensor * x, ggml_t
     return ggml_mul_mat_id(st.ctx, w, x, ids)
 
 
-cdef ggml_tensor * ffn_moe(Step * st, LayerWeights * lw, ggml_tensor * x) noexcept:
-    """The routed experts of one layer for x (n_embd, n_tokens): (n_embd, n_tokens)."""
+cdef ggml_tensor * ffn_moe(Step * st, LayerWeights * lw, ggml_tensor * x, ggml_tensor * logits=NULL) noexcept:
+    """The routed experts of one layer for x (n_embd, n_tokens): (n_embd, n_tokens).
+
+    ``logits`` (n_expert, n_tokens), when given, are the router's (Gemma 4
+    routes from its own input, build_moe_ffn's probs_in); else the router
+    runs on x.  The experts' gate and up are two stacks or one
+    (ffn_gate_up_exps, gate first: Gemma 4), their activation SwiGLU, gpt-oss's
+    clamped SwiGLU or GeGLU (HParams), and each expert's output may be scaled
+    (ffn_down_exps_s, llama.cpp's down_exps_s)."""
     cdef const HParams * hp = st.hp
     cdef ggml_context * ctx = st.ctx
     cdef int64_t n_embd = x.ne[0]
     cdef int64_t n_tokens = x.ne[1]
     cdef int n_used = hp.n_expert_used
-    cdef ggml_tensor * logits = linear(st, lw.ffn_gate_inp, lw.ffn_gate_inp_b, x)   # (n_expert, n_tokens)
+    if logits == NULL:
+        logits = linear(st, lw.ffn_gate_inp, lw.ffn_gate_inp_b, x)   # (n_expert, n_tokens)
     cdef ggml_tensor * probs
     if hp.expert_gating == 0:
         probs = ggml_soft_max(ctx, logits)
@@ -88,18 +96,34 @@ cdef ggml_tensor * ffn_moe(Step * st, LayerWeights * lw, ggml_tensor * x) noexce
     ggml_build_forward_expand(st.gf, weights)   # as llama.cpp: computed before the experts
 
     x = ggml_reshape_3d(ctx, x, n_embd, 1, n_tokens)
-    cdef ggml_tensor * up = matmul_id(st, lw.ffn_up_exps, x, chosen)                 # (n_ff_exp, n_used, n_tokens)
-    if lw.ffn_up_exps_b != NULL:
-        up = ggml_add_id(ctx, up, lw.ffn_up_exps_b, chosen)
-    cdef ggml_tensor * gate = matmul_id(st, lw.ffn_gate_exps, x, chosen)
-    if lw.ffn_gate_exps_b != NULL:
-        gate = ggml_add_id(ctx, gate, lw.ffn_gate_exps_b, chosen)
+    cdef ggml_tensor * up
+    cdef ggml_tensor * gate
+    cdef int64_t n_ff
+    if lw.ffn_gate_up_exps != NULL:
+        up = matmul_id(st, lw.ffn_gate_up_exps, x, chosen)                          # (2 n_ff_exp, n_used, n_tokens)
+        n_ff = up.ne[0] // 2
+        gate = ggml_view_3d(ctx, up, n_ff, up.ne[1], up.ne[2], up.nb[1], up.nb[2], 0)
+        up = ggml_view_3d(ctx, up, n_ff, up.ne[1], up.ne[2], up.nb[1], up.nb[2], n_ff * up.nb[0])
+    else:
+        up = matmul_id(st, lw.ffn_up_exps, x, chosen)                               # (n_ff_exp, n_used, n_tokens)
+        if lw.ffn_up_exps_b != NULL:
+            up = ggml_add_id(ctx, up, lw.ffn_up_exps_b, chosen)
+        gate = matmul_id(st, lw.ffn_gate_exps, x, chosen)
+        if lw.ffn_gate_exps_b != NULL:
+            gate = ggml_add_id(ctx, gate, lw.ffn_gate_exps_b, chosen)
     cdef ggml_tensor * h
     if hp.expert_swiglu_oai:
         h = ggml_swiglu_oai(ctx, gate, up, 1.702, 7.0)   # llama.cpp's LLM_FFN_SWIGLU_OAI_MOE constants
+    elif hp.expert_gelu:
+        h = ggml_geglu_split(ctx, gate, up)
     else:
         h = ggml_swiglu_split(ctx, gate, up)
     cdef ggml_tensor * experts = matmul_id(st, lw.ffn_down_exps, h, chosen)          # (n_embd, n_used, n_tokens)
+    cdef ggml_tensor * scale
+    if lw.ffn_down_exps_s != NULL:   # llama.cpp's build_lora_mm_id: each chosen expert's scale
+        scale = ggml_repeat_4d(ctx, ggml_reshape_3d(ctx, lw.ffn_down_exps_s, 1, hp.n_expert, 1),
+                               1, hp.n_expert, n_tokens, 1)
+        experts = ggml_mul(ctx, experts, ggml_get_rows(ctx, scale, chosen))
     if lw.ffn_down_exps_b != NULL:
         experts = ggml_add_id(ctx, experts, lw.ffn_down_exps_b, chosen)
     experts = ggml_mul(ctx, experts, weights)

@@ -1,4 +1,5 @@
-"""Byte-level BPE (``tokenizer.ggml.model = "gpt2"``): GPT-2, Qwen2, Llama 3, SmolLM.
+"""Byte-level BPE (``tokenizer.ggml.model = "gpt2"``): GPT-2, Qwen2, Llama 3, SmolLM; and
+Gemma 4's BPE over SentencePiece-style pieces (``"gemma4"``, at the end).
 
 Text is split into words by the pre-tokenizer, each word's UTF-8 bytes are
 written with GPT-2's byte-to-character table, and adjacent symbols are merged by
@@ -7,6 +8,7 @@ rank (the position of ``"left right"`` in ``tokenizer.ggml.merges``) as
 """
 from __future__ import annotations
 
+import re
 from typing import Mapping, Optional, Sequence
 
 from .cache import BoundedCache
@@ -93,4 +95,65 @@ class ByteLevelBPE:
                 single = lookup(chr(b)) if b < 0x80 else None
                 if single is not None:
                     ids.append(single)
+        return tuple(ids)
+
+
+# Gemma 4's tokenizer (``tokenizer.ggml.model = "gemma4"``): llama.cpp's
+# LLAMA_VOCAB_PRE_TYPE_GEMMA4 path of llm_tokenizer_bpe_session.
+SPACE_MARK = "\u2581"
+_LINES = re.compile(r"[^\n]+|\n+")
+
+
+class SentencePieceStyleBPE:
+    """Words to ids for Gemma 4's vocabulary: BPE merges by rank, as byte-level
+    BPE, but over raw UTF-8 characters with spaces written ``▁`` (SentencePiece
+    style), and ``<0xNN>`` tokens for bytes no piece covers.
+
+    As llama.cpp: every space becomes ``▁`` (escape_whitespaces), the text is
+    split into runs of newlines and runs of anything else (the only split its
+    regex ``[^\\n]+|[\\n]+`` makes), a run of newlines that is itself a token
+    is that token (llama.cpp#21343), every other run is merged from its
+    characters by rank, and a piece with no token is written byte by byte as
+    ``<0xNN>`` tokens (bytes without one are dropped)."""
+
+    CACHE_MAX_WORD = 256
+
+    def __init__(self, token_to_id: Mapping[str, int], merges: Sequence[str], *, cache_size: int = 1 << 16):
+        self._token_to_id = token_to_id
+        self._merges = merges
+        self._ranks: Optional[dict[str, int]] = None
+        self._cache = BoundedCache(cache_size)
+
+    @property
+    def ranks(self) -> dict[str, int]:
+        """Merge rule text ``"left right"`` -> rank (first of duplicates wins).
+        Symbols never hold a space (spaces are ``▁`` by then), so ``left + " "
+        + right`` finds exactly the rule llama.cpp parsed into that pair."""
+        if self._ranks is None:
+            n = len(self._merges)
+            self._ranks = dict(zip(reversed(self._merges), range(n - 1, -1, -1)))
+            self._merges = ()
+        return self._ranks
+
+    def encode(self, text: str, out: list[int]) -> None:
+        """Append the ids of ``text`` (a fragment with no special tokens) to ``out``."""
+        words = _LINES.findall(text.replace(" ", SPACE_MARK))
+        self._cache.extend_encoded(out, words, self._encode_word, self.CACHE_MAX_WORD)
+
+    def _encode_word(self, word: str) -> tuple[int, ...]:
+        lookup = self._token_to_id.get
+        if word[0] == "\n":  # a run of newlines (the split makes nothing else start with one)
+            whole = lookup(word)
+            if whole is not None:
+                return (whole,)
+        ids = []
+        for part in merge(list(word), self.ranks, " "):
+            token_id = lookup(part)
+            if token_id is not None:
+                ids.append(token_id)
+                continue
+            for b in part.encode("utf-8"):
+                byte_id = lookup(f"<0x{b:02X}>")
+                if byte_id is not None:
+                    ids.append(byte_id)
         return tuple(ids)

@@ -5,7 +5,7 @@ import operator
 from typing import Any, Iterable, Mapping, Optional, Union
 
 from ...errors import GGUFError, InvalidArgumentError, InvalidTokenError
-from .bpe import ByteLevelBPE
+from .bpe import ByteLevelBPE, SentencePieceStyleBPE
 from .pieces import build_pieces
 from .pretokenize import pretokenizer_for
 from .special import SpecialTokenSplitter
@@ -23,11 +23,12 @@ class Tokenizer:
     """Encode and decode text exactly as llama.cpp does for the same GGUF.
 
     Build one with :meth:`from_metadata`.  Supports byte-level BPE
-    (``tokenizer.ggml.model = "gpt2"``), SentencePiece BPE (``"llama"``) and
-    WordPiece (``"bert"``).
+    (``tokenizer.ggml.model = "gpt2"``), SentencePiece BPE (``"llama"``),
+    WordPiece (``"bert"``) and Gemma 4's BPE over ``▁`` pieces (``"gemma4"``).
     """
 
-    def __init__(self, vocab: Vocab, model: Union[ByteLevelBPE, SentencePieceBPE, WordPiece]):
+    def __init__(self, vocab: Vocab,
+                 model: Union[ByteLevelBPE, SentencePieceBPE, SentencePieceStyleBPE, WordPiece]):
         self._vocab = vocab
         self._model = model
         self._spm = isinstance(model, SentencePieceBPE)
@@ -74,6 +75,13 @@ class Tokenizer:
         if model_type == "llama":
             vocab = load_vocab(meta)
             return cls(vocab, SentencePieceBPE(vocab))
+        if model_type == "gemma4":
+            vocab = load_vocab(meta)
+            merges = meta.get("tokenizer.ggml.merges")
+            if merges is None:
+                raise GGUFError("a gemma4 tokenizer GGUF has no tokenizer.ggml.merges")
+            merges = merges.tolist() if hasattr(merges, "tolist") else list(merges)
+            return cls(vocab, SentencePieceStyleBPE(vocab.token_to_id, merges))
         if model_type == "bert":
             vocab = load_vocab(meta)
             check_wordpiece_vocab(vocab)

@@ -66,14 +66,14 @@ _FORCED_USER_DEFINED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|
 
 _KEY = "tokenizer.ggml."
 #: the tokenizer.ggml.model values elelem reads
-MODELS = ("gpt2", "llama", "bert")
+MODELS = ("gpt2", "llama", "bert", "gemma4")
 
 
 @dataclass
 class Vocab:
     """Token pieces and what llama.cpp derives from them."""
 
-    model: str                      # tokenizer.ggml.model: "gpt2", "llama" or "bert"
+    model: str                      # tokenizer.ggml.model: "gpt2", "llama", "bert" or "gemma4"
     tokens: list[str]
     attrs: list[int]
     scores: Optional[list[float]]
@@ -154,6 +154,10 @@ def load_vocab(meta: Mapping[str, Any], *, pre_add_bos: bool = False, pre_has_bo
         # bert-base's [CLS], [UNK], [SEP], [PAD], [MASK] ids are llama.cpp's defaults.
         ids = {"bos": 101, "eos": None, "unk": 100, "sep": 102, "pad": 0, "mask": 103}
         add_bos, add_eos, add_space_prefix = True, False, False
+    elif model == "gemma4":
+        # Gemma 4: BPE with no default special ids (the GGUF gives them).
+        ids = {"bos": None, "eos": None, "unk": None}
+        add_bos, add_eos, add_space_prefix = True, False, False
     else:
         ids = {"bos": 11 if pre_has_bos else None, "eos": 11, "unk": None}
         add_bos, add_eos, add_space_prefix = pre_add_bos, False, False
@@ -195,6 +199,8 @@ def load_vocab(meta: Mapping[str, Any], *, pre_add_bos: bool = False, pre_has_bo
                 add_space_prefix = value
     if not spm:
         add_space_prefix = False  # llama.cpp: BPE vocabs never add a space prefix
+    if model == "gemma4":
+        add_bos = True  # llama.cpp overrides a false add_bos_token for Gemma 4 (llama.cpp#21500)
 
     eog = _detect_special_by_text(tokens, attrs, token_to_id, ids)
 
