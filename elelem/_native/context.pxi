@@ -368,10 +368,10 @@ cdef class Context:
         before ``p0`` (taken before steps of several tokens, and after prompt
         steps: :meth:`_snapshot_before`), and the tokens from there to ``p0``
         are evaluated again (logged).  Never a wrong state."""
-        self._check_idle()
         cache = self.cache
-        if not cache.hybrid:
+        if not cache.hybrid:   # the cells alone, as before (also on a context lost with its server)
             return cache.seq_rm(seq, p0)
+        self._check_idle()
         cdef int s = cache._check_seq(seq)
         cdef int length = cache.seq_length[s]
         p = _as_integer("the position to trim from", p0)
@@ -400,8 +400,10 @@ cdef class Context:
         """Let empty sequence ``dst`` see ``src``'s first ``n`` positions (all by
         default).  A hybrid model's recurrent state is copied with them: whole,
         or from a snapshot and the tokens after it evaluated again."""
-        self._check_idle()
         cache = self.cache
+        if not cache.hybrid:
+            return cache.seq_cp(src, dst, n)
+        self._check_idle()
         cdef int a = cache._check_seq(src)
         count = cache.seq_length[a] if n is None else _as_integer("the prefix length", n)
         if not cache.hybrid or count == cache.seq_length[a]:
