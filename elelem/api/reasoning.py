@@ -138,12 +138,6 @@ class ReasoningStream(CallStream):
         self._lead = True          # whitespace at the start of the reasoning, or of the content after it
         self._pending = ""         # the reasoning's trailing whitespace, held
 
-    def feed(self, delta: str) -> list[Event]:
-        events: list[Event] = []
-        self._buffer += delta
-        self._drain(events, final=False)
-        return events
-
     def finish(self) -> list[Event]:
         events: list[Event] = []
         self._drain(events, final=True)

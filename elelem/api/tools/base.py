@@ -122,32 +122,7 @@ def json_end(text: str, start: int = 0) -> Optional[int]:
 
     Only the brackets outside strings are counted: whether the closed text
     is valid JSON is for :func:`load_json` to say."""
-    i, n = start, len(text)
-    while i < n and text[i] in " \t\r\n":
-        i += 1
-    if i == n:
-        return None
-    if text[i] not in "{[":
-        return -1
-    depth, in_string, escaped = 0, False, False
-    for j in range(i, n):
-        ch = text[j]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return j + 1
-    return None
+    return JsonEnd(start).scan(text)
 
 
 class JsonEnd:
@@ -371,6 +346,13 @@ class CallStream:
         self.calls: list[dict] = []
 
     def feed(self, delta: str) -> list[Event]:
+        """By default: the text joins a buffer that ``_drain`` reads as far as it can."""
+        events: list[Event] = []
+        self._buffer += delta
+        self._drain(events, final=False)
+        return events
+
+    def _drain(self, events: list[Event], final: bool) -> None:
         raise NotImplementedError
 
     def finish(self) -> list[Event]:
@@ -433,12 +415,6 @@ class TaggedCallStream(CallStream):
         self._buffer = ""
         self._started = False      # any non-whitespace content, or a call, seen
         self._pending_space = ""   # whitespace held until we know it is not between calls
-
-    def feed(self, delta: str) -> list[Event]:
-        events: list[Event] = []
-        self._buffer += delta
-        self._drain(events, final=False)
-        return events
 
     def finish(self) -> list[Event]:
         events: list[Event] = []

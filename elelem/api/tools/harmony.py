@@ -96,12 +96,6 @@ class HarmonyStream(CallStream):
         self._body = ""        # a call's body so far
         self._json = JsonEnd()  # where a call's JSON closes, scanned as it arrives
 
-    def feed(self, delta: str) -> list[Event]:
-        events: list[Event] = []
-        self._buffer += delta
-        self._drain(events, final=False)
-        return events
-
     def finish(self) -> list[Event]:
         events: list[Event] = []
         self._drain(events, final=True)
