@@ -40,6 +40,12 @@ cdef int _small_batch_isa = ELELEM_SMALL_BATCH_NONE
 # "0": leave those steps to ggml's one-column kernels; "avx2": the AVX2
 # kernels even where the CPU has AVX-512 VNNI (for tests and benchmarks).
 SMALL_BATCH_ENV = "ELELEM_SMALL_BATCH"
+# Whether one-token steps take elelem's AVX-512 kernels too (only they can:
+# the AVX2 ones are even with ggml's there), which pays on some CPUs only
+# (kernels/small_batch.c, elelem_small_batch_one_token_pays); "0"/"1" in
+# ONE_TOKEN_ENV overrides the choice, for benchmarks.
+cdef bint _small_batch_one_token = False
+ONE_TOKEN_ENV = "ELELEM_SMALL_BATCH_ONE_TOKEN"
 SMALL_BATCH_ISAS = {"": ELELEM_SMALL_BATCH_NONE, "avx2": ELELEM_SMALL_BATCH_AVX2,
                     "avx512": ELELEM_SMALL_BATCH_AVX512}
 
@@ -113,7 +119,7 @@ cdef void _load_cpu_backend() except *:
             ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU) == NULL:
         raise ImportError(f"{paths[chosen]} is not a ggml CPU backend elelem can drive")
     _cpu_choice.update(variant=chosen, path=paths[chosen], scores=scores, forced=bool(forced))
-    global _cpu_tinyblas_quantized, _cpu_tiled_min_columns, _small_batch_isa
+    global _cpu_tinyblas_quantized, _cpu_tiled_min_columns, _small_batch_isa, _small_batch_one_token
     compiled = {name for name, value in _cpu_features() if value == "1"}
     _cpu_tinyblas_quantized = "LLAMAFILE" in compiled and "AVX" in compiled
     _cpu_tiled_min_columns = INT64_MAX if "AVX" not in compiled or _env_int("GGML_CPU_TILED_MM", 1) == 0 \
@@ -128,6 +134,7 @@ cdef void _load_cpu_backend() except *:
     wanted = SMALL_BATCH_ISAS[requested] if requested in ("avx2", "avx512") else cpu_isa
     _small_batch_isa = ELELEM_SMALL_BATCH_NONE if requested == "0" or not {"AVX2", "FMA", "F16C"} <= compiled \
         else min(cpu_isa, wanted)
+    _small_batch_one_token = _one_token_choice(_small_batch_isa)
     _log.debug("CPU backend: %s (scores %s)", chosen, scores)
 
 
@@ -206,6 +213,7 @@ def cpu_backend_info():
         "small_batch_cpu": _cpu_choice["small_batch_cpu"],
         "small_batch_isa": _isa_name(_small_batch_isa),
         "small_batch_kernels": _small_batch_isa != ELELEM_SMALL_BATCH_NONE,
+        "small_batch_one_token": _small_batch_one_token,
     }
 
 
@@ -217,7 +225,7 @@ def _set_small_batch_isa(str name):
     """Use the small-batch kernels of this instruction set ("" = off) in
     graphs built from now on; returns the one in use before.  For tests that
     check the AVX2 kernels on a CPU that would choose AVX-512's."""
-    global _small_batch_isa
+    global _small_batch_isa, _small_batch_one_token
     if name not in SMALL_BATCH_ISAS:
         raise ValueError(f"unknown small-batch kernels {name!r}: expected one of {sorted(SMALL_BATCH_ISAS)}")
     cdef int isa = SMALL_BATCH_ISAS[name]
@@ -225,4 +233,14 @@ def _set_small_batch_isa(str name):
         raise ValueError(f"this CPU cannot run the {name} small-batch kernels")
     before = _isa_name(_small_batch_isa)
     _small_batch_isa = isa
+    _small_batch_one_token = _one_token_choice(isa)
     return before
+
+
+cdef bint _one_token_choice(int isa):
+    if isa != ELELEM_SMALL_BATCH_AVX512:
+        return False
+    requested = os.environ.get(ONE_TOKEN_ENV, "").strip()
+    if requested in ("0", "1"):
+        return requested == "1"
+    return elelem_small_batch_one_token_pays() != 0

@@ -344,6 +344,7 @@ cdef extern from "kernels/small_batch.h" nogil:
     enum: ELELEM_SMALL_BATCH_AVX2
     enum: ELELEM_SMALL_BATCH_AVX512
     int elelem_small_batch_cpu()
+    int elelem_small_batch_one_token_pays()
     int elelem_small_batch_serves(ggml_type weight)
     ggml_type elelem_small_batch_activation_type(ggml_type weight)
     int64_t elelem_small_batch_prepared_bytes(int isa, ggml_type weight, int64_t n_in, int64_t n_columns)

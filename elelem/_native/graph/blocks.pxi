@@ -337,8 +337,9 @@ cdef inline bint _small_batch_takes(Step * st, ggml_tensor * w, ggml_tensor * x)
       tokens in groups of 8 columns (a Qwen2.5-Coder step of 12 was 0.35
       away from one-token steps through tinyBLAS, Gemma-3's 1.6, and took
       137-147 ms against 284; 33 tokens 360-371 against 477).  One
-      token only with AVX-512: faster than ggml's mul_mat there, same numbers;
-      the AVX2 kernels are only even with it (Zen 3, step_widths.py:
+      token only with AVX-512, and only on the CPUs where that is faster
+      than ggml's mul_mat (AMD's: kernels/small_batch.c), same numbers; the
+      AVX2 kernels are only even with it (Zen 3, step_widths.py:
       0.90-1.05x).  A Q5_0 weight stays narrow: its blocks are unpacked once
       for all the columns, so its Q8_0 copy would only be more bytes to read
       (Qwen, 8 tokens on Zen 3: 86-96 ms against 95-105 with the copies).
@@ -354,7 +355,7 @@ cdef inline bint _small_batch_takes(Step * st, ggml_tensor * w, ggml_tensor * x)
             or not ggml_is_contiguous(x) or not _plain_quantized(w) or not elelem_small_batch_serves(w.type)):
         return False
     if st.decode_kernels:
-        return n >= 2 or _small_batch_isa == ELELEM_SMALL_BATCH_AVX512
+        return n >= 2 or _small_batch_one_token
     if _cpu_tinyblas_quantized and _tinyblas_type(w.type):
         return False
     return 2 <= n < (_cpu_tiled_min_columns if _ggml_tiled_type(w.type) else INT64_MAX)

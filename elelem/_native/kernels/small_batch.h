@@ -44,7 +44,8 @@ enum elelem_small_batch_isa {
     ELELEM_SMALL_BATCH_AVX512 = 2,   /* and AVX-512 F/BW/VL/DQ/VNNI */
 };
 
-int elelem_small_batch_cpu(void);                      /* the best ISA this CPU runs */
+int elelem_small_batch_cpu(void);
+int elelem_small_batch_one_token_pays(void);          /* AVX-512 kernels beat ggml's on one column here */                      /* the best ISA this CPU runs */
 int elelem_small_batch_serves(enum ggml_type weight);  /* Q8_0, Q5_0, Q4_0, Q4_1, Q6_K */
 enum ggml_type elelem_small_batch_activation_type(enum ggml_type weight);  /* Q8_1 for Q4_1, Q8_K for Q6_K, else Q8_0 */
 int64_t elelem_small_batch_prepared_bytes(int isa, enum ggml_type weight, int64_t n_in, int64_t n_columns);
