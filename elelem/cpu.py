@@ -18,11 +18,13 @@ KERNEL_FLAGS = ("sse4_2", "avx", "f16c", "fma", "bmi2", "avx2", "avx_vnni", "avx
                 "avx512vl", "avx512_vbmi", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
 
 # ggml types kept out of the AMX buffer type by default (they then take the
-# AVX-512 repack path): a type goes here when benchmarks/cpu_paths.py, run on
-# an AMX CPU, finds its AMX prefill or decode slower.  Empty, as measured on
-# Sapphire Rapids (the README's AMX table): Q4_1 and Q8_0 are faster on AMX, Q4_K and
-# Q6_K even.
-AMX_SLOWER_TYPES: frozenset[str] = frozenset()
+# AVX-512 path): a type goes here when, on an AMX CPU, its AMX prefill or
+# decode is slower (docs/performance.md#amx-against-the-avx-512-path-and-llamacpp).
+# Measured on Sapphire Rapids, one thread, CPU time: Q4_1, Q8_0 and Q4_K are
+# faster on AMX; Q6_K is slower, both decoding (a 2048-wide model of Q6_K
+# weights 21 against 12.6 ms a token; a 32768 x 2048 Q6_K output head 10.9
+# against 7.8) and in a 256-token prompt (0.217 against 0.168 s).
+AMX_SLOWER_TYPES: frozenset[str] = frozenset({"q6_K"})
 
 AMX_BUFFER_TYPE = "AMX"
 

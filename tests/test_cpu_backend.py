@@ -138,10 +138,11 @@ def test_amx_reasons():
 
 
 def test_amx_takes_a_bool_or_the_weight_types_it_serves(tiny_model):
-    """LLM(amx=...) as the core gets it: None or True lets every AMX type in
-    (empty AMX_SLOWER_TYPES), False none, and names exactly those types."""
+    """LLM(amx=...) as the core gets it: None every AMX type but
+    AMX_SLOWER_TYPES, True every one, False none, and names exactly those types."""
     assert amx_types(True) is None and amx_types(False) == []
-    assert amx_types(None) is None
+    default = amx_types(None)
+    assert "q6_K" not in default and {"q4_0", "q4_1", "q8_0", "q4_K"} <= set(default)
     assert amx_types({"q4_1"}) == ["q4_1"] and amx_types("q8_0") == ["q8_0"]
     with pytest.raises(ValueError, match="'bf16' not among the types AMX takes"):
         amx_types(["q4_1", "bf16"])
