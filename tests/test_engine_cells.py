@@ -265,3 +265,31 @@ def test_a_sequences_new_cells_follow_the_cells_it_sees(tiny_model):
         context.close()
     finally:
         llm.close()
+
+
+def test_a_lone_token_in_a_cache_other_sequences_grew_gets_its_logits_alone(tiny_model):
+    # With one query row and 512 cells or more, ggml's flash attention splits
+    # the cells between its threads and sums them otherwise.  A short
+    # sequence alone never has that many cells, but in a cache that a long
+    # one has filled (the last stream still running) it would: so its row is
+    # taken twice, through the kernel it meets alone (graph/blocks.pxi,
+    # _flash_attention_lone_row).
+    path, _ = tiny_model(TinyConfig(wtype="q8_0"))
+    llm = elelem.LLM(path, n_threads=2)
+    rng = np.random.default_rng(11)
+    short, long = rng.integers(0, 96, 20).tolist(), rng.integers(0, 96, 600).tolist()
+    steps = [7, 8, 9, 10]
+    try:
+        context = elelem._core.new_context(llm._model, 1024, 320, 2, "f16", True, 2)
+        context.decode(short, 0)
+        context.decode(long[:300], 1)
+        context.decode(long[300:], 1)
+        shared = [context.decode([t], 0)[0].copy() for t in steps]
+        context.close()
+        context = elelem._core.new_context(llm._model, 1024, 320, 2, "f16", True, 2)
+        context.decode(short, 0)
+        for t, got in zip(steps, shared):
+            np.testing.assert_array_equal(got, context.decode([t], 0)[0])
+        context.close()
+    finally:
+        llm.close()

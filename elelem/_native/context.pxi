@@ -222,7 +222,8 @@ cdef class Context:
             raise
 
     cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs, bint embeddings,
-                           bint decode_kernels, const int32_t * seqs, int n_seqs=0) except NULL:
+                           bint decode_kernels, const int32_t * seqs, int n_seqs=0,
+                           bint pair_lone_row=False) except NULL:
         cdef Step * st = &self.graph_step
         cdef int n_runs = 0
         cdef int run_length[MAX_RUNS]
@@ -230,7 +231,8 @@ cdef class Context:
             n_runs = _sequence_runs(n_tokens, seqs, run_length)
         if self.graph_ready and st.n_tokens == n_tokens and st.n_kv == n_kv and st.n_outputs == n_outputs \
                 and st.embeddings == embeddings and st.decode_kernels == decode_kernels and st.n_runs == n_runs \
-                and st.n_seqs == n_seqs and memcmp(st.run_length, run_length, n_runs * sizeof(int)) == 0:
+                and st.n_seqs == n_seqs and st.pair_lone_row == pair_lone_row \
+                and memcmp(st.run_length, run_length, n_runs * sizeof(int)) == 0:
             return st
         self._drop_graph()
         memset(st, 0, sizeof(Step))
@@ -241,6 +243,7 @@ cdef class Context:
         st.decode_kernels = decode_kernels
         st.n_runs = n_runs
         st.n_seqs = n_seqs
+        st.pair_lone_row = pair_lone_row
         memcpy(st.run_length, run_length, n_runs * sizeof(int))
         self._build(st)
         if not self._sched_call(st.gf, 1, "allocating a step's graph"):
@@ -341,9 +344,15 @@ cdef class Context:
             raise errors.ContextLimitError(f"this model's position table holds {self.model.hp.n_ctx_train} "
                                            f"positions; the step reaches position {positions.max()}")
         cdef Step * st
+        cdef int n_kv = self.cache.n_kv()
+        # A lone token whose sequence alone would see fewer than FA_SPLIT_CELLS
+        # cells (KV_PAD-padded), in a cache grown past that by other sequences:
+        # blocks.pxi, _flash_attention_lone_row.
+        cdef bint pair_lone_row = (self.flash_attn and n == 1 and n_kv >= FA_SPLIT_CELLS
+                                   and ((positions[0] + KV_PAD) // KV_PAD) * KV_PAD < FA_SPLIT_CELLS)
         self.busy = True
         try:
-            st = self._graph_for(n, self.cache.n_kv(), n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs)
+            st = self._graph_for(n, n_kv, n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs, pair_lone_row)
             _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0])
             self._compute()
         except BaseException:

@@ -5,6 +5,9 @@
 # ggml's CPU flash attention takes its tiled kernel for 64 query rows or
 # more (GGML_FA_TILE_Q), its one-row kernel below; the two round differently.
 DEF FA_TILE_ROWS = 64
+# ... and with a single query row it splits the cells between its threads
+# from this many cells on (its split-KV path), summing them otherwise.
+DEF FA_SPLIT_CELLS = 512
 DEF MAX_RUNS = 8           # runs of sequences in a prompt step split as above, at most
 
 
@@ -21,6 +24,7 @@ cdef struct Step:
     bint flash_attn         # ggml_flash_attn_ext, else mul_mat + softmax (llama.cpp's default)
     bint embeddings         # the output is the final normed hidden state (n_embd rows), not logits
     bint decode_kernels     # every token is a generated one: small matmuls as one-token steps run them
+    bint pair_lone_row      # flash attention takes the step's one row twice (_flash_attention_lone_row)
     ggml_tensor * paired_of     # the activations last prepared for elelem's small-batch kernels ...
     ggml_tensor * paired        # ... and that preparation, reused by the matmuls that share them (q/k/v, gate/up)
     ggml_type paired_type       # its quantized type (Q8_0, Q8_1 or Q8_K)
@@ -468,6 +472,8 @@ cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, 
                               vc.nb[1], ggml_row_size(vc.type, head_dim_v), 0)
         if st.n_runs > 1 and st.n_tokens >= FA_TILE_ROWS:
             return _flash_attention_per_run(st, q, keys, values, mask, kq_scale, sinks)
+        if st.pair_lone_row:
+            return _flash_attention_lone_row(st, q, keys, values, mask, kq_scale, sinks)
         out = ggml_flash_attn_ext(ctx, q, keys, values, mask, kq_scale, 0.0, 0.0)
         ggml_flash_attn_ext_add_sinks(out, sinks)
         return ggml_reshape_2d(ctx, out, head_dim_v * n_head, st.n_tokens)
@@ -516,6 +522,25 @@ cdef ggml_tensor * _flash_attention_per_run(Step * st, ggml_tensor * q, ggml_ten
         out = part if out == NULL else ggml_concat(ctx, out, part, 1)
         start += n
     return out
+
+
+cdef ggml_tensor * _flash_attention_lone_row(Step * st, ggml_tensor * q, ggml_tensor * keys, ggml_tensor * values,
+                                             ggml_tensor * mask, float kq_scale, ggml_tensor * sinks) noexcept:
+    """attention()'s flash attention for a one-token step whose sequence
+    alone would have fewer than FA_SPLIT_CELLS cells, in a cache that other
+    sequences have filled past that (streams: the last one still running).
+    With one row, ggml would split the cells between its threads and round
+    otherwise than the sequence alone, which never saw that path; the row
+    and a copy of it take the one-row kernel over every cell in order, as
+    alone, and the copy is dropped.
+    q: (head_dim_k, 1, n_head), permuted; values (head_dim_v, n_kv, n_head_kv)."""
+    cdef ggml_context * ctx = st.ctx
+    cdef int64_t n_head = q.ne[2], head_dim_v = values.ne[0]
+    cdef ggml_tensor * out = ggml_flash_attn_ext(ctx, ggml_concat(ctx, q, q, 1), keys, values,
+                                                 ggml_concat(ctx, mask, mask, 1), kq_scale, 0.0, 0.0)
+    ggml_flash_attn_ext_add_sinks(out, sinks)
+    out = ggml_reshape_2d(ctx, out, head_dim_v * n_head, 2)
+    return ggml_view_2d(ctx, out, out.ne[0], 1, out.nb[1], 0)
 
 
 cdef ggml_tensor * _attention_per_token(Step * st, ggml_tensor * q, ggml_tensor * keys, ggml_tensor * values,
