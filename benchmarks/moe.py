@@ -290,6 +290,18 @@ def build_model(name: str, layers: int, smoke: bool, llama_python: str, threads:
     return dst
 
 
+def stream_bound(facts: dict, n_streams: int) -> float:
+    """The most N streams can gain over one, aggregate, where a step is bound
+    by the weights it reads: a step of N tokens reads the dense weights once
+    and every expert that any token chose.  With uniform independent routing
+    (random weights route so; real models' choices correlate, which reads
+    fewer), an expert goes unread with probability (1 - k/E)^N."""
+    e, k = facts["n_expert"], facts["n_expert_used"]
+    dense = facts["active_bytes_per_token"] - facts["expert_bytes"] * k / e
+    read = dense + facts["expert_bytes"] * (1 - (1 - k / e) ** n_streams)
+    return n_streams * facts["active_bytes_per_token"] / read
+
+
 def model_facts(path: Path) -> dict:
     """Size, tensor types and the bytes one decoded token reads."""
     from elelem.gguf.reader import read_gguf
@@ -298,7 +310,7 @@ def model_facts(path: Path) -> dict:
     n_expert = g.get(f"{arch}.expert_count")
     n_used = g.get(f"{arch}.expert_used_count")
     types: dict[str, Counter] = defaultdict(Counter)
-    total = active = 0
+    total = active = experts = 0
     tied = "output.weight" not in g.tensors
     for tname, t in g.tensors.items():
         kind = re.sub(r"^blk\.\d+\.", "", tname)
@@ -306,11 +318,13 @@ def model_facts(path: Path) -> dict:
         total += t.nbytes
         if "_exps." in tname:
             active += t.nbytes * n_used // n_expert
+            experts += t.nbytes
         elif tname == "token_embd.weight" and not tied:
             active += t.nbytes // t.shape[1]
         else:
             active += t.nbytes
     return dict(file_bytes=path.stat().st_size, tensor_bytes=total, active_bytes_per_token=active,
+                expert_bytes=experts,
                 n_expert=n_expert, n_expert_used=n_used,
                 types={k: dict(v) for k, v in types.items()})
 
@@ -706,7 +720,8 @@ def print_row(row: dict) -> None:
             print(f"     N={n}: wall {cs._fmt_range(wall)} tok/s ({statistics.median(wall) / base['wall_tok_s']:.2f}x), "
                   f"decode {cs._fmt_range(dec)} tok/s ({statistics.median(dec) / base['decode_tok_s']:.2f}x); "
                   f"tokens/stream {counts[0]}..{counts[-1]}; "
-                  + ("(solo)" if n == "1" else f"same as solo {same}/{n}"))
+                  + ("(solo)" if n == "1" else f"same as solo {same}/{n}; "
+                     f"bound from the weights read {stream_bound(row['facts'], int(n)):.2f}x"))
     prof = row.get("profile")
     if prof:
         print_profile(prof)

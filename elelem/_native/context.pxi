@@ -676,12 +676,10 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
     # split by sequence (graph/blocks.pxi) 5 more nodes a run for attention and
     # 3 a run for each repacked matmul (7 a layer at most); the arena is reused
     # by every step.
-    # An expert layer adds about 30 nodes and 2 per expert a token uses, and
-    # its three expert products may run in pieces of a step (graph/experts.pxi):
-    # 3 nodes a piece each.
+    # An expert layer adds about 30 nodes and 2 per expert a token uses (graph/experts.pxi).
     cdef size_t moe_nodes = 0
     if model.hp.n_expert > 0:
-        moe_nodes = 32 + 2 * model.hp.n_expert_used + 3 * 3 * (MAX_EXPERT_PIECES + MAX_RUNS)
+        moe_nodes = 32 + 2 * model.hp.n_expert_used
     c.graph_size = max(<size_t> GGML_DEFAULT_GRAPH_SIZE,
                        <size_t> model.hp.n_layer * (64 + (5 + 7 * 3) * MAX_RUNS + moe_nodes) + 256)
     c.graph_meta_size = ggml_tensor_overhead() * c.graph_size + ggml_graph_overhead_custom(c.graph_size, False)

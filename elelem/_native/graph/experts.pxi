@@ -4,54 +4,18 @@
 # choice, the chosen experts through ggml_mul_mat_id (biases through
 # ggml_add_id), each expert's output weighted, then summed in expert order.
 #
-# Batching.  ggml's plain mul_mat_id computes each token's rows with the
-# one-column dot product, whatever else is in the step; but the CPU
-# backend's repacked experts (CPU_REPACK: Q4_0, Q4_K, IQ4_NL, MXFP4 ... on
-# x86) take an expert's tokens 4 at a time through a gemm and the rest one
-# by one (gemv), which round differently.  So where the step's tokens are
-# not one sequence's prompt, the expert products run in pieces that give
-# each token the numbers it gets alone: a run of one sequence's prompt
-# tokens each (as _matmul_per_run), and generated tokens in threes (three
-# or fewer tokens routed to one expert all take the gemv).
+# Batching.  ggml's CPU mul_mat_id, plain (vec_dot) or on repacked experts
+# (CPU_REPACK's forward_mul_mat_id: its gemv), computes each token's row of
+# each chosen expert with the one-column kernel, whatever else is in the
+# step, so a token gets the numbers it gets alone in any batch: the expert
+# products need no splitting by sequence (tests/test_moe.py checks it).
 
 DEF MAX_USED_EXPERTS = 64       # experts a token is routed to, at most (elelem.model.architectures checks)
-DEF EXPERT_TOKENS_PER_PIECE = 3   # repack.cpp: "more than three rows in src1, use gemm"
-DEF MAX_EXPERT_PIECES = 16        # a step of generated tokens split at most so (48 tokens); wider ones run whole
 
 
-cdef inline ggml_tensor * _mul_mat_id_piece(Step * st, ggml_tensor * w, ggml_tensor * x, ggml_tensor * ids,
-                                            int start, int n) noexcept:
-    """w's experts times tokens [start, start + n) of x (n_in, n_x, n_tokens),
-    each with its ids (n_used, n_tokens)."""
-    cdef ggml_tensor * xs = ggml_view_3d(st.ctx, x, x.ne[0], x.ne[1], n, x.nb[1], x.nb[2], <size_t> start * x.nb[2])
-    cdef ggml_tensor * ids_s = ggml_view_2d(st.ctx, ids, ids.ne[0], n, ids.nb[1], <size_t> start * ids.nb[1])
-    return ggml_mul_mat_id(st.ctx, w, xs, ids_s)
-
-
-cdef ggml_tensor * matmul_id(Step * st, ggml_tensor * w, ggml_tensor * x, ggml_tensor * ids) noexcept:
+cdef inline ggml_tensor * matmul_id(Step * st, ggml_tensor * w, ggml_tensor * x, ggml_tensor * ids) noexcept:
     """The chosen experts of w (n_in, n_out, n_expert) times x (n_in, 1 or
-    n_used, n_tokens): (n_out, n_used, n_tokens).  See the top of this file."""
-    cdef int64_t n_tokens = x.ne[2]
-    cdef ggml_tensor * out = NULL
-    cdef ggml_tensor * part
-    cdef int r, start = 0, n
-    if not _repacked(w) or n_tokens < 2:
-        return ggml_mul_mat_id(st.ctx, w, x, ids)
-    if st.decode_kernels and n_tokens > EXPERT_TOKENS_PER_PIECE \
-            and n_tokens <= EXPERT_TOKENS_PER_PIECE * MAX_EXPERT_PIECES:
-        while start < n_tokens:
-            n = min(EXPERT_TOKENS_PER_PIECE, n_tokens - start)
-            part = _mul_mat_id_piece(st, w, x, ids, start, n)
-            out = part if out == NULL else ggml_concat(st.ctx, out, part, 2)
-            start += n
-        return out
-    if st.n_runs > 1 and n_tokens == st.n_tokens:
-        for r in range(st.n_runs):
-            n = st.run_length[r]
-            part = _mul_mat_id_piece(st, w, x, ids, start, n)
-            out = part if out == NULL else ggml_concat(st.ctx, out, part, 2)
-            start += n
-        return out
+    n_used, n_tokens): (n_out, n_used, n_tokens)."""
     return ggml_mul_mat_id(st.ctx, w, x, ids)
 
 
