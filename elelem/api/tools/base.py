@@ -31,6 +31,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from ...sampling.lazy import Trigger
+
 log = logging.getLogger("elelem")
 
 Event = tuple  # ("content", str) | ("reasoning", str) | ("tool_call", dict)
@@ -337,6 +339,13 @@ class ToolCallParser:
         (:class:`~elelem.sampling.constrained.Forced` tokens and grammars),
         for the model's vocabulary ``vocab`` (:class:`.constrained.Vocabulary`)."""
         raise NotImplementedError(f"the {self.name} format has no constrained calls")
+
+    def call_triggers(self, functions: Sequence[Mapping[str, Any]], vocab, *, required: bool) -> list:
+        """Where a call of one of ``functions`` starts in free text, each with the phases that
+        hold the call from there (:class:`~elelem.sampling.lazy.Trigger`): by default the
+        format's marker, followed by :meth:`constraint_phases`.  ``required``: the reply must
+        make a call (a format may then trigger earlier, on a marker every reply writes)."""
+        return [Trigger.word(self.start_tag, self.constraint_phases(functions, vocab))]
 
 
 class CallStream:

@@ -88,6 +88,11 @@ def json_expr(schema: Any) -> str:
     return "%json" + json.dumps(schema, ensure_ascii=False)
 
 
+#: A call written as bare JSON at the start of the reply (no markup), as llama.cpp's lazy
+#: grammars trigger on it: the text from its ``{`` on is the call's.
+BARE_CALL_START = r'\s*(\{\s*"name"\s*:\s*")'
+
+
 def check_functions(functions: Sequence[Mapping[str, Any]]) -> None:
     """Refuse, by name, a function whose parameters' schema the engine cannot enforce (before any compute)."""
     if not functions:

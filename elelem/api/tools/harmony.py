@@ -34,6 +34,7 @@ import re
 from typing import Any, Mapping, Optional, Sequence
 
 from ...sampling.constrained import Forced
+from ...sampling.lazy import Trigger
 from .base import CallStream, Event, JsonEnd, ToolCallParser, ToolSpecs, load_json, partial_suffix, tool_call_dict
 from .constrained import Rules, check_functions, json_expr, lark_string, parameters_schema
 
@@ -80,6 +81,13 @@ class HarmonyParser(ToolCallParser):
                                    f"{json_expr(parameters_schema(function))}", "call"))
         grammar = rules.grammar(f'{analysis} "commentary to=functions." ({" | ".join(calls)})')
         return [Forced(vocab.encode(CHANNEL)), grammar]
+
+    def call_triggers(self, functions: Sequence[Mapping[str, Any]], vocab, *, required: bool) -> list:
+        # Every message starts with <|channel|>: a required call is held from the first one
+        # (an analysis message may come first, see constraint_phases); under "auto" only a
+        # message to a function is a call.
+        marker = CHANNEL if required else CHANNEL + "commentary to=functions."
+        return [Trigger.word(marker, self.constraint_phases(functions, vocab))]
 
 
 class HarmonyStream(CallStream):

@@ -17,7 +17,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ...sampling.constrained import Forced
 from ...sampling.grammar import tool_call_grammar
+from ...sampling.lazy import Trigger
 from .base import ToolCallParser, ToolSpecs, call_of_object, load_json, read_json_calls
+from .constrained import BARE_CALL_START
 
 
 class HermesParser(ToolCallParser):
@@ -43,6 +45,11 @@ class HermesParser(ToolCallParser):
     def constraint_phases(self, functions: Sequence[Mapping[str, Any]], vocab) -> list:
         return [Forced(vocab.encode(self.forced_prefix)), tool_call_grammar(functions),
                 Forced(vocab.encode(self.forced_suffix))]
+
+    def call_triggers(self, functions: Sequence[Mapping[str, Any]], vocab, *, required: bool) -> list:
+        # <tool_call>, or a reply that starts as a bare JSON call (Qwen2.5 writes those too).
+        return [*super().call_triggers(functions, vocab, required=required),
+                Trigger(BARE_CALL_START, [tool_call_grammar(functions)], at_start=True)]
 
 
 def matches(source: str) -> bool:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
+from ...sampling.constrained import Forced
+from ...sampling.lazy import Trigger
 from .base import ToolCallParser, ToolSpecs, read_json_calls
-from .constrained import Rules, check_functions, json_expr, parameters_schema
+from .constrained import BARE_CALL_START, Rules, check_functions, json_expr, parameters_schema
 
 _SEPARATORS = " \t\r\n;"
 _KEYS = ("parameters", "arguments")
@@ -51,6 +53,12 @@ class Llama3Parser(ToolCallParser):
                     "required": ["name", "parameters"]}
             choices.append(rules.add(json_expr(call), "call"))
         return [rules.grammar(" | ".join(choices))]
+
+    def call_triggers(self, functions: Sequence[Mapping[str, Any]], vocab, *, required: bool) -> list:
+        # <|python_tag|> then the JSON, or a reply that starts as the JSON itself.
+        phases = self.constraint_phases(functions, vocab)
+        return [Trigger.word(self.start_tag, [Forced(vocab.encode(self.start_tag)), *phases]),
+                Trigger(BARE_CALL_START, phases, at_start=True)]
 
 
 def matches(source: str) -> bool:
