@@ -170,7 +170,8 @@ def test_enable_thinking_reaches_the_template(models):
 
 def test_a_forced_call_after_the_reasoning_the_prompt_opened(models):
     model, llm = models("qwen3_coder")
-    bias = {model.ids["</think>"]: 6.0, model.ids["\n</parameter>\n"]: 8.0}
+    # The reply is free until <tool_call> (made likely here, as the end of the reasoning and of a raw string).
+    bias = {model.ids["</think>"]: 9.0, model.ids["\n</parameter>\n"]: 8.0, model.ids["<tool_call>"]: 7.0}
     response = llm.create_chat_completion(HI, tools=TOOLS, tool_choice="required", max_tokens=300, temperature=1.0,
                                           seed=5, logit_bias=bias)
     message = response["choices"][0]["message"]

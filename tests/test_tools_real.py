@@ -45,7 +45,7 @@ def test_required_mode_streams_one_valid_call(llm):
     chunks = list(llm.create_chat_completion(QUESTION, tools=WEATHER, tool_choice="required",
                                              stream=True, temperature=0.7, seed=1, max_tokens=60))
     deltas = [c["choices"][0]["delta"] for c in chunks]
-    assert not any(d.get("content") for d in deltas)  # the markup never leaks
+    assert not any(d.get("content") for d in deltas), deltas  # the markup never leaks
     parts = [tc for d in deltas for tc in d.get("tool_calls", ())]
     assert parts[0]["function"]["name"] == "get_weather" and parts[0]["id"]
     arguments = "".join(p["function"]["arguments"] for p in parts)

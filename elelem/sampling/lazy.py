@@ -9,7 +9,11 @@ holds it to a valid call.
 * Text before the trigger is sampled exactly as without a constraint,
   except that with ``require_call`` (``tool_choice`` ``"required"`` or a
   named function) the end-of-generation tokens are banned: the reply cannot
-  end before a call starts.
+  end before a call starts.  Nor can it ramble on: after ``free_tokens``
+  tokens past the reasoning (:data:`FREE_TOKENS`, enough for a preamble such
+  as "I'll look up the weather."), the first trigger's call is forced, as
+  a model that was never taught the format would otherwise write text to
+  ``max_tokens`` (llama.cpp leaves that text unbounded).
 * The trigger may end in the middle of a token, and it may be spelled over
   several tokens: the text from the trigger's start to the end of the
   token that completed it is fed to the call's phases
@@ -33,6 +37,8 @@ from .grammar import GrammarTokenizer
 
 #: How far into the reply (after any reasoning) a trigger ``at_start`` may still match.
 _START_WINDOW = 256
+#: Tokens of free text a required call may follow (past any reasoning) before it is forced.
+FREE_TOKENS = 24
 #: How many sampled tokens may be banned in one step before the step gives up on a trigger.
 _MAX_REDRAWS = 64
 
@@ -74,12 +80,13 @@ class LazyConstraint:
 
     def __init__(self, triggers: Sequence[Trigger], tokenizer: GrammarTokenizer,
                  encode: Callable[[str], list[int]], *, require_call: bool,
-                 reasoning: Optional[ReasoningSpan] = None):
+                 reasoning: Optional[ReasoningSpan] = None, free_tokens: int = FREE_TOKENS):
         self._triggers = [(t, TokenConstraint(t.phases, tokenizer)) for t in triggers]
         self._encode = encode
         self._pieces = tokenizer.pieces
         self._eog = np.array(sorted(tokenizer.eog_ids), dtype=np.int64)
         self._require = require_call
+        self._free_left = free_tokens  # (require_call) tokens of free text left past the reasoning
         self._reasoning = reasoning
         self._reasoning_open = reasoning is not None and reasoning.open
         self._text = ""
@@ -99,6 +106,8 @@ class LazyConstraint:
         return self._active is not None and self._active.complete
 
     def sample(self, sampler, logits: np.ndarray, recent: Sequence[int]) -> int:
+        if self._active is None and self._require and self._free_left <= 0:
+            self._active = self._triggers[0][1].copy()  # the format's own marker, then the call
         if self._active is not None:
             return self._active.sample(sampler, logits, recent)
         free = logits.copy() if self._require else logits
@@ -131,6 +140,8 @@ class LazyConstraint:
                 return False
             self._active = attempt
         self._text, self._pending = text, decoder.getstate()[0]
+        if self._region is not None:
+            self._free_left -= 1
         return True
 
     def _find_trigger(self, text: str) -> Optional[tuple[int, TokenConstraint]]:

@@ -88,9 +88,9 @@ def json_expr(schema: Any) -> str:
     return "%json" + json.dumps(schema, ensure_ascii=False)
 
 
-#: A call written as bare JSON at the start of the reply (no markup), as llama.cpp's lazy
-#: grammars trigger on it: the text from its ``{`` on is the call's.
-BARE_CALL_START = r'\s*(\{\s*"name"\s*:\s*")'
+#: A call written as bare JSON at the start of the reply (no markup, or in a ```json fence), as
+#: llama.cpp's lazy grammars trigger on it: the text from its ``{`` on is the call's.
+BARE_CALL_START = r'\s*(?:```(?:json)?[ \t]*\n\s*)?(\{\s*"name"\s*:\s*")'
 
 
 def check_functions(functions: Sequence[Mapping[str, Any]]) -> None:
