@@ -125,9 +125,18 @@ class HarmonyStream(CallStream):
     def _drain(self, events: list[Event], final: bool) -> None:
         while self._buffer:
             if self._mode == _CONTENT:
-                self._emit(events, "content", self._buffer)
-                self._buffer = ""
-                return
+                # Plain text, up to a message the model opens after it (a forced call, say).  Its first
+                # character is text whatever it is: the header read there failed.
+                at, _ = _first(self._buffer[1:], (CHANNEL, START))
+                at = at + 1 if at >= 0 else -1
+                keep = 0 if at >= 0 or final else partial_suffix(self._buffer, (CHANNEL, START))
+                end = at if at >= 0 else len(self._buffer) - keep
+                self._emit(events, "content", self._buffer[:end])
+                self._buffer = self._buffer[end:]
+                if at < 0:
+                    return
+                self._mode = _HEADER
+                continue
             if self._mode == _HEADER:
                 if not self._read_header(events):
                     return
