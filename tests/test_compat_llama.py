@@ -320,18 +320,9 @@ def test_embeddings_forward_to_elelem_when_it_has_them(llm, monkeypatch):
 
 @pytest.fixture(scope="module")
 def family_shim(tmp_path_factory):
-    from format_models import write_format_model
-    made = {}
-
-    def get(family, **kwargs):
-        key = (family, tuple(sorted(kwargs.items())))
-        if key not in made:
-            model = write_format_model(tmp_path_factory.mktemp(family) / f"{family}.gguf", family)
-            made[key] = (model, Llama(str(model.path), n_ctx=2048, n_threads=1, verbose=False, **kwargs))
-        return made[key]
-    yield get
-    for _, shim in made.values():
-        shim.close()
+    from format_models import family_models
+    with family_models(tmp_path_factory, lambda path: Llama(str(path), n_ctx=2048, n_threads=1, verbose=False)) as get:
+        yield get
 
 
 @pytest.mark.parametrize("family", ["hermes", "qwen3_coder", "harmony", "mistral", "llama3", "glm"])
@@ -377,12 +368,13 @@ def test_reasoning_output_and_template_variables(family_shim):
 
 def test_the_tool_call_format_can_be_named(family_shim):
     from test_tools_formats import BOUNDED, QUESTION, steering, valid_call
-    model, shim = family_shim("glm", tool_call_format="hermes")  # GLM's template, Hermes's markup
-    assert shim.llm.assets.tool_call_format == "hermes"
-    response = shim.create_chat_completion(QUESTION, tools=BOUNDED, tool_choice="required", max_tokens=200,
-                                           temperature=0, logit_bias=steering(model, "glm"))
-    assert valid_call(response["choices"][0]["message"]["tool_calls"][0])
-    with pytest.raises(InvalidArgumentError, match="tool_call_format"):
-        shim.create_chat_completion(QUESTION, tools=BOUNDED, tool_call_format="nope")
+    model, _ = family_shim("glm")
+    with Llama(str(model.path), n_ctx=2048, n_threads=1, verbose=False, tool_call_format="hermes") as shim:
+        assert shim.llm.assets.tool_call_format == "hermes"  # GLM's template, Hermes's markup
+        response = shim.create_chat_completion(QUESTION, tools=BOUNDED, tool_choice="required", max_tokens=200,
+                                               temperature=0, logit_bias=steering(model, "glm"))
+        assert valid_call(response["choices"][0]["message"]["tool_calls"][0])
+        with pytest.raises(InvalidArgumentError, match="tool_call_format"):
+            shim.create_chat_completion(QUESTION, tools=BOUNDED, tool_call_format="nope")
     with pytest.raises(InvalidArgumentError, match="tool_call_format"):
         Llama(str(model.path), tool_call_format="nope", verbose=False)

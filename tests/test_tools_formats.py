@@ -16,7 +16,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-import elelem
 from elelem.api import completions
 from elelem.api.reasoning import ReplyParser, ThinkTags, reply_parser
 from elelem.api.tools import (FORMATS, GLMParser, HarmonyParser, HermesParser, Llama3Parser, MistralParser,
@@ -25,7 +24,7 @@ from elelem.api.tools.base import collect, typed_value
 from elelem.api.tools.request import messages_for_template
 from elelem.errors import InvalidArgumentError
 from elelem.text.chat_template import ChatTemplate
-from format_models import FAMILIES, template, write_format_model
+from format_models import FAMILIES, family_models, template
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
@@ -343,16 +342,8 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def family_model(tmp_path_factory):
-    made = {}
-
-    def get(family):
-        if family not in made:
-            model = write_format_model(tmp_path_factory.mktemp(family) / f"{family}.gguf", family)
-            made[family] = (model, elelem.LLM(model.path, n_threads=1, n_ctx=2048))
-        return made[family]
-    yield get
-    for _, llm in made.values():
-        llm.close()
+    with family_models(tmp_path_factory) as get:
+        yield get
 
 
 #: The token that starts a call in each family (a required call is free text until one comes).

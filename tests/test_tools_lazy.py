@@ -24,7 +24,7 @@ import elelem
 from elelem.api.tools.request import plan_tools, tool_vocabulary
 from elelem.errors import UnsupportedSchemaError
 from elelem.sampling.lazy import FREE_TOKENS, ReasoningSpan
-from format_models import FAMILIES, template, write_format_model
+from format_models import FAMILIES, family_models, template
 
 TOOLS = [  # every value bounded, so a call written by random logits always ends
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
@@ -65,16 +65,8 @@ class Scripted:
 
 @pytest.fixture(scope="module")
 def family(tmp_path_factory):
-    made = {}
-
-    def get(name):
-        if name not in made:
-            model = write_format_model(tmp_path_factory.mktemp(name) / f"{name}.gguf", name)
-            made[name] = elelem.LLM(model.path, n_threads=1, n_ctx=512)
-        return made[name]
-    yield get
-    for llm in made.values():
-        llm.close()
+    with family_models(tmp_path_factory, lambda path: elelem.LLM(path, n_threads=1, n_ctx=512)) as get:
+        yield lambda name: get(name)[1]
 
 
 class Run:

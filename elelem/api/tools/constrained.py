@@ -104,6 +104,23 @@ def check_functions(functions: Sequence[Mapping[str, Any]]) -> None:
         json_schema_grammar(parameters_schema(function), param="tools")
 
 
+def call_choice(functions: Sequence[Mapping[str, Any]], rules: "Rules", write: Callable[[Mapping[str, Any]], str]) -> str:
+    """A Lark choice among one call of each of ``functions`` (checked first); ``write(function)``
+    gives one call's expression."""
+    check_functions(functions)
+    return " | ".join(rules.add(write(function), "call") for function in functions)
+
+
+def ordered_parameters(function: Mapping[str, Any]) -> list[tuple[str, Any, bool]]:
+    """``(key, its schema, whether it is required)`` for a function's parameters, in the order a
+    constrained call writes them: the required ones, then the optional ones, each in the schema's order."""
+    schema = parameters_schema(function)
+    properties = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
+    required = [k for k in schema.get("required", []) if k in properties]
+    return [(k, properties[k], True) for k in required] + [(k, v, False) for k, v in properties.items()
+                                                           if k not in required]
+
+
 def lark_grammar(text: str, description: str = "tool call") -> Grammar:
     """A grammar from Lark text (``start`` its first rule)."""
     try:

@@ -36,7 +36,7 @@ from typing import Any, Mapping, Optional, Sequence
 from ...sampling.constrained import Forced
 from ...sampling.lazy import Trigger
 from .base import CallStream, Event, JsonEnd, ToolCallParser, ToolSpecs, load_json, partial_suffix, tool_call_dict
-from .constrained import Rules, check_functions, json_expr, lark_string, parameters_schema
+from .constrained import Rules, call_choice, json_expr, lark_string, parameters_schema
 
 log = logging.getLogger("elelem")
 
@@ -67,7 +67,6 @@ class HarmonyParser(ToolCallParser):
         return reply.tool_calls[0] if len(reply.tool_calls) == 1 else None
 
     def constraint_phases(self, functions: Sequence[Mapping[str, Any]], vocab) -> list:
-        check_functions(functions)
         rules = Rules()
         message, end, start = vocab.lit(MESSAGE), vocab.lit(END), vocab.lit(START)
         if END in vocab.control:  # plain text cannot hold a control token: free text ends at <|end|>
@@ -75,11 +74,10 @@ class HarmonyParser(ToolCallParser):
         else:
             reasoning = rules.text_until(END)
         analysis = f'("analysis" {message} {reasoning} {start} "assistant" {vocab.lit(CHANNEL)})?'
-        calls = []
-        for function in functions:
-            calls.append(rules.add(f"{lark_string(function['name'])} {vocab.lit(' ' + CONSTRAIN + 'json' + MESSAGE)} "
-                                   f"{json_expr(parameters_schema(function))}", "call"))
-        grammar = rules.grammar(f'{analysis} "commentary to=functions." ({" | ".join(calls)})')
+        calls = call_choice(functions, rules, lambda function: (
+            f"{lark_string(function['name'])} {vocab.lit(' ' + CONSTRAIN + 'json' + MESSAGE)} "
+            f"{json_expr(parameters_schema(function))}"))
+        grammar = rules.grammar(f'{analysis} "commentary to=functions." ({calls})')
         return [Forced(vocab.encode(CHANNEL)), grammar]
 
     def call_triggers(self, functions: Sequence[Mapping[str, Any]], vocab, *, required: bool) -> list:
