@@ -66,3 +66,35 @@ def test_round_trip_named_call_then_answer(llm):
     choice = final["choices"][0]
     assert "tool_calls" not in choice["message"]
     assert "sunny" in choice["message"]["content"].lower() or "18" in choice["message"]["content"]
+
+
+SEARCH = [{"type": "function", "function": {"name": "search_code", "parameters": {
+    "type": "object", "properties": {
+        "query": {"type": "string"}, "max_results": {"type": "integer", "minimum": 1},
+        "languages": {"type": "array", "items": {"enum": ["python", "rust", "go", "c"]}},
+        "newest_first": {"type": "boolean"}},
+    "required": ["query", "max_results", "languages"]}}}]
+
+
+def test_required_call_is_valid_however_the_model_opens_it(llm):
+    # Greedy, Qwen2.5-Coder opens this call as a ```json fence, not <tool_call> (measured here): the lazy
+    # grammar takes the call from its '{"name": "' on, and the fenced call is read as a call.
+    import jsonschema
+    question = [{"role": "user", "content": "Find Python or Rust code about parsing JSON, at most 5 results, "
+                                            "newest first."}]
+    response = llm.create_chat_completion(question, tools=SEARCH, tool_choice="required", temperature=0,
+                                          max_tokens=120)
+    name, arguments = only_call(response)
+    assert name == "search_code" and response["choices"][0]["message"]["content"] is None
+    jsonschema.validate(arguments, SEARCH[0]["function"]["parameters"])
+
+
+def test_auto_mode_text_answer_is_left_alone(llm):
+    # No marker: the lazy constraint never starts (tests/test_tools_lazy.py: the sampler gets the model's own
+    # logits), and the reply is the model's text, whole: the raw reply is the content.
+    question = [{"role": "user", "content": "Write a haiku about the sea, in plain text."}]
+    response = llm.create_chat_completion(question, tools=SEARCH, temperature=0, max_tokens=40)
+    choice = response["choices"][0]
+    assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+    raw = llm.chat(question, tools=SEARCH, temperature=0, max_tokens=40)
+    assert choice["message"]["content"] == raw and "sea" in raw.lower()
