@@ -8,7 +8,8 @@ calls.  Each one, in its own module of this package, says:
   and how a body becomes OpenAI calls (:meth:`~ToolCallParser.read_calls`);
 * which control tokens its markup uses (:attr:`~ToolCallParser.preserved_tokens`:
   the reply's text must show them, as llama.cpp's preserved tokens);
-* what a constrained call looks like (:meth:`~ToolCallParser.constraint_phases`).
+* what a constrained call looks like (:meth:`~ToolCallParser.constraint_phases`),
+  and where in free text it starts (:meth:`~ToolCallParser.call_triggers`).
 
 Every format reads a reply incrementally: :meth:`ToolCallParser.stream`
 gives a :class:`CallStream` fed with text deltas, whatever their split,

@@ -1,12 +1,13 @@
 """Constrained tool calls in each format: the pieces the formats build their grammars from.
 
-A forced call (``tool_choice`` ``"required"`` or a named function) is a
-list of phases for :class:`~elelem.sampling.constrained.TokenConstraint`:
+A call is a list of phases for :class:`~elelem.sampling.constrained.TokenConstraint`:
 tokens forced as they are (the format's marker: ``<tool_call>``,
 ``[TOOL_CALLS]``, gpt-oss's ``<|channel|>``) and grammars compiled by
-llguidance for the rest of the call, in the format's own markup.  The
-grammar starts at the marker: text before it (a reasoning block the
-template opened) is left free, see :func:`reasoning_prelude`.
+llguidance for the rest of the call, in the format's own markup
+(``ToolCallParser.constraint_phases``).  The phases hold the reply only from
+the point where the model writes the format's marker (a trigger:
+``ToolCallParser.call_triggers``), as llama.cpp's lazy grammars do; text
+before it is free (:mod:`elelem.sampling.lazy`).
 
 Grammars are written in llguidance's Lark syntax: ``%json{...}`` for a JSON
 value valid against a schema (with the strictness of
@@ -156,16 +157,6 @@ class Rules:
 
     def grammar(self, start: str, description: str = "tool call") -> Grammar:
         return lark_grammar("\n".join([f"start: {start}", *self.lines]) + "\n", description)
-
-
-def reasoning_prelude(end_tag: str, vocab: Vocabulary, after: str = "\n\n") -> Grammar:
-    """The free reasoning a template opened (``<think>\\n`` at the end of the prompt),
-    up to its ``end_tag``, then ``after``: the phase before a forced call of a thinking model."""
-    rules = Rules()
-    if end_tag in vocab.control:  # a control token: the text cannot contain it, so plain text stops there
-        text = rules.add("/(.|\\n)*/", "free")
-        return rules.grammar(f"{text} {vocab.lit(end_tag)} {vocab.lit(after)}", "reasoning")
-    return rules.grammar(f"{rules.text_until(end_tag)} {vocab.lit(after)}", "reasoning")
 
 
 def typed_parameter_expr(schema: Optional[Mapping[str, Any]], close: str, rules: Rules, vocab: Vocabulary) -> str:

@@ -9,7 +9,9 @@ models sometimes write the JSON without its tags: a reply that is only
 that, for a known tool, is a call too.
 
 Constrained: ``<tool_call>\\n`` forced, then JSON holding a name among the
-functions and arguments valid against its schema, then ``\\n</tool_call>``.
+functions and arguments valid against its schema, then ``\\n</tool_call>``;
+a reply that starts as a bare call (``{"name": "``, maybe in a ```json
+fence) is held to the same JSON, without the tags.
 """
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ given back as content; ``"arguments"`` is read as ``"parameters"``, and a
 is not JSON calls (a built-in tool's Python) is content.
 
 Constrained: the JSON of one call, its name among the functions and its
-parameters valid against the schema.
+parameters valid against the schema, from ``<|python_tag|>`` or from a
+reply's opening ``{"name": "``.
 """
 from __future__ import annotations
 
