@@ -10,9 +10,10 @@ scenario:
 
 * the mask time per token: llguidance computing the allowed-token bitmask
   and elelem unpacking it (``GrammarMatcher.allowed``), median and p95;
-* the constraint's own work per token: everything ``TokenConstraint.sample``
+* the constraint's own work per token: everything the constraint's
+  ``sample`` (``TokenConstraint``'s, or a tool call's ``LazyConstraint``)
   does beyond the plain sampler call (the mask, applying it to the logits,
-  advancing the parser);
+  advancing the parser; before a call's marker, watching the text for it);
 * both as a share of a free decode step (decode seconds / tokens of the
   unconstrained run, best of the repeats).  The goal is under 10%;
 * one-off costs: the vocabulary read into llguidance (once per model) and
@@ -42,6 +43,7 @@ from elelem.api.structured import output_constraint, output_grammar  # noqa: E40
 from elelem.api.tools.request import plan_tools  # noqa: E402
 from elelem.sampling.constrained import TokenConstraint  # noqa: E402
 from elelem.sampling.grammar import GrammarMatcher  # noqa: E402
+from elelem.sampling.lazy import LazyConstraint  # noqa: E402
 from elelem.sampling.sampler import Sampler  # noqa: E402
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "languages", "email"],
@@ -71,6 +73,9 @@ SCENARIOS = {
         {"tools": SEARCH, "tool_choice": "required"}),
     "grammar (GBNF: a Python function)": (
         "Write a Python function that adds two numbers.", {"grammar": GBNF}),
+    # The lazy constraint watching free text for a call's marker: no mask, only its own bookkeeping.
+    "tool_choice auto, answered in text (lazy: no call starts)": (
+        "Write a haiku about the sea, in plain text.", {"tools": SEARCH, "tool_choice": "auto"}),
 }
 
 
@@ -82,19 +87,25 @@ class Timer:
         self.mask_cpu: list[float] = []
         self.constraint_s = self.sampler_s = 0.0
         self.tokens = 0
-        self._saved = (TokenConstraint.sample, GrammarMatcher.allowed, Sampler.sample)
+        self._saved = (TokenConstraint.sample, LazyConstraint.sample, GrammarMatcher.allowed, Sampler.sample)
+        self._depth = 0  # a LazyConstraint calls its TokenConstraint: time the outer call only
 
     def __enter__(self):
-        constraint_sample, allowed, sampler_sample = self._saved
+        constraint_sample, lazy_sample, allowed, sampler_sample = self._saved
         timer = self
 
-        def timed_constraint(constraint, sampler, logits, recent):
-            t0 = time.perf_counter()
-            try:
-                return constraint_sample(constraint, sampler, logits, recent)
-            finally:
-                timer.constraint_s += time.perf_counter() - t0
-                timer.tokens += 1
+        def timing(sample):
+            def timed_constraint(constraint, sampler, logits, recent):
+                t0 = time.perf_counter()
+                timer._depth += 1
+                try:
+                    return sample(constraint, sampler, logits, recent)
+                finally:
+                    timer._depth -= 1
+                    if timer._depth == 0:
+                        timer.constraint_s += time.perf_counter() - t0
+                        timer.tokens += 1
+            return timed_constraint
 
         def timed_allowed(matcher):
             t0, c0 = time.perf_counter(), time.thread_time()
@@ -111,11 +122,12 @@ class Timer:
             finally:
                 timer.sampler_s += time.perf_counter() - t0
 
-        TokenConstraint.sample, GrammarMatcher.allowed, Sampler.sample = timed_constraint, timed_allowed, timed_sampler
+        TokenConstraint.sample, LazyConstraint.sample = timing(constraint_sample), timing(lazy_sample)
+        GrammarMatcher.allowed, Sampler.sample = timed_allowed, timed_sampler
         return self
 
     def __exit__(self, *exc):
-        TokenConstraint.sample, GrammarMatcher.allowed, Sampler.sample = self._saved
+        TokenConstraint.sample, LazyConstraint.sample, GrammarMatcher.allowed, Sampler.sample = self._saved
 
 
 def run(llm, question, options, max_tokens):
@@ -168,10 +180,10 @@ def main() -> None:
             forced_session.close()
             step = min(r[0] for r in free)
             step_cpu = min(r[1] for r in free)
-            masks = sorted(m for t, _ in timers for m in t.masks)
+            masks = sorted(m for t, _ in timers for m in t.masks) or [0.0]  # none: no grammar ever ran
             mask_median = statistics.median(masks)
             mask_p95 = masks[min(len(masks) - 1, math.ceil(0.95 * len(masks)) - 1)]
-            mask_cpu = statistics.median(m for t, _ in timers for m in t.mask_cpu)
+            mask_cpu = statistics.median([m for t, _ in timers for m in t.mask_cpu] or [0.0])
             own = sum(t.constraint_s - t.sampler_s for t, _ in timers) / max(1, sum(t.tokens for t, _ in timers))
             print(f"\n{name}")
             print(f"  free decode step:     {step * 1e3:7.2f} ms/token wall, {step_cpu * 1e3:.2f} ms CPU "

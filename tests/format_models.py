@@ -10,8 +10,9 @@ whatever it likes (``logit_bias`` steers it where a test needs an end).
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from elelem.text.tokenizer.bpe import BYTE_TO_CHAR
 from synthetic import TinyConfig, write_model
@@ -57,6 +58,27 @@ class FormatModel:
     def __init__(self, path: Path, tokens: Sequence[str]):
         self.path = path
         self.ids = {t: i for i, t in enumerate(tokens)}
+
+
+@contextmanager
+def family_models(tmp_path_factory, open_model: Optional[Callable] = None):
+    """Each family's model, written and opened on first use (``open_model(path)``: by default an
+    ``elelem.LLM`` with a 2048-token context), closed at the end: gives ``get(family)``, which
+    returns ``(FormatModel, the opened model)``."""
+    import elelem
+    open_model = open_model or (lambda path: elelem.LLM(path, n_threads=1, n_ctx=2048))
+    made = {}
+
+    def get(family):
+        if family not in made:
+            model = write_format_model(tmp_path_factory.mktemp(family) / f"{family}.gguf", family)
+            made[family] = (model, open_model(model.path))
+        return made[family]
+    try:
+        yield get
+    finally:
+        for _, opened in made.values():
+            opened.close()
 
 
 def write_format_model(path: Path, family: str, *, source: Optional[str] = None, seed: int = 7) -> FormatModel:

@@ -314,3 +314,67 @@ def test_embeddings_forward_to_elelem_when_it_has_them(llm, monkeypatch):
     monkeypatch.delattr(LLM, "embed", raising=False)
     with pytest.raises(ElelemError, match="no embeddings"):
         llm.create_embedding("Hello")
+
+
+# -- tool calls in every format, reasoning, template variables (issue 41) --------------------------------
+
+@pytest.fixture(scope="module")
+def family_shim(tmp_path_factory):
+    from format_models import family_models
+    with family_models(tmp_path_factory, lambda path: Llama(str(path), n_ctx=2048, n_threads=1, verbose=False)) as get:
+        yield get
+
+
+@pytest.mark.parametrize("family", ["hermes", "qwen3_coder", "harmony", "mistral", "llama3", "glm"])
+def test_tool_calls_in_every_format_come_back_in_llamacpp_python_s_shape(family_shim, family):
+    from test_tools_formats import BOUNDED, QUESTION, steering, valid_call
+    model, shim = family_shim(family)
+    response = shim.create_chat_completion(QUESTION, tools=BOUNDED, tool_choice="required", max_tokens=400,
+                                           temperature=1.0, seed=0, logit_bias=steering(model, family))
+    choice = response["choices"][0]
+    assert response["object"] == "chat.completion" and choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"] and valid_call(call) in ("get_weather", "get_time")
+    # OpenAI's older functions/function_call: the same call, named
+    named = shim.create_chat_completion(QUESTION, functions=[t["function"] for t in BOUNDED],
+                                        function_call={"name": "get_time"}, max_tokens=400, temperature=1.0, seed=1,
+                                        logit_bias=steering(model, family))
+    assert valid_call(named["choices"][0]["message"]["tool_calls"][0]) == "get_time"
+
+
+def test_reasoning_output_and_template_variables(family_shim):
+    model, shim = family_shim("harmony")
+    token = {t: f"<[{model.ids[t]}]>" for t in ("<|channel|>", "<|message|>", "<|end|>", "<|start|>")}
+    grammar = (f'start: {token["<|channel|>"]} "analysis" {token["<|message|>"]} "Easy." {token["<|end|>"]} '
+               f'{token["<|start|>"]} "assistant" {token["<|channel|>"]} "final" {token["<|message|>"]} "Paris."')
+    hi = [{"role": "user", "content": "Capital of France?"}]
+    default = shim.create_chat_completion(hi, grammar=grammar, max_tokens=80, temperature=0)
+    assert default["choices"][0]["message"] == {"role": "assistant", "content": "Paris.",
+                                                "reasoning_content": "Easy."}
+    raw = shim.create_chat_completion(hi, grammar=grammar, max_tokens=80, temperature=0, reasoning_format="none")
+    # reasoning_format="none": the analysis stays in the content, markup included, as llama.cpp gives it
+    assert raw["choices"][0]["message"]["content"] == "<|channel|>analysis<|message|>Easy.<|end|>Paris."
+    chunks = list(shim.create_chat_completion(hi, grammar=grammar, max_tokens=80, temperature=0, stream=True))
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Easy."
+    assert "".join(d.get("content") or "" for d in deltas) == "Paris."
+    # reasoning_effort reaches gpt-oss's template: "Reasoning: low" is 3 byte-level tokens shorter than "medium"
+    low = shim.create_chat_completion(hi, grammar=grammar, max_tokens=80, temperature=0,
+                                      chat_template_kwargs={"reasoning_effort": "low"})
+    assert default["usage"]["prompt_tokens"] - low["usage"]["prompt_tokens"] == 3
+    with pytest.raises(InvalidArgumentError, match="reasoning_format"):
+        shim.create_chat_completion(hi, reasoning_format="sometimes")
+
+
+def test_the_tool_call_format_can_be_named(family_shim):
+    from test_tools_formats import BOUNDED, QUESTION, steering, valid_call
+    model, _ = family_shim("glm")
+    with Llama(str(model.path), n_ctx=2048, n_threads=1, verbose=False, tool_call_format="hermes") as shim:
+        assert shim.llm.assets.tool_call_format == "hermes"  # GLM's template, Hermes's markup
+        response = shim.create_chat_completion(QUESTION, tools=BOUNDED, tool_choice="required", max_tokens=200,
+                                               temperature=0, logit_bias=steering(model, "glm"))
+        assert valid_call(response["choices"][0]["message"]["tool_calls"][0])
+        with pytest.raises(InvalidArgumentError, match="tool_call_format"):
+            shim.create_chat_completion(QUESTION, tools=BOUNDED, tool_call_format="nope")
+    with pytest.raises(InvalidArgumentError, match="tool_call_format"):
+        Llama(str(model.path), tool_call_format="nope", verbose=False)

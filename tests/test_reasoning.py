@@ -8,14 +8,13 @@ import random
 
 import pytest
 
-import elelem
 from elelem.api.reasoning import (ReplyParser, ThinkTags, extracts_reasoning, reasoning_messages, template_kwargs,
                                   think_tags, thinking_forced_open)
 from elelem.api.tools import HarmonyParser, HermesParser
 from elelem.api.tools.base import collect
 from elelem.errors import InvalidArgumentError
 from elelem.text.chat_template import ChatTemplate
-from format_models import template, write_format_model
+from format_models import family_models, template
 
 THINK = ThinkTags("<think>", "</think>")
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -115,16 +114,8 @@ def test_the_reasoning_alias_and_gpt_oss_thinking():
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    made = {}
-
-    def get(family):
-        if family not in made:
-            model = write_format_model(tmp_path_factory.mktemp(family) / f"{family}.gguf", family)
-            made[family] = (model, elelem.LLM(model.path, n_threads=1, n_ctx=2048))
-        return made[family]
-    yield get
-    for _, llm in made.values():
-        llm.close()
+    with family_models(tmp_path_factory) as get:
+        yield get
 
 
 def forced(text: str) -> str:
@@ -170,7 +161,8 @@ def test_enable_thinking_reaches_the_template(models):
 
 def test_a_forced_call_after_the_reasoning_the_prompt_opened(models):
     model, llm = models("qwen3_coder")
-    bias = {model.ids["</think>"]: 6.0, model.ids["\n</parameter>\n"]: 8.0}
+    # The reply is free until <tool_call> (made likely here, as the end of the reasoning and of a raw string).
+    bias = {model.ids["</think>"]: 9.0, model.ids["\n</parameter>\n"]: 8.0, model.ids["<tool_call>"]: 7.0}
     response = llm.create_chat_completion(HI, tools=TOOLS, tool_choice="required", max_tokens=300, temperature=1.0,
                                           seed=5, logit_bias=bias)
     message = response["choices"][0]["message"]

@@ -384,7 +384,8 @@ def test_the_clients_stream_helper_follows_the_events(client, server):
 @pytest.mark.real_model
 def test_a_function_call_round_trip(client, server):
     ask = "What is the weather in Paris?"
-    first = client.responses.create(model=server.model.id, input=ask, tools=WEATHER, max_output_tokens=60,
+    # SmolLM2 knows no tool format: it writes free text until the forced call (sampling/lazy.py's FREE_TOKENS).
+    first = client.responses.create(model=server.model.id, input=ask, tools=WEATHER, max_output_tokens=120,
                                     tool_choice={"type": "function", "name": "get_weather"})
     calls = [item for item in first.output if item.type == "function_call"]
     assert first.status == "completed" and len(calls) == 1
@@ -409,15 +410,16 @@ def test_a_function_call_round_trip(client, server):
 @pytest.mark.real_model
 def test_a_streamed_function_call(client, server):
     events = list(client.responses.create(model=server.model.id, input="What is the weather in Paris?",
-                                          tools=WEATHER, tool_choice="required", max_output_tokens=60, stream=True))
+                                          tools=WEATHER, tool_choice="required", max_output_tokens=120, stream=True))
     types = [e.type for e in events]
     assert "response.function_call_arguments.delta" in types and types[-1] == "response.completed"
-    added = next(e for e in events if e.type == "response.output_item.added")
-    assert added.item.type == "function_call" and added.item.name == "get_weather"
+    # a message item may come first (SmolLM2's free text before the forced call), then the call
+    added = next(e for e in events if e.type == "response.output_item.added" and e.item.type == "function_call")
+    assert added.item.name == "get_weather"
     arguments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
     done = next(e for e in events if e.type == "response.function_call_arguments.done")
     assert done.arguments == arguments and "city" in json.loads(arguments)
-    assert events[-1].response.output[0].arguments == arguments
+    assert events[-1].response.output[-1].arguments == arguments
 
 
 @pytest.mark.real_model

@@ -16,7 +16,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-import elelem
 from elelem.api import completions
 from elelem.api.reasoning import ReplyParser, ThinkTags, reply_parser
 from elelem.api.tools import (FORMATS, GLMParser, HarmonyParser, HermesParser, Llama3Parser, MistralParser,
@@ -25,7 +24,7 @@ from elelem.api.tools.base import collect, typed_value
 from elelem.api.tools.request import messages_for_template
 from elelem.errors import InvalidArgumentError
 from elelem.text.chat_template import ChatTemplate
-from format_models import FAMILIES, template, write_format_model
+from format_models import FAMILIES, family_models, template
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
@@ -343,21 +342,22 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def family_model(tmp_path_factory):
-    made = {}
-
-    def get(family):
-        if family not in made:
-            model = write_format_model(tmp_path_factory.mktemp(family) / f"{family}.gguf", family)
-            made[family] = (model, elelem.LLM(model.path, n_threads=1, n_ctx=2048))
-        return made[family]
-    yield get
-    for _, llm in made.values():
-        llm.close()
+    with family_models(tmp_path_factory) as get:
+        yield get
 
 
-def steering(model) -> dict:
-    # Free text (reasoning, an analysis message, a raw string parameter) ends at these tokens: make them likely.
-    return {model.ids[t]: 8.0 for t in ("</think>", "<|end|>", "\n</parameter>\n") if t in model.ids}
+#: The token that starts a call in each family (a required call is free text until one comes).
+CALL_MARKER = {"hermes": "<tool_call>", "qwen3_coder": "<tool_call>", "harmony": "<|channel|>",
+               "mistral": "[TOOL_CALLS]", "llama3": "<|python_tag|>", "glm": "<tool_call>"}
+
+
+def steering(model, family=None) -> dict:
+    # Free text (reasoning, an analysis message, a raw string parameter) ends at these tokens: make them
+    # likely; so is the family's call marker, else a random model would write free text to max_tokens.
+    bias = {model.ids[t]: 8.0 for t in ("</think>", "<|end|>", "\n</parameter>\n") if t in model.ids}
+    if family is not None:
+        bias[model.ids[CALL_MARKER[family]]] = 10.0
+    return bias
 
 
 def valid_call(call, tools=BOUNDED):
@@ -372,22 +372,25 @@ def test_a_constrained_call_in_each_format(family_model, family):
     named = {"type": "function", "function": {"name": "get_time"}}
     for seed, choice in ((0, "required"), (1, "required"), (2, named)):
         response = llm.create_chat_completion(QUESTION, tools=BOUNDED, tool_choice=choice, max_tokens=400,
-                                              temperature=1.0, seed=seed, logit_bias=steering(model))
+                                              temperature=1.0, seed=seed, logit_bias=steering(model, family))
         choice_out = response["choices"][0]
         assert choice_out["finish_reason"] == "tool_calls", choice_out
         (call,) = choice_out["message"]["tool_calls"]
         name = valid_call(call)
         assert name == "get_time" if choice == named else name in ("get_weather", "get_time")
-        assert not (choice_out["message"]["content"] or "").strip()
+        # Free text may come before the call (the constraint is lazy), but none of the call's markup.
+        content = choice_out["message"]["content"] or ""
+        assert not any(marker in content for marker in MARKERS[family] if marker != "<|end|>"), content
     # The raw reply is in the family's markup (its control tokens shown), and parses to the same call.
     text = llm.chat(QUESTION, tools=BOUNDED, tool_choice="required", max_tokens=400, temperature=1.0, seed=0,
-                    logit_bias=steering(model))
+                    logit_bias=steering(model, family))
     assert any(marker in text for marker in MARKERS[family]) or family == "llama3", text
     streamed_chunks = list(llm.create_chat_completion(QUESTION, tools=BOUNDED, tool_choice="required", max_tokens=400,
-                                                      temperature=1.0, seed=0, logit_bias=steering(model),
+                                                      temperature=1.0, seed=0, logit_bias=steering(model, family),
                                                       stream=True))
     deltas = [c["choices"][0]["delta"] for c in streamed_chunks]
-    assert not any(d.get("content", "").strip() for d in deltas)
+    streamed_content = "".join(d.get("content") or "" for d in deltas)
+    assert not any(marker in streamed_content for marker in MARKERS[family] if marker != "<|end|>")
     parts = [tc for d in deltas for tc in d.get("tool_calls", ())]
     assert parts and parts[0]["function"]["name"] in ("get_weather", "get_time")
     assert streamed_chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
@@ -398,19 +401,22 @@ def test_a_raw_string_parameter_is_constrained_up_to_its_closing_tag(family_mode
     tools = [{"type": "function", "function": {"name": "write", "parameters": {"type": "object", "properties": {
         "text": {"type": "string"}, "n": {"type": "integer", "minimum": 0, "maximum": 5}}, "required": ["text", "n"]}}}]
     response = llm.create_chat_completion(QUESTION, tools=tools, tool_choice="required", max_tokens=400,
-                                          temperature=1.0, seed=3, logit_bias=steering(model))
+                                          temperature=1.0, seed=3, logit_bias=steering(model, "qwen3_coder"))
     (call,) = response["choices"][0]["message"]["tool_calls"]
     arguments = json.loads(call["function"]["arguments"])
     assert set(arguments) == {"text", "n"} and isinstance(arguments["text"], str) and 0 <= arguments["n"] <= 5
 
 
 def test_a_named_format_overrides_the_template(family_model):
-    model, llm = family_model("hermes")
-    text = llm.chat(QUESTION, tools=BOUNDED, tool_choice="required", tool_call_format="llama3", max_tokens=200,
-                    temperature=0)
-    assert json.loads(text)["name"] in ("get_weather", "get_time") and "<tool_call>" not in text
-    response = llm.create_chat_completion(QUESTION, tools=BOUNDED, tool_choice="required", tool_call_format="llama3",
-                                          max_tokens=200, temperature=0)
+    # GLM's template, Hermes's markup: <tool_call> then JSON, not GLM's <arg_key> pairs.
+    model, llm = family_model("glm")
+    bias = steering(model, "glm")
+    text = llm.chat(QUESTION, tools=BOUNDED, tool_choice="required", tool_call_format="hermes", max_tokens=200,
+                    temperature=0, logit_bias=bias)
+    body = text[text.index("<tool_call>\n") + len("<tool_call>\n"):text.index("\n</tool_call>")]
+    assert json.loads(body)["name"] in ("get_weather", "get_time") and "<arg_key>" not in text
+    response = llm.create_chat_completion(QUESTION, tools=BOUNDED, tool_choice="required", tool_call_format="hermes",
+                                          max_tokens=200, temperature=0, logit_bias=bias)
     assert valid_call(response["choices"][0]["message"]["tool_calls"][0])
     with pytest.raises(InvalidArgumentError, match="tool_call_format"):
         llm.create_chat_completion(QUESTION, tools=BOUNDED, tool_call_format="nope")

@@ -23,6 +23,8 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from ..errors import ContextLimitError, InvalidArgumentError
+from ..text import template_sandbox
+from ..text.chat_template import ChatTemplate
 from .assets import ModelAssets
 
 Prompt = Union[str, Sequence[int]]
@@ -89,9 +91,27 @@ def chat_prompt_ids(assets: ModelAssets, messages: Sequence[Mapping[str, Any]], 
 def chat_prompt(assets: ModelAssets, messages: Sequence[Mapping[str, Any]], *,
                 tools: Optional[Sequence[Mapping[str, Any]]] = None, **template_vars: Any) -> tuple[str, list[int]]:
     """The rendered prompt text and its ids (the text says whether the template opened a reasoning block)."""
-    text = assets.chat_template.render(text_messages(messages), add_generation_prompt=True, tools=tools,
-                                       **template_vars)
+    text = render_chat(assets.chat_template, messages, tools=tools, **template_vars)
     return text, _chat_ids(assets, text)
+
+
+def render_chat(template: ChatTemplate, messages: Sequence[Mapping[str, Any]], *,
+                tools: Optional[Sequence[Mapping[str, Any]]] = None, add_generation_prompt: bool = True,
+                **template_vars: Any) -> str:
+    """A chat request's prompt, as llama.cpp's server renders it: the template gets
+    :func:`template_defaults`, which ``template_vars`` (``chat_template_kwargs``) override."""
+    return template.render(text_messages(messages), add_generation_prompt=add_generation_prompt, tools=tools,
+                           **{**template_defaults(), **template_vars})
+
+
+def template_defaults() -> dict[str, Any]:
+    """The variables llama.cpp hands every chat template (common/chat.cpp): ``enable_thinking``
+    (true unless the request turns it off), and today's date as ``datetime`` ("Jan 15 2026")
+    and ``date_string`` ("15 Jan 2026", which Llama 3.x's templates print; without it they
+    print their own default, "26 Jul 2024")."""
+    today = template_sandbox.now()
+    return {"enable_thinking": True, "datetime": today.strftime("%b %d %Y"),
+            "date_string": today.strftime("%d %b %Y")}
 
 
 def _chat_ids(assets: ModelAssets, text: str) -> list[int]:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from ..errors import InvalidArgumentError
+from ..sampling.lazy import ReasoningSpan
 from .tools.base import CallStream, Event, ParsedReply, ToolCallParser, ToolSpecs, collect, find_first, partial_suffix
 
 REASONING_FORMATS = ("auto", "none", "deepseek")
@@ -234,9 +235,21 @@ class ReplyParser:
             return fmt.stream(self.tools, extract_reasoning=self.extract, parse_calls=self.parses_calls)
         inner = fmt.stream(self.tools) if fmt is not None and self.parses_calls else None
         if self.tags is not None and self.extract:
-            implicit = tuple(t for t in fmt.start_tags if t == "<tool_call>") if inner is not None else ()
-            return ReasoningStream(inner, self.tags, self.forced_open, implicit)
+            return ReasoningStream(inner, self.tags, self.forced_open, self._implicit_ends())
         return inner if inner is not None else PlainStream()
+
+    def reasoning_span(self) -> Optional[ReasoningSpan]:
+        """The reasoning markup as the tool-call constraint sees it (None: no reasoning is read),
+        so that a marker inside the reasoning starts no call, as it starts none here."""
+        if self.tags is None or not self.extract or (self.format is not None and self.format.handles_reasoning):
+            return None
+        return ReasoningSpan(self.tags.start, self.tags.end, self.forced_open, self._implicit_ends())
+
+    def _implicit_ends(self) -> tuple[str, ...]:
+        # Qwen3 models may start a call without closing their reasoning: <tool_call> closes it then.
+        if self.format is None or not self.parses_calls:
+            return ()
+        return tuple(t for t in self.format.start_tags if t == "<tool_call>")
 
     def parse(self, text: str) -> ParsedReply:
         return collect(self.stream(), [text])

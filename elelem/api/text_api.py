@@ -253,8 +253,7 @@ class TextAPI:
         reply = reply_parser(fmt, source, prompt, parse_calls=plan.parses_calls, tools=plan.functions,
                              reasoning_format=reasoning_format)
         if output is None:
-            reasoning_end = reply.tags.end if reply is not None and reply.forced_open else None
-            constraint = plan.constraint(self.assets, reasoning_end)
+            constraint = plan.constraint(self.assets, reply.reasoning_span() if reply is not None else None)
         else:
             constraint = output_constraint(self.assets, output)
         preserved = frozenset()

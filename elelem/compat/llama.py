@@ -88,9 +88,12 @@ class Llama:
                  type_k: Any = None, type_v: Any = None, logits_all: bool = False, embedding: bool = False,
                  pooling_type: int = -1, last_n_tokens_size: int = 64, spm_infill: bool = False,
                  chat_format: Optional[str] = None, verbose: bool = True,
-                 elelem_options: Optional[dict] = None, **kwargs: Any):
+                 elelem_options: Optional[dict] = None, tool_call_format: Optional[str] = None, **kwargs: Any):
         """``elelem_options`` (not a llama-cpp-python keyword) are more keywords for
-        :class:`elelem.LLM`: ``{"prompt_cache": DIR}``, ``{"repack": False}``, ..."""
+        :class:`elelem.LLM`: ``{"prompt_cache": DIR}``, ``{"repack": False}``, ...
+        ``tool_call_format`` (not one either) names the format the model writes tool calls in
+        (``"hermes"``, ``"qwen3_coder"``, ``"harmony"``, ``"mistral"``, ``"llama3"``, ``"glm"``);
+        by default it is read from the chat template, as llama.cpp does."""
         # Layers on other devices (RPC servers): llama-cpp-python's names and meanings,
         # its default n_gpu_layers=0 included (every layer stays on the CPU).
         devices = {k: kwargs.pop(k) for k in ("rpc_servers", "n_gpu_layers", "tensor_split") if k in kwargs}
@@ -118,6 +121,7 @@ class Llama:
                         flash_attn=flash_attn, type_k=options.kv_type_name("type_k", type_k),
                         type_v=options.kv_type_name("type_v", type_v),
                         **options.embedding_options(LLM, embedding, pooling_type), **devices,
+                        **({"tool_call_format": tool_call_format} if tool_call_format is not None else {}),
                         **(elelem_options or {}))
         self.n_threads = self._llm.n_threads
         self.n_threads_batch = self.n_threads
@@ -398,11 +402,24 @@ class Llama:
                                mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: Optional[str] = None,
                                logits_processor=None, grammar=None, logit_bias: Optional[dict] = None,
                                logprobs: Optional[bool] = None,
-                               top_logprobs: Optional[int] = None) -> Union[dict, Iterator[dict]]:
+                               top_logprobs: Optional[int] = None, *, reasoning_format: Optional[str] = None,
+                               chat_template_kwargs: Optional[dict] = None,
+                               tool_call_format: Optional[str] = None) -> Union[dict, Iterator[dict]]:
         """A ``chat.completion`` dict, or its chunks; the model's own chat template renders ``messages``.
 
         OpenAI's older ``functions``/``function_call`` become ``tools``/``tool_choice``
-        (the calls then come back as ``message.tool_calls``).
+        (the calls then come back as ``message.tool_calls``, ``finish_reason``
+        ``"tool_calls"``), read in the format the chat template shows (Hermes,
+        Qwen3-Coder XML, gpt-oss harmony, Mistral, Llama 3, GLM) or in
+        ``tool_call_format`` (this call's, else the constructor's).  A required
+        or named ``tool_choice`` holds the call to its tools' schemas from the
+        format's marker on (:mod:`elelem.api.tools`).
+
+        Beyond llama-cpp-python, as llama.cpp's server takes them: a reasoning
+        model's thinking comes back as ``message.reasoning_content``
+        (``delta.reasoning_content`` streamed) unless ``reasoning_format`` is
+        ``"none"``; ``chat_template_kwargs`` are variables for the chat template
+        (``{"enable_thinking": False}``, ``{"reasoning_effort": "low"}``).
         """
         _no_mirostat(mirostat_mode)
         _no_hooks(logits_processor, None)
@@ -420,7 +437,9 @@ class Llama:
         return self._clamped(self._llm.create_chat_completion, messages, max_tokens, tools=tools,
                              tool_choice=tool_choice, stream=stream, stop=stop, response_format=response_format,
                              grammar=_grammar_text(grammar), model=model, logprobs=logprobs,
-                             top_logprobs=top_logprobs, **sampling)
+                             top_logprobs=top_logprobs, reasoning_format=reasoning_format,
+                             chat_template_kwargs=chat_template_kwargs, tool_call_format=tool_call_format,
+                             **sampling)
 
     def _clamped(self, call, prompt, max_tokens, **kwargs):
         # llama-cpp-python cuts a max_tokens that does not fit after the prompt down to what

@@ -16,7 +16,7 @@ the phase ends by itself.
 """
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import numpy as np
 
@@ -62,8 +62,46 @@ class TokenConstraint:
         self._phases = [p if isinstance(p, Forced) else GrammarMatcher(p, tokenizer)
                         for p in phases if not (isinstance(p, Forced) and not p.token_ids)]
         self._eog = tokenizer.eog_ids
+        self._pieces = tokenizer.pieces
         self._phase = 0
         self._forced_at = 0
+
+    def copy(self) -> "TokenConstraint":
+        """An independent constraint at the same position (to try text on without committing to it)."""
+        twin = object.__new__(TokenConstraint)
+        twin.__dict__.update(self.__dict__)
+        twin._phases = [p.copy() if isinstance(p, GrammarMatcher) else p for p in self._phases]
+        return twin
+
+    def fast_forward(self, text: str, encode: Callable[[str], list[int]]) -> bool:
+        """Take ``text``, already written, as the start of the reply: True when the phases allow
+        it (forced tokens spelling it, or a grammar accepting it), else False (the state is then
+        undefined: try on a :meth:`copy`).  ``encode`` turns text into ids, control tokens included."""
+        while text:
+            if self.complete:
+                return False
+            phase = self._phases[self._phase]
+            if isinstance(phase, Forced):
+                forced = b"".join(self._pieces[t] for t in phase.token_ids[self._forced_at:]).decode(
+                    "utf-8", "replace")
+                if text.startswith(forced):
+                    text = text[len(forced):]
+                    self._next_phase()
+                    continue
+                if not forced.startswith(text):
+                    return False
+                rest = encode(forced[len(text):])
+                if rest:
+                    self._phases[self._phase], self._forced_at = Forced(rest), 0
+                else:
+                    self._next_phase()
+                return True
+            if not phase.consume_all(encode(text)):
+                return False
+            if phase.done:
+                self._next_phase()
+            return True
+        return True
 
     @property
     def complete(self) -> bool:

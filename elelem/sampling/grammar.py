@@ -77,6 +77,7 @@ class GrammarTokenizer:
     def __init__(self, tokens: Sequence[bytes], special_ids: Iterable[int], eog_ids: Iterable[int],
                  encode: Callable[[str], list[int]], bos_id: Optional[int] = None):
         special = set(special_ids)
+        self.pieces = tokens  # each id's bytes as the text shows them (a control token's own text)
         marked = [_CONTROL + t if i in special else bytes(t) for i, t in enumerate(tokens)]
         self.n_vocab = len(marked)
         self.eog_ids = frozenset(eog_ids)
@@ -252,6 +253,23 @@ class GrammarMatcher:
     def consume(self, token: int) -> None:
         if not self._matcher.consume_token(int(token)):
             self._check()
+
+    def consume_all(self, tokens: Sequence[int]) -> bool:
+        """Take ``tokens`` if the grammar allows every one of them (True), else take none (False)."""
+        tokens = [int(t) for t in tokens]
+        if self._matcher.validate_tokens(tokens) < len(tokens):
+            return False
+        self._matcher.consume_tokens(tokens)
+        self._check()
+        return True
+
+    def copy(self) -> "GrammarMatcher":
+        """An independent matcher at the same position."""
+        twin = object.__new__(GrammarMatcher)
+        twin._matcher = self._matcher.deep_copy()
+        twin.n_vocab = self.n_vocab
+        twin._words = np.zeros_like(self._words)
+        return twin
 
     @property
     def done(self) -> bool:

@@ -544,10 +544,15 @@ def _raise_exception(message: Any) -> None:
     raise TemplateError(str(message))
 
 
+def now() -> datetime:
+    """The templates' clock (``strftime_now``, and the date llama.cpp hands every chat template): local time."""
+    return datetime.now()
+
+
 def _strftime_now(date_format: str) -> str:
     if not isinstance(date_format, str) or len(date_format) > _MAX_STRFTIME_FORMAT:
         raise TemplateError(f"strftime_now() takes a format string of at most {_MAX_STRFTIME_FORMAT} characters")
-    return datetime.now().strftime(date_format)
+    return now().strftime(date_format)
 
 
 def _capped_range(*args: Any) -> range:

@@ -8,7 +8,8 @@ calls.  Each one, in its own module of this package, says:
   and how a body becomes OpenAI calls (:meth:`~ToolCallParser.read_calls`);
 * which control tokens its markup uses (:attr:`~ToolCallParser.preserved_tokens`:
   the reply's text must show them, as llama.cpp's preserved tokens);
-* what a constrained call looks like (:meth:`~ToolCallParser.constraint_phases`).
+* what a constrained call looks like (:meth:`~ToolCallParser.constraint_phases`),
+  and where in free text it starts (:meth:`~ToolCallParser.call_triggers`).
 
 Every format reads a reply incrementally: :meth:`ToolCallParser.stream`
 gives a :class:`CallStream` fed with text deltas, whatever their split,
@@ -30,6 +31,8 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from ...sampling.lazy import Trigger
 
 log = logging.getLogger("elelem")
 
@@ -338,6 +341,13 @@ class ToolCallParser:
         for the model's vocabulary ``vocab`` (:class:`.constrained.Vocabulary`)."""
         raise NotImplementedError(f"the {self.name} format has no constrained calls")
 
+    def call_triggers(self, functions: Sequence[Mapping[str, Any]], vocab, *, required: bool) -> list:
+        """Where a call of one of ``functions`` starts in free text, each with the phases that
+        hold the call from there (:class:`~elelem.sampling.lazy.Trigger`): by default the
+        format's marker, followed by :meth:`constraint_phases`.  ``required``: the reply must
+        make a call (a format may then trigger earlier, on a marker every reply writes)."""
+        return [Trigger.word(self.start_tag, self.constraint_phases(functions, vocab))]
+
 
 class CallStream:
     """An incremental reader of one reply: :meth:`feed` text deltas, then :meth:`finish`."""
@@ -394,6 +404,37 @@ def find_first(text: str, tags: Iterable[str]) -> tuple[int, str]:
 
 _TEXT, _IN_CALL, _MAYBE_BARE = "text", "in_call", "maybe_bare"
 
+#: A Markdown code fence small models put around a bare JSON call (```json ... ```).
+_FENCE_OPEN = re.compile(r"\s*```(?:json)?[ \t]*\n")
+_FENCE_CLOSE = re.compile(r"\n?```\s*$")
+
+
+def bare_opening(text: str) -> Optional[bool]:
+    """Whether a reply starting with ``text`` may be a bare JSON call (``{``, maybe inside a
+    ```json fence): True, False, or None while the text cannot tell yet."""
+    stripped = text.lstrip()
+    if not stripped:
+        return None
+    if stripped.startswith("{"):
+        return True
+    if not stripped.startswith("```"[:len(stripped)]):
+        return False
+    fence = _FENCE_OPEN.match(text)
+    if fence is None:
+        return None if "\n" not in stripped and len(stripped) < 16 else False
+    rest = text[fence.end():].lstrip()
+    return None if not rest else rest.startswith("{")
+
+
+def unfenced(text: str) -> str:
+    """``text`` without the code fence around it, if it has one."""
+    fence = _FENCE_OPEN.match(text)
+    if fence is None:
+        return text
+    text = text[fence.end():]
+    close = _FENCE_CLOSE.search(text)
+    return text[:close.start()] if close is not None else text
+
 
 class TaggedCallStream(CallStream):
     """Calls marked up by a start tag in the middle of content, read as they complete.
@@ -418,16 +459,16 @@ class TaggedCallStream(CallStream):
 
     def finish(self) -> list[Event]:
         events: list[Event] = []
+        if self._mode == _MAYBE_BARE:
+            calls = self._fmt.read_bare(unfenced(self._buffer), self._tools) if self._tools.functions else None
+            if calls:
+                self._buffer = ""
+                self._emit_calls(calls, events)
+            self._mode, self._started = _TEXT, True  # else text, in which marked-up calls are still read
         self._drain(events, final=True)
         buffer, self._buffer = self._buffer, ""
         if self._mode == _IN_CALL:
             self._finish_call(self._tag, buffer, self._tag + buffer, events)
-        elif self._mode == _MAYBE_BARE:
-            calls = self._fmt.read_bare(buffer, self._tools) if self._tools.functions else None
-            if calls:
-                self._emit_calls(calls, events)
-            else:
-                self._content(buffer, events)
         else:
             self._content(buffer, events)
         if self._pending_space and not self.calls:
@@ -451,10 +492,10 @@ class TaggedCallStream(CallStream):
                 self._finish_call(self._tag, body, markup, events)
                 continue
             if not self._started and self._fmt.bare_calls and self._tools.functions:
-                stripped = self._buffer.lstrip()
-                if not stripped:
-                    return
-                if stripped.startswith("{"):
+                opening = bare_opening(self._buffer)
+                if opening is None and not final:
+                    return  # whitespace, or a code fence whose first line has not ended
+                if opening:
                     self._mode = _MAYBE_BARE
                     return
             start, tag = find_first(self._buffer, self._tags)

@@ -1,12 +1,13 @@
 """Constrained tool calls in each format: the pieces the formats build their grammars from.
 
-A forced call (``tool_choice`` ``"required"`` or a named function) is a
-list of phases for :class:`~elelem.sampling.constrained.TokenConstraint`:
+A call is a list of phases for :class:`~elelem.sampling.constrained.TokenConstraint`:
 tokens forced as they are (the format's marker: ``<tool_call>``,
 ``[TOOL_CALLS]``, gpt-oss's ``<|channel|>``) and grammars compiled by
-llguidance for the rest of the call, in the format's own markup.  The
-grammar starts at the marker: text before it (a reasoning block the
-template opened) is left free, see :func:`reasoning_prelude`.
+llguidance for the rest of the call, in the format's own markup
+(``ToolCallParser.constraint_phases``).  The phases hold the reply only from
+the point where the model writes the format's marker (a trigger:
+``ToolCallParser.call_triggers``), as llama.cpp's lazy grammars do; text
+before it is free (:mod:`elelem.sampling.lazy`).
 
 Grammars are written in llguidance's Lark syntax: ``%json{...}`` for a JSON
 value valid against a schema (with the strictness of
@@ -88,6 +89,11 @@ def json_expr(schema: Any) -> str:
     return "%json" + json.dumps(schema, ensure_ascii=False)
 
 
+#: A call written as bare JSON at the start of the reply (no markup, or in a ```json fence), as
+#: llama.cpp's lazy grammars trigger on it: the text from its ``{`` on is the call's.
+BARE_CALL_START = r'\s*(?:```(?:json)?[ \t]*\n\s*)?(\{\s*"name"\s*:\s*")'
+
+
 def check_functions(functions: Sequence[Mapping[str, Any]]) -> None:
     """Refuse, by name, a function whose parameters' schema the engine cannot enforce (before any compute)."""
     if not functions:
@@ -97,6 +103,23 @@ def check_functions(functions: Sequence[Mapping[str, Any]]) -> None:
         if not isinstance(name, str) or not name:
             raise GrammarError(f"a tool function needs a non-empty string name, got {name!r}", param="tools")
         json_schema_grammar(parameters_schema(function), param="tools")
+
+
+def call_choice(functions: Sequence[Mapping[str, Any]], rules: "Rules", write: Callable[[Mapping[str, Any]], str]) -> str:
+    """A Lark choice among one call of each of ``functions`` (checked first); ``write(function)``
+    gives one call's expression."""
+    check_functions(functions)
+    return " | ".join(rules.add(write(function), "call") for function in functions)
+
+
+def ordered_parameters(function: Mapping[str, Any]) -> list[tuple[str, Any, bool]]:
+    """``(key, its schema, whether it is required)`` for a function's parameters, in the order a
+    constrained call writes them: the required ones, then the optional ones, each in the schema's order."""
+    schema = parameters_schema(function)
+    properties = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
+    required = [k for k in schema.get("required", []) if k in properties]
+    return [(k, properties[k], True) for k in required] + [(k, v, False) for k, v in properties.items()
+                                                           if k not in required]
 
 
 def lark_grammar(text: str, description: str = "tool call") -> Grammar:
@@ -134,16 +157,6 @@ class Rules:
 
     def grammar(self, start: str, description: str = "tool call") -> Grammar:
         return lark_grammar("\n".join([f"start: {start}", *self.lines]) + "\n", description)
-
-
-def reasoning_prelude(end_tag: str, vocab: Vocabulary, after: str = "\n\n") -> Grammar:
-    """The free reasoning a template opened (``<think>\\n`` at the end of the prompt),
-    up to its ``end_tag``, then ``after``: the phase before a forced call of a thinking model."""
-    rules = Rules()
-    if end_tag in vocab.control:  # a control token: the text cannot contain it, so plain text stops there
-        text = rules.add("/(.|\\n)*/", "free")
-        return rules.grammar(f"{text} {vocab.lit(end_tag)} {vocab.lit(after)}", "reasoning")
-    return rules.grammar(f"{rules.text_until(end_tag)} {vocab.lit(after)}", "reasoning")
 
 
 def typed_parameter_expr(schema: Optional[Mapping[str, Any]], close: str, rules: Rules, vocab: Vocabulary) -> str:

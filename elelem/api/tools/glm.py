@@ -24,7 +24,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ...sampling.constrained import Forced
 from .base import ToolCallParser, ToolSpecs, is_identifier, tool_call_dict, typed_value
-from .constrained import Rules, check_functions, lark_string, parameters_schema, typed_parameter_expr
+from .constrained import Rules, call_choice, lark_string, ordered_parameters, typed_parameter_expr
 
 _ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
@@ -66,23 +66,19 @@ class GLMParser(ToolCallParser):
         return [tool_call_dict(name, arguments)]
 
     def constraint_phases(self, functions: Sequence[Mapping[str, Any]], vocab) -> list:
-        check_functions(functions)
         nl = "\n" if self.newlines else ""
         rules = Rules()
-        choices = []
-        for function in functions:
-            schema = parameters_schema(function)
-            properties = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
-            required = [k for k in schema.get("required", []) if k in properties]
+
+        def call(function) -> str:
             parts = [lark_string(function["name"] + nl)]
-            for key in list(required) + [k for k in properties if k not in required]:
-                value = typed_parameter_expr(properties[key], "</arg_value>", rules, vocab)
+            for key, schema, required in ordered_parameters(function):
+                value = typed_parameter_expr(schema, "</arg_value>", rules, vocab)
                 if nl:
                     value += " " + vocab.lit(nl)
                 item = f"{vocab.lit(f'<arg_key>{key}</arg_key>{nl}<arg_value>')} {value}"
-                parts.append(item if key in required else f"({item})?")
-            choices.append(rules.add(" ".join(parts), "call"))
-        return [Forced(vocab.encode("<tool_call>")), rules.grammar(" | ".join(choices)),
+                parts.append(item if required else f"({item})?")
+            return " ".join(parts)
+        return [Forced(vocab.encode("<tool_call>")), rules.grammar(call_choice(functions, rules, call)),
                 Forced(vocab.encode("</tool_call>"))]
 
 

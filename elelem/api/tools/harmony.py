@@ -34,8 +34,9 @@ import re
 from typing import Any, Mapping, Optional, Sequence
 
 from ...sampling.constrained import Forced
+from ...sampling.lazy import Trigger
 from .base import CallStream, Event, JsonEnd, ToolCallParser, ToolSpecs, load_json, partial_suffix, tool_call_dict
-from .constrained import Rules, check_functions, json_expr, lark_string, parameters_schema
+from .constrained import Rules, call_choice, json_expr, lark_string, parameters_schema
 
 log = logging.getLogger("elelem")
 
@@ -66,7 +67,6 @@ class HarmonyParser(ToolCallParser):
         return reply.tool_calls[0] if len(reply.tool_calls) == 1 else None
 
     def constraint_phases(self, functions: Sequence[Mapping[str, Any]], vocab) -> list:
-        check_functions(functions)
         rules = Rules()
         message, end, start = vocab.lit(MESSAGE), vocab.lit(END), vocab.lit(START)
         if END in vocab.control:  # plain text cannot hold a control token: free text ends at <|end|>
@@ -74,12 +74,18 @@ class HarmonyParser(ToolCallParser):
         else:
             reasoning = rules.text_until(END)
         analysis = f'("analysis" {message} {reasoning} {start} "assistant" {vocab.lit(CHANNEL)})?'
-        calls = []
-        for function in functions:
-            calls.append(rules.add(f"{lark_string(function['name'])} {vocab.lit(' ' + CONSTRAIN + 'json' + MESSAGE)} "
-                                   f"{json_expr(parameters_schema(function))}", "call"))
-        grammar = rules.grammar(f'{analysis} "commentary to=functions." ({" | ".join(calls)})')
+        calls = call_choice(functions, rules, lambda function: (
+            f"{lark_string(function['name'])} {vocab.lit(' ' + CONSTRAIN + 'json' + MESSAGE)} "
+            f"{json_expr(parameters_schema(function))}"))
+        grammar = rules.grammar(f'{analysis} "commentary to=functions." ({calls})')
         return [Forced(vocab.encode(CHANNEL)), grammar]
+
+    def call_triggers(self, functions: Sequence[Mapping[str, Any]], vocab, *, required: bool) -> list:
+        # Every message starts with <|channel|>: a required call is held from the first one
+        # (an analysis message may come first, see constraint_phases); under "auto" only a
+        # message to a function is a call.
+        marker = CHANNEL if required else CHANNEL + "commentary to=functions."
+        return [Trigger.word(marker, self.constraint_phases(functions, vocab))]
 
 
 class HarmonyStream(CallStream):
@@ -117,9 +123,18 @@ class HarmonyStream(CallStream):
     def _drain(self, events: list[Event], final: bool) -> None:
         while self._buffer:
             if self._mode == _CONTENT:
-                self._emit(events, "content", self._buffer)
-                self._buffer = ""
-                return
+                # Plain text, up to a message the model opens after it (a forced call, say).  Its first
+                # character is text whatever it is: the header read there failed.
+                at, _ = _first(self._buffer[1:], (CHANNEL, START))
+                at = at + 1 if at >= 0 else -1
+                keep = 0 if at >= 0 or final else partial_suffix(self._buffer, (CHANNEL, START))
+                end = at if at >= 0 else len(self._buffer) - keep
+                self._emit(events, "content", self._buffer[:end])
+                self._buffer = self._buffer[end:]
+                if at < 0:
+                    return
+                self._mode = _HEADER
+                continue
             if self._mode == _HEADER:
                 if not self._read_header(events):
                     return

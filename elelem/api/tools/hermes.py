@@ -9,7 +9,9 @@ models sometimes write the JSON without its tags: a reply that is only
 that, for a known tool, is a call too.
 
 Constrained: ``<tool_call>\\n`` forced, then JSON holding a name among the
-functions and arguments valid against its schema, then ``\\n</tool_call>``.
+functions and arguments valid against its schema, then ``\\n</tool_call>``;
+a reply that starts as a bare call (``{"name": "``, maybe in a ```json
+fence) is held to the same JSON, without the tags.
 """
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ...sampling.constrained import Forced
 from ...sampling.grammar import tool_call_grammar
+from ...sampling.lazy import Trigger
 from .base import ToolCallParser, ToolSpecs, call_of_object, load_json, read_json_calls
+from .constrained import BARE_CALL_START
 
 
 class HermesParser(ToolCallParser):
@@ -43,6 +47,11 @@ class HermesParser(ToolCallParser):
     def constraint_phases(self, functions: Sequence[Mapping[str, Any]], vocab) -> list:
         return [Forced(vocab.encode(self.forced_prefix)), tool_call_grammar(functions),
                 Forced(vocab.encode(self.forced_suffix))]
+
+    def call_triggers(self, functions: Sequence[Mapping[str, Any]], vocab, *, required: bool) -> list:
+        # <tool_call>, or a reply that starts as a bare JSON call (Qwen2.5 writes those too).
+        return [*super().call_triggers(functions, vocab, required=required),
+                Trigger(BARE_CALL_START, [tool_call_grammar(functions)], at_start=True)]
 
 
 def matches(source: str) -> bool:

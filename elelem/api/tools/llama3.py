@@ -9,14 +9,17 @@ given back as content; ``"arguments"`` is read as ``"parameters"``, and a
 is not JSON calls (a built-in tool's Python) is content.
 
 Constrained: the JSON of one call, its name among the functions and its
-parameters valid against the schema.
+parameters valid against the schema, from ``<|python_tag|>`` or from a
+reply's opening ``{"name": "``.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
+from ...sampling.constrained import Forced
+from ...sampling.lazy import Trigger
 from .base import ToolCallParser, ToolSpecs, read_json_calls
-from .constrained import Rules, check_functions, json_expr, parameters_schema
+from .constrained import BARE_CALL_START, Rules, call_choice, json_expr, parameters_schema
 
 _SEPARATORS = " \t\r\n;"
 _KEYS = ("parameters", "arguments")
@@ -42,15 +45,19 @@ class Llama3Parser(ToolCallParser):
         return read_json_calls(text, tools, separators=_SEPARATORS, keys=_KEYS)
 
     def constraint_phases(self, functions: Sequence[Mapping[str, Any]], vocab) -> list:
-        check_functions(functions)
         rules = Rules()
-        choices = []
-        for function in functions:
-            call = {"type": "object", "properties": {"name": {"const": function["name"]},
-                                                      "parameters": parameters_schema(function)},
-                    "required": ["name", "parameters"]}
-            choices.append(rules.add(json_expr(call), "call"))
-        return [rules.grammar(" | ".join(choices))]
+
+        def call(function) -> str:
+            return json_expr({"type": "object", "properties": {"name": {"const": function["name"]},
+                                                                "parameters": parameters_schema(function)},
+                              "required": ["name", "parameters"]})
+        return [rules.grammar(call_choice(functions, rules, call))]
+
+    def call_triggers(self, functions: Sequence[Mapping[str, Any]], vocab, *, required: bool) -> list:
+        # <|python_tag|> then the JSON, or a reply that starts as the JSON itself.
+        phases = self.constraint_phases(functions, vocab)
+        return [Trigger.word(self.start_tag, [Forced(vocab.encode(self.start_tag)), *phases]),
+                Trigger(BARE_CALL_START, phases, at_start=True)]
 
 
 def matches(source: str) -> bool:

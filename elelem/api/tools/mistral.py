@@ -25,7 +25,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ...sampling.constrained import Forced
 from .base import ToolCallParser, ToolSpecs, call_of_object, is_identifier, JsonEnd, load_json, tool_call_dict
-from .constrained import Rules, check_functions, json_expr, lark_string, parameters_schema
+from .constrained import Rules, call_choice, json_expr, lark_string, parameters_schema
 
 _ALPHANUMERIC = string.ascii_letters + string.digits
 _MAX_NAME = 256
@@ -100,19 +100,16 @@ class MistralParser(ToolCallParser):
         return [tool_call_dict(name, value, call_id or mistral_call_id())]
 
     def constraint_phases(self, functions: Sequence[Mapping[str, Any]], vocab) -> list:
-        check_functions(functions)
         rules = Rules()
-        choices = []
-        for function in functions:
+
+        def call(function) -> str:
             schema = parameters_schema(function)
             if self.args_form:
-                choices.append(rules.add(f"{lark_string(function['name'])} {vocab.lit('[ARGS]')} {json_expr(schema)}",
-                                         "call"))
-            else:
-                call = {"type": "object", "properties": {"name": {"const": function["name"]}, "arguments": schema},
-                        "required": ["name", "arguments"]}
-                choices.append(rules.add(f'"[" {json_expr(call)} "]"', "call"))
-        return [Forced(vocab.encode("[TOOL_CALLS]")), rules.grammar(" | ".join(choices))]
+                return f"{lark_string(function['name'])} {vocab.lit('[ARGS]')} {json_expr(schema)}"
+            whole = {"type": "object", "properties": {"name": {"const": function["name"]}, "arguments": schema},
+                     "required": ["name", "arguments"]}
+            return f'"[" {json_expr(whole)} "]"'
+        return [Forced(vocab.encode("[TOOL_CALLS]")), rules.grammar(call_choice(functions, rules, call))]
 
 
 def matches(source: str) -> bool:

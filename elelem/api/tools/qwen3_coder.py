@@ -30,7 +30,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ...sampling.constrained import Forced
 from .base import ToolCallParser, ToolSpecs, is_identifier, tool_call_dict, typed_value
-from .constrained import Rules, check_functions, lark_string, parameters_schema, typed_parameter_expr
+from .constrained import Rules, call_choice, lark_string, ordered_parameters, typed_parameter_expr
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]*)>(.*?)(?:</function>\s*)?$", re.DOTALL)
 _OPEN = re.compile(r"\s*<parameter=([^>\n]*)>\n?")
@@ -83,21 +83,16 @@ class Qwen3CoderParser(ToolCallParser):
         return [tool_call_dict(name, arguments)]
 
     def constraint_phases(self, functions: Sequence[Mapping[str, Any]], vocab) -> list:
-        check_functions(functions)
         rules = Rules()
-        choices = []
-        for function in functions:
-            schema = parameters_schema(function)
-            properties = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
-            required = [k for k in schema.get("required", []) if k in properties]
+
+        def call(function) -> str:
             parts = [lark_string(function["name"] + ">\n")]
-            for key in list(required) + [k for k in properties if k not in required]:
-                value = typed_parameter_expr(properties[key], "\n</parameter>", rules, vocab) + " " + vocab.lit("\n")
+            for key, schema, required in ordered_parameters(function):
+                value = typed_parameter_expr(schema, "\n</parameter>", rules, vocab) + " " + vocab.lit("\n")
                 item = f"{vocab.lit(f'<parameter={key}>' + chr(10))} {value}"
-                parts.append(item if key in required else f"({item})?")
-            parts.append(vocab.lit("</function>\n"))
-            choices.append(rules.add(" ".join(parts), "call"))
-        return [Forced(vocab.encode("<tool_call>\n<function=")), rules.grammar(" | ".join(choices)),
+                parts.append(item if required else f"({item})?")
+            return " ".join(parts + [vocab.lit("</function>\n")])
+        return [Forced(vocab.encode("<tool_call>\n<function=")), rules.grammar(call_choice(functions, rules, call)),
                 Forced(vocab.encode("</tool_call>"))]
 
 

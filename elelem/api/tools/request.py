@@ -1,25 +1,30 @@
 """``tools`` and ``tool_choice`` of one request: checked, and turned into a plan.
 
 * ``"auto"`` (the default when tools are given): the model sees the tools
-  and decides; calls are parsed out of its reply.
+  and decides; calls are parsed out of its reply, and a call it starts (its
+  format's marker) is held to a valid one, as llama.cpp's lazy grammars do.
 * ``"none"``: the model does not see the tools (so it answers in text), and
   nothing is parsed.  Earlier tool calls and results in ``messages`` still
   render.
-* ``"required"``: the reply is one call of one of the tools, constrained
+* ``"required"``: the reply makes one call of one of the tools, constrained
   token by token by the same engine as ``response_format``
-  (:mod:`elelem.sampling.constrained`, over llguidance).
+  (:mod:`elelem.sampling.lazy`, over llguidance) from the format's marker
+  on; text before the marker is free, but the reply cannot end without the call.
 * ``{"type": "function", "function": {"name": ...}}``: the same, for that tool.
 """
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from ...errors import InvalidArgumentError
-from ...sampling.constrained import TokenConstraint
-from .constrained import Vocabulary, reasoning_prelude
+from ...errors import GrammarError, InvalidArgumentError
+from ...sampling.lazy import LazyConstraint, ReasoningSpan
+from .constrained import Vocabulary
 from .parsers import ToolCallParser, parser_for
+
+log = logging.getLogger("elelem")
 
 Tools = Optional[Sequence[Mapping[str, Any]]]
 ToolChoice = Any  # "auto" | "none" | "required" | {"type": "function", "function": {"name": str}}
@@ -40,20 +45,31 @@ class ToolPlan:
     def parses_calls(self) -> bool:
         return self.parser is not None
 
-    def constraint(self, assets, reasoning_end: Optional[str] = None) -> Optional[TokenConstraint]:
-        """The token constraint of a forced call (for ``assets``, the model's
-        :class:`~elelem.api.assets.ModelAssets`), or None when the model is free.
+    def constraint(self, assets, reasoning: Optional[ReasoningSpan] = None) -> Optional[LazyConstraint]:
+        """The token constraint of the reply's tool calls (for ``assets``, the model's
+        :class:`~elelem.api.assets.ModelAssets`), or None when nothing is parsed.
 
-        The call is held to the format's markup from its marker on; with
-        ``reasoning_end`` (the prompt opened a reasoning block), the reasoning
-        before it is free, up to that closing tag."""
-        if self.forced_functions is None:
+        Lazy, as llama.cpp's grammars: the reply is free until the format's
+        marker, and from there held to a valid call of one of the functions.
+        A forced call ("required", named) must come: the reply cannot end
+        before it.  Under "auto" a call the model starts is held too; a schema
+        the engine cannot enforce then leaves the calls unconstrained (logged)
+        rather than failing the request.  ``reasoning``: the reply's think
+        tags, inside which a marker starts nothing."""
+        if self.parser is None:
             return None
+        required = self.forced_functions is not None
         vocab = tool_vocabulary(assets)
-        phases = self.parser.constraint_phases(self.forced_functions, vocab)
-        if reasoning_end is not None:
-            phases = [reasoning_prelude(reasoning_end, vocab), *phases]
-        return TokenConstraint(phases, assets.grammar_tokenizer)
+        try:
+            triggers = self.parser.call_triggers(self.forced_functions if required else self.functions, vocab,
+                                                 required=required)
+            return LazyConstraint(triggers, assets.grammar_tokenizer, vocab.encode, require_call=required,
+                                  reasoning=reasoning)
+        except GrammarError as error:
+            if required:
+                raise
+            log.warning("tool calls under tool_choice='auto' are left unconstrained: %s", error)
+            return None
 
 
 def tool_vocabulary(assets) -> Vocabulary:
