@@ -93,7 +93,8 @@ def test_input_items_become_chat_messages():
     assert call.tool_choice == {"type": "function", "function": {"name": "get_weather"}}
     assert call.options == {"max_tokens": 50, "temperature": 0.5, "top_p": 0.9, "response_format": {
         "type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}, "strict": True}},
-        "chat_template_kwargs": {"reasoning_effort": "low"}}  # reasoning.effort, as llama.cpp passes it
+        "chat_template_kwargs": {"reasoning_effort": "low"},  # reasoning.effort, as llama.cpp passes it
+        "parallel_tool_calls": False}
     assert checked.echo["text"]["format"]["name"] == "w" and checked.echo["metadata"] == {"k": "v"}
     assert checked.echo["reasoning"]["effort"] == "low" and checked.echo["parallel_tool_calls"] is False
 

@@ -70,11 +70,12 @@ def family(tmp_path_factory):
 
 
 class Run:
-    """One reply of a family's model under the lazy constraint of ``tool_choice``."""
+    """One reply of a family's model under the lazy constraint of ``tool_choice``
+    (one call, as with ``parallel_tool_calls=False``, unless ``parallel``)."""
 
-    def __init__(self, llm, name, tool_choice, reasoning=None):
+    def __init__(self, llm, name, tool_choice, reasoning=None, parallel=False):
         self.llm, self.name = llm, name
-        self.plan = plan_tools(TOOLS, tool_choice, template(FAMILIES[name][0]))
+        self.plan = plan_tools(TOOLS, tool_choice, template(FAMILIES[name][0]), parallel_tool_calls=parallel)
         self.constraint = self.plan.constraint(llm.assets, reasoning)
         self.vocab = tool_vocabulary(llm.assets)
         self.eog = llm.assets.grammar_tokenizer.eog_ids
@@ -231,3 +232,30 @@ def test_auto_with_a_schema_the_engine_cannot_enforce_stays_unconstrained(family
     assert "unconstrained" in caplog.text and "uniqueItems" in caplog.text
     with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):
         plan_tools(tools, "required", source).constraint(llm.assets)
+
+
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_parallel_calls_are_each_held_valid_and_only_a_call_or_the_end_follows_one(family, mode):
+    # parallel_tool_calls (OpenAI's default): after a call, another call (its
+    # marker, then its grammar) or the end, nothing else: llama.cpp's tool_call+.
+    name = "hermes"
+    run = Run(family(name), name, mode, parallel=True)
+    first = Scripted(script_of(run))
+    marker = encode(run, MARKER[name])
+    seen_between = []
+
+    class TwoCalls:
+        def sample(self, logits, recent):
+            if run.constraint.calls == 1 and not run.constraint.triggered and marker:
+                seen_between.append(logits)
+                return marker.pop(0)
+            return first.sample(logits, recent)
+
+    run.write(TwoCalls(), steps=600, until=lambda r: r.constraint.calls == 2)
+    assert run.constraint.calls == 2 and not run.constraint.complete, run.text
+    allowed = {int(t) for t in np.flatnonzero(np.isfinite(seen_between[0]))}
+    assert allowed == {t for t in run.eog if t < seen_between[0].size} | {encode(run, MARKER[name])[0]}
+    calls = run.parsed().tool_calls
+    assert len(calls) == 2 and all(valid(call) in ("get_weather", "get_time") for call in calls), run.text
+    run.write(Scripted([min(run.eog)]))
+    assert run.ended

@@ -109,7 +109,7 @@ class TextAPI:
                     response_format: Optional[Mapping[str, Any]] = None, grammar: Optional[str] = None,
                     chat_template_kwargs: Optional[Mapping[str, Any]] = None,
                     reasoning_format: Optional[str] = None, tool_call_format: Optional[str] = None,
-                    **sampling: Any) -> TextStream:
+                    parallel_tool_calls: Optional[bool] = None, **sampling: Any) -> TextStream:
         """An iterator of the assistant's reply to ``messages``, as text deltas.
 
         ``messages`` are ``{"role", "content"}`` dicts, rendered with the
@@ -118,12 +118,12 @@ class TextAPI:
         deltas are the raw reply in the model's own format, tool-call markup
         and reasoning included (``create_chat_completion`` is the API that
         parses them; the stream's ``reply`` is the parser it uses);
-        ``tool_choice``, ``chat_template_kwargs``, ``reasoning_format`` and
-        ``tool_call_format`` work as there.
+        ``tool_choice``, ``parallel_tool_calls``, ``chat_template_kwargs``,
+        ``reasoning_format`` and ``tool_call_format`` work as there.
         """
         with self._lock:
             plan = plan_tools(tools, tool_choice, self.assets.chat_template.source,
-                              self._tool_call_format(tool_call_format))
+                              self._tool_call_format(tool_call_format), parallel_tool_calls)
             output = output_grammar(response_format, grammar)
             return self._chat_text_stream(messages, plan, max_tokens, stop, sampling, output,
                                           chat_template_kwargs=chat_template_kwargs,
@@ -184,7 +184,7 @@ class TextAPI:
                                model: Optional[str] = None, logprobs: Optional[bool] = None,
                                top_logprobs: Optional[int] = None, reasoning_format: Optional[str] = None,
                                chat_template_kwargs: Optional[Mapping[str, Any]] = None,
-                               tool_call_format: Optional[str] = None,
+                               tool_call_format: Optional[str] = None, parallel_tool_calls: Optional[bool] = None,
                                **sampling: Any) -> Union[dict, Iterator[dict]]:
         """llama-cpp-python's ``create_chat_completion``: a ``chat.completion`` dict, or its chunks.
 
@@ -193,7 +193,8 @@ class TextAPI:
         (streamed: ``delta.tool_calls``) with ``finish_reason`` ``"tool_calls"``.
         ``tool_choice``: ``"auto"`` (default with tools), ``"none"``,
         ``"required"`` or ``{"type": "function", "function": {"name": ...}}``;
-        the last two constrain the reply to one valid call (see :mod:`elelem.api.tools`).
+        the last two constrain the reply to a valid call (see :mod:`elelem.api.tools`).
+        ``parallel_tool_calls=True`` lets more calls follow the first (default: one, as llama.cpp's server).
         The calls are read in the format the chat template shows (Hermes,
         Qwen3-Coder XML, gpt-oss harmony, Mistral, Llama 3, GLM), or in
         ``tool_call_format`` when given (also ``LLM(tool_call_format=...)``).
@@ -210,7 +211,7 @@ class TextAPI:
         """
         with self._lock:
             plan = plan_tools(tools, tool_choice, self.assets.chat_template.source,
-                              self._tool_call_format(tool_call_format))
+                              self._tool_call_format(tool_call_format), parallel_tool_calls)
             output = output_grammar(response_format, grammar)
             n_top = chat_logprobs_count(logprobs, top_logprobs)
             if n_top is not None and plan.parses_calls:

@@ -404,7 +404,8 @@ class Llama:
                                logprobs: Optional[bool] = None,
                                top_logprobs: Optional[int] = None, *, reasoning_format: Optional[str] = None,
                                chat_template_kwargs: Optional[dict] = None,
-                               tool_call_format: Optional[str] = None) -> Union[dict, Iterator[dict]]:
+                               tool_call_format: Optional[str] = None,
+                               parallel_tool_calls: Optional[bool] = None) -> Union[dict, Iterator[dict]]:
         """A ``chat.completion`` dict, or its chunks; the model's own chat template renders ``messages``.
 
         OpenAI's older ``functions``/``function_call`` become ``tools``/``tool_choice``
@@ -413,7 +414,8 @@ class Llama:
         Qwen3-Coder XML, gpt-oss harmony, Mistral, Llama 3, GLM) or in
         ``tool_call_format`` (this call's, else the constructor's).  A required
         or named ``tool_choice`` holds the call to its tools' schemas from the
-        format's marker on (:mod:`elelem.api.tools`).
+        format's marker on (:mod:`elelem.api.tools`).  ``parallel_tool_calls=True``
+        lets more calls follow the first (as llama.cpp's server, the default is one).
 
         Beyond llama-cpp-python, as llama.cpp's server takes them: a reasoning
         model's thinking comes back as ``message.reasoning_content``
@@ -439,7 +441,7 @@ class Llama:
                              grammar=_grammar_text(grammar), model=model, logprobs=logprobs,
                              top_logprobs=top_logprobs, reasoning_format=reasoning_format,
                              chat_template_kwargs=chat_template_kwargs, tool_call_format=tool_call_format,
-                             **sampling)
+                             parallel_tool_calls=parallel_tool_calls, **sampling)
 
     def _clamped(self, call, prompt, max_tokens, **kwargs):
         # llama-cpp-python cuts a max_tokens that does not fit after the prompt down to what

@@ -16,7 +16,7 @@ the phase ends by itself.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -107,6 +107,12 @@ class TokenConstraint:
     def complete(self) -> bool:
         """True once every phase is done: the reply must end here."""
         return self._phase >= len(self._phases)
+
+    def next_forced(self) -> Optional[int]:
+        """The token the constraint forces next, or None where a grammar chooses."""
+        if self.complete or not isinstance(self._phases[self._phase], Forced):
+            return None
+        return self._phases[self._phase].token_ids[self._forced_at]
 
     def sample(self, sampler, logits: np.ndarray, recent: Sequence[int]) -> int:
         """The next token: forced, or drawn by ``sampler`` among the valid ones."""

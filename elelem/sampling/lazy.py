@@ -22,6 +22,11 @@ holds it to a valid call.
   written after a trigger is always a valid call.
 * With ``reasoning`` (the template's think tags), a trigger counts only
   after the reasoning has closed, as the reply's parser reads it.
+* With ``parallel`` (``parallel_tool_calls``: off by default, as in
+  llama.cpp's server, where OpenAI's API defaults to on), a finished call
+  may be followed by another call (its marker) or the end, and nothing
+  else, as llama.cpp's ``tool_call+`` grammars; without it the reply ends
+  after its one call.
 """
 from __future__ import annotations
 
@@ -80,7 +85,8 @@ class LazyConstraint:
 
     def __init__(self, triggers: Sequence[Trigger], tokenizer: GrammarTokenizer,
                  encode: Callable[[str], list[int]], *, require_call: bool,
-                 reasoning: Optional[ReasoningSpan] = None, free_tokens: int = FREE_TOKENS):
+                 reasoning: Optional[ReasoningSpan] = None, free_tokens: int = FREE_TOKENS,
+                 parallel: bool = False):
         self._triggers = [(t, TokenConstraint(t.phases, tokenizer)) for t in triggers]
         self._encode = encode
         self._pieces = tokenizer.pieces
@@ -94,6 +100,9 @@ class LazyConstraint:
         self._region: Optional[int] = None if reasoning is not None else 0  # where triggers count
         self._longest = max((len(t.pattern.pattern) for t, _ in self._triggers), default=1)
         self._active: Optional[TokenConstraint] = None
+        self._parallel = parallel
+        self._between_calls = False  # (parallel) a call has just finished
+        self.calls = 0               # calls finished
 
     @property
     def triggered(self) -> bool:
@@ -102,10 +111,16 @@ class LazyConstraint:
 
     @property
     def complete(self) -> bool:
-        """True once the call is done: the reply must end here."""
-        return self._active is not None and self._active.complete
+        """True once the call is done and no other may follow (not ``parallel``): the reply ends here."""
+        return self._active is not None and self._active.complete and not self._parallel
 
     def sample(self, sampler, logits: np.ndarray, recent: Sequence[int]) -> int:
+        if self._active is not None and self._active.complete:  # (parallel) another call or the end
+            self.calls += 1
+            self._active = None
+            self._between_calls = True
+        if self._between_calls:
+            return self._next_call_or_end(sampler, logits, recent)
         if self._active is None and self._require and self._free_left <= 0:
             self._active = self._triggers[0][1].copy()  # the format's own marker, then the call
         if self._active is not None:
@@ -123,6 +138,25 @@ class LazyConstraint:
         raise RuntimeError("no token continues the tool call its trigger started")
 
     # -- internals ---
+
+    def _next_call_or_end(self, sampler, logits: np.ndarray, recent: Sequence[int]) -> int:
+        """After a call (``parallel``): an end-of-generation token, or the format's marker
+        starting another call."""
+        call = self._triggers[0][1].copy()
+        start = call.next_forced()
+        allowed = self._eog[self._eog < logits.size]
+        if start is not None:
+            allowed = np.append(allowed, start)
+        masked = np.full_like(logits, -np.inf)
+        masked[allowed] = logits[allowed]
+        if masked.max() == -np.inf:
+            masked[allowed] = 0.0  # (logit_bias banned them all) any of them, rather than none
+        token = sampler.sample(masked, recent)
+        if token != start:
+            return token
+        self._between_calls = False
+        self._active = call
+        return call.sample(sampler, logits, recent)
 
     def _take(self, token: int) -> bool:
         """Append ``token``'s text, starting a call if it completes a trigger; False (nothing

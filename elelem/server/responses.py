@@ -152,7 +152,7 @@ def responses_request(body: Any, config: ServerConfig, store: Optional[ResponseS
         "top_p": body.get("top_p"),
         "max_output_tokens": body.get("max_output_tokens"),
         "previous_response_id": previous_id,
-        "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
+        "parallel_tool_calls": body.get("parallel_tool_calls") is True,  # one call unless asked, as llama.cpp
         "metadata": metadata or {},
         "text": {"format": text_format or {"type": "text"}},
         "reasoning": {"effort": (reasoning or {}).get("effort"), "summary": (reasoning or {}).get("summary")},

@@ -146,7 +146,7 @@ class ResponsesWire(Wire):
                 "background": echo.get("background", False), "error": error,
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "instructions": echo.get("instructions"), "max_output_tokens": echo.get("max_output_tokens"),
-                "model": self.model, "output": output, "parallel_tool_calls": echo.get("parallel_tool_calls", True),
+                "model": self.model, "output": output, "parallel_tool_calls": echo.get("parallel_tool_calls", False),
                 "previous_response_id": echo.get("previous_response_id"),
                 "reasoning": echo.get("reasoning", {"effort": None, "summary": None}),
                 "service_tier": echo.get("service_tier", "default"), "store": self.store is not None,

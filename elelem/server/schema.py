@@ -69,6 +69,8 @@ def chat_call(body: Any, config: ServerConfig) -> Call:
     call.tool_choice = body.get("tool_choice")
     if body.get("parallel_tool_calls") not in (None, True, False):
         raise bad_request("parallel_tool_calls must be a boolean", "parallel_tool_calls")
+    if body.get("parallel_tool_calls") is not None:
+        call.options["parallel_tool_calls"] = body["parallel_tool_calls"]
     response_format = body.get("response_format")
     if response_format is not None:
         if not isinstance(response_format, dict):

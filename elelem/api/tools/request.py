@@ -40,6 +40,7 @@ class ToolPlan:
     tool_names: tuple[str, ...]
     forced_functions: Optional[list]  # None: the model is free ("auto", "none", no tools)
     functions: list = field(default_factory=list)  # every tool's function dict (names and schemas)
+    parallel: bool = False  # parallel_tool_calls: more calls may follow the first (llama.cpp's default: no)
 
     @property
     def parses_calls(self) -> bool:
@@ -64,7 +65,7 @@ class ToolPlan:
             triggers = self.parser.call_triggers(self.forced_functions if required else self.functions, vocab,
                                                  required=required)
             return LazyConstraint(triggers, assets.grammar_tokenizer, vocab.encode, require_call=required,
-                                  reasoning=reasoning)
+                                  reasoning=reasoning, parallel=self.parallel)
         except GrammarError as error:
             if required:
                 raise
@@ -82,9 +83,18 @@ def tool_vocabulary(assets) -> Vocabulary:
 
 
 def plan_tools(tools: Tools, tool_choice: ToolChoice, template_source: str,
-               tool_call_format: Optional[str] = None) -> ToolPlan:
+               tool_call_format: Optional[str] = None, parallel_tool_calls: Optional[bool] = None) -> ToolPlan:
     """What ``tools`` and ``tool_choice`` mean for a model with this chat template;
-    ``tool_call_format`` names the format instead of reading it from the template."""
+    ``tool_call_format`` names the format instead of reading it from the template;
+    ``parallel_tool_calls=True`` lets more calls follow the first (default: one, as llama.cpp's server)."""
+    plan = _plan(tools, tool_choice, template_source, tool_call_format)
+    if parallel_tool_calls not in (None, True, False):
+        raise InvalidArgumentError("parallel_tool_calls must be True or False")
+    plan.parallel = parallel_tool_calls is True
+    return plan
+
+
+def _plan(tools: Tools, tool_choice: ToolChoice, template_source: str, tool_call_format: Optional[str]) -> ToolPlan:
     functions = _functions(tools)
     if tool_choice is None:
         tool_choice = "auto" if functions else "none"
