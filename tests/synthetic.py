@@ -60,6 +60,7 @@ class TinyConfig:
     n_expert: int = 8
     n_expert_used: int = 2
     n_ff_exp: int = 32
+    n_ff_shexp: Optional[int] = None  # qwen35moe's and qwen3next's shared expert width (default 2 * n_ff_exp)
     n_expert_shared: int = 1          # glm4moe's shared experts
     n_dense_lead: int = 1             # glm4moe's leading dense layers
     n_nextn: int = 1                  # glm4moe's multi-token-prediction layers (written, never run)
@@ -277,7 +278,7 @@ def _expert_weights(w, cfg, i, p, mat, norm, vec):
         w[p + "ffn_up_shexp.weight"] = mat(fs, e)
         w[p + "ffn_down_shexp.weight"] = mat(e, fs)
     if cfg.arch in ("qwen35moe", "qwen3next"):   # one shared expert, gated by a sigmoid of its own projection
-        fs = 2 * fe
+        fs = cfg.n_ff_shexp or 2 * fe
         w[p + "ffn_gate_inp_shexp.weight"] = vec(e, 1.0 / math.sqrt(e))
         w[p + "ffn_gate_shexp.weight"] = mat(fs, e)
         w[p + "ffn_up_shexp.weight"] = mat(fs, e)
@@ -500,7 +501,7 @@ def add_moe_keys(writer: gguf.GGUFWriter, cfg: TinyConfig) -> None:
         writer.add_expert_weights_norm(True)
         writer.add_nextn_predict_layers(cfg.n_nextn)
     if cfg.arch in ("qwen35moe", "qwen3next"):
-        writer.add_expert_shared_feed_forward_length(2 * cfg.n_ff_exp)
+        writer.add_expert_shared_feed_forward_length(cfg.n_ff_shexp or 2 * cfg.n_ff_exp)
     if cfg.arch == "qwen3next" and cfg.n_nextn:
         writer.add_nextn_predict_layers(cfg.n_nextn)
     if cfg.arch in _HYBRID_ARCHS:

@@ -156,11 +156,15 @@ cdef ggml_tensor * _delta_net(Step * st, KVCache cache, int il, LayerWeights * l
                                                 ggml_row_size(result.type, head_v * heads_v * per * n_seqs))
     ggml_build_forward_expand(st.gf, ggml_set_rows(ctx, cache.s[il], new_state, st.inp_rs_write))
 
-    # Gated RMS norm: norm(out) * silu(z), then the output projection.
+    # Gated RMS norm: norm(out) * silu(z), then the output projection -- over
+    # the step's tokens as one 2-D batch, where llama.cpp multiplies a 3-D one
+    # (per sequence): the same numbers per column through elelem's matmul, and
+    # ggml's AMX kernel, which takes any mul_mat of a weight in its buffer,
+    # writes a batched product's sequences past its output (byte offsets added
+    # to a float pointer in ggml_backend_amx_mul_mat) and reads past the weight.
     out = ggml_mul(ctx, norm_rms(st, out, lw.ssm_norm),
                    ggml_silu(ctx, ggml_reshape_4d(ctx, z, head_v, heads_v, per, n_seqs)))
-    out = linear(st, lw.ssm_out, NULL, ggml_reshape_3d(ctx, out, head_v * heads_v, per, n_seqs))
-    return ggml_reshape_2d(ctx, out, hp.n_embd, st.n_tokens)
+    return linear(st, lw.ssm_out, NULL, ggml_reshape_2d(ctx, out, head_v * heads_v, st.n_tokens))
 
 
 cdef ggml_tensor * _gated_attention(Step * st, KVCache cache, int il, LayerWeights * lw, ggml_tensor * x) noexcept:
