@@ -3,6 +3,7 @@
 
     python benchmarks/hybrid.py [--only qwen35 qwen35moe] [--threads 2] [--repeats 2] [--layers N]
         [--skip-build | --rebuild] [--streams 1 4] [--stream-tokens 64] [--no-streams] [--no-costs]
+        [--generate-tokens 128]
         [--llama-python "$(python scripts/reference_llamacpp.py --check)"] [--smoke] [--build-only]
         [--json out.json]
 
@@ -25,7 +26,9 @@ alternating; medians), all in the same run:
 
 1. benchmarks/moe.py's comparison (compare_llamacpp.py's workers): load,
    prefill of a 512-token prompt, decode of 128 greedy tokens, peak RSS,
-   the greedy tokens against llama.cpp's; and elelem's aggregate over
+   the greedy tokens against llama.cpp's (on a CPU with AMX, which the
+   reference build compiles out, elelem also with ``amx=False``: the
+   reference's kernels); and elelem's aggregate over
    ``--streams`` concurrent greedy streams against one (concurrent_streams.py).
 2. What the recurrent state costs (``--no-costs`` skips it), in one elelem
    process: a snapshot's size (one sequence's state, every recurrent layer;
@@ -33,7 +36,7 @@ alternating; medians), all in the same run:
    one back; a one-token step; a verification step (the next token plus 4
    drafted ones, a snapshot taken before it) and the rewind after a fully
    rejected draft (the snapshot restored, the one confirmed token evaluated
-   again); and greedy generation of 128 tokens with prompt lookup off and on
+   again); and greedy generation (``--generate-tokens``) with prompt lookup off and on
    (``engine.speculative``), from a prompt with nothing to copy (random
    tokens) and from one that repeats a 64-token span four times, with the
    tokens drafted and accepted, and whether both give the same tokens.
@@ -100,7 +103,7 @@ def _median_seconds(fn, n: int) -> float:
     return statistics.median(times)
 
 
-def worker_costs(path: str, threads: int, real_layers: int) -> dict:
+def worker_costs(path: str, threads: int, real_layers: int, n_generate: int = N_GENERATE) -> dict:
     import numpy as np
     if os.environ.get(cmp.CHECKOUT_ENV):
         sys.path.insert(0, os.environ[cmp.CHECKOUT_ENV])
@@ -144,7 +147,7 @@ def worker_costs(path: str, threads: int, real_layers: int) -> dict:
             llm.reset()
             d0, a0, r0 = llm.engine.drafted_tokens, llm.engine.accepted_tokens, ctx.n_replayed
             t0 = time.perf_counter()
-            got = llm.generate_tokens(ids, N_GENERATE)
+            got = llm.generate_tokens(ids, n_generate)
             runs.setdefault(mode, []).append(dict(
                 seconds=time.perf_counter() - t0, tokens=got, drafted=llm.engine.drafted_tokens - d0,
                 accepted=llm.engine.accepted_tokens - a0, replayed=ctx.n_replayed - r0))
@@ -158,9 +161,10 @@ def worker_costs(path: str, threads: int, real_layers: int) -> dict:
     return out
 
 
-def run_costs(path: Path, threads: int, real_layers: int) -> dict:
+def run_costs(path: Path, threads: int, real_layers: int, n_generate: int) -> dict:
     """worker_costs in a process of its own (this checkout's elelem)."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "costs", str(path), str(threads), str(real_layers)]
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "costs", str(path), str(threads), str(real_layers),
+           str(n_generate)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **cmp.checkout_env(False)))
     if out.returncode != 0:
         return dict(error=f"costs worker exited {out.returncode}: {out.stderr[-2000:]}")
@@ -200,6 +204,8 @@ def main() -> None:
     ap.add_argument("--no-streams", dest="streams", action="store_const", const=[])
     ap.add_argument("--stream-tokens", type=int, default=64)
     ap.add_argument("--no-costs", dest="costs", action="store_false")
+    ap.add_argument("--generate-tokens", type=int, default=N_GENERATE,
+                    help="greedy tokens of each prompt-lookup run (default 128)")
     ap.add_argument("--llama-python", help="a python with llama_cpp (default: scripts/reference_llamacpp.py's)")
     ap.add_argument("--elelem-options", default="{}", metavar="JSON", help="more LLM() options for elelem")
     ap.add_argument("--build-only", action="store_true")
@@ -208,10 +214,10 @@ def main() -> None:
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker_costs(args.worker[1], int(args.worker[2]), int(args.worker[3]))))
+        print(json.dumps(worker_costs(args.worker[1], int(args.worker[2]), int(args.worker[3]), int(args.worker[4]))))
         return
     # moe.measure's switches that this benchmark does not vary
-    args.compare, args.profile, args.amx_variant, args.streams_no_flash = True, False, False, False
+    args.compare, args.profile, args.amx_variant, args.streams_no_flash = True, False, True, False
 
     sys.path.insert(0, str(REPO))
     llama_python = args.llama_python
@@ -241,7 +247,8 @@ def main() -> None:
         row = moe.measure(name, path, args, llama_python)
         row["description"] = description
         if args.costs:
-            row["costs"] = run_costs(path, args.threads, REAL_LAYERS[name] if not args.smoke else layers)
+            row["costs"] = run_costs(path, args.threads, REAL_LAYERS[name] if not args.smoke else layers,
+                                     args.generate_tokens)
         rows.append(row)
         moe.print_row(row)
         if "costs" in row:
@@ -266,17 +273,18 @@ def print_summary(rows: list[dict], args) -> None:
         if "llama.cpp" not in med or "elelem" not in med:
             print(f"  {row['model']:<10} (no comparison: {row.get('errors')})")
             continue
-        e, l = med["elelem"], med["llama.cpp"]
-        agg = ""
-        if row.get("streams"):
-            top = str(max(int(n) for n in row["streams"][0]))
-            agg = statistics.median(r[top]["wall_tok_s"] for r in row["streams"]) / statistics.median(
-                r["1"]["wall_tok_s"] for r in row["streams"])
-            agg = f"; {top} streams {agg:.2f}x one"
-        print(f"  {row['model']:<10} prefill {e['prefill_tok_s'] / l['prefill_tok_s']:.3f}, decode "
-              f"{e['decode_tok_s'] / l['decode_tok_s']:.3f}, RSS {e['peak_rss_mb'] / l['peak_rss_mb']:.3f}{agg}; "
-              f"greedy tokens {row['same_tokens']['elelem']}/{len(row['tokens']['llama.cpp'])} the same")
-
+        l = med["llama.cpp"]
+        for label in (k for k in med if k != "llama.cpp"):
+            e = med[label]
+            agg = ""
+            if row.get("streams") and label == "elelem":
+                top = str(max(int(n) for n in row["streams"][0]))
+                agg = statistics.median(r[top]["wall_tok_s"] for r in row["streams"]) / statistics.median(
+                    r["1"]["wall_tok_s"] for r in row["streams"])
+                agg = f"; {top} streams {agg:.2f}x one"
+            print(f"  {row['model']:<10} {label:<17} prefill {e['prefill_tok_s'] / l['prefill_tok_s']:.3f}, decode "
+                  f"{e['decode_tok_s'] / l['decode_tok_s']:.3f}, RSS {e['peak_rss_mb'] / l['peak_rss_mb']:.3f}{agg}; "
+                  f"greedy tokens {row['same_tokens'][label]}/{len(row['tokens']['llama.cpp'])} the same")
 
 if __name__ == "__main__":
     main()
