@@ -119,9 +119,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ELELEM_CACHE", Path.home() / ".cache" / "elelem")) / "bench"
 
 
-def model_path(name: str, layers: int, smoke: bool) -> Path:
-    kind = "q4_k_m" if name == "qwen3moe" else "mxfp4"
-    return cache_dir() / f"moe-{name}{'-smoke' if smoke else ''}-{layers}L-{kind}.gguf"
+def model_path(name: str, layers: int, smoke: bool, shapes: dict | None = None, prefix: str = "moe") -> Path:
+    how = (shapes or _shapes(smoke))[name][2]
+    kind = "q4_k_m" if how == "q4_k_m" else "mxfp4"
+    return cache_dir() / f"{prefix}-{name}{'-smoke' if smoke else ''}-{layers}L-{kind}.gguf"
 
 
 # --------------------------------------------------------------------------
@@ -134,16 +135,30 @@ def _synthetic():
     return synthetic, vocab_metadata
 
 
+def _tensor_dims(c) -> dict[str, int]:
+    """Every length a tensor of tests/synthetic.py's make_weights can have, by what it is."""
+    d_inner = c.ssm_d_state * c.ssm_dt_rank
+    return dict(vocab=c.n_vocab, embd=c.n_embd, embd2=2 * c.n_embd, head=c.hd, heads=c.n_head,
+                q=c.n_head * c.hd, q_gated=2 * c.n_head * c.hd, kv=c.n_head_kv * c.hd, ff=c.n_ff,
+                experts=c.n_expert, ff_exp=c.n_ff_exp, ff_shexp=c.n_ff_shexp or 2 * c.n_ff_exp,
+                ff_shexp_glm=c.n_ff_exp * c.n_expert_shared, conv=c.ssm_d_conv, v_heads=c.ssm_dt_rank,
+                ba=2 * c.ssm_dt_rank, state=c.ssm_d_state, inner=d_inner,
+                conv_dim=2 * c.ssm_d_state * c.ssm_n_group + d_inner,
+                qkvz=2 * c.ssm_d_state * c.ssm_n_group + 2 * d_inner)
+
+
 def tensor_plan(cfg) -> list[tuple[str, tuple, str]]:
     """(name, numpy shape, type) of every tensor tests/synthetic.py's make_weights
     writes for cfg, in its order, without making them: make_weights runs on a
     copy of cfg whose every dimension is a distinct small number, mapped back."""
     synthetic, _ = _synthetic()
-    dims = dict(n_vocab=11, n_embd=13, n_head=7, n_head_kv=3, head_dim=5, n_ff=23, n_expert=17, n_ff_exp=19)
+    dims = dict(n_vocab=11, n_embd=13, n_head=7, n_head_kv=3, head_dim=5, n_ff=23, n_expert=17, n_ff_exp=19,
+                ssm_d_conv=4, ssm_d_state=29, ssm_n_group=3, ssm_dt_rank=6)
     tiny = cfg.but(**dims, n_rot=None)
-    real = {11: cfg.n_vocab, 13: cfg.n_embd, 7: cfg.n_head, 5: cfg.hd, 23: cfg.n_ff, 17: cfg.n_expert,
-            19: cfg.n_ff_exp, 7 * 5: cfg.n_head * cfg.hd, 3 * 5: cfg.n_head_kv * cfg.hd}
-    assert len(real) == 9, "tiny dimensions must be distinct"
+    real: dict[int, int] = {}
+    for what, small in _tensor_dims(tiny).items():
+        big = _tensor_dims(cfg)[what]
+        assert real.setdefault(small, big) == big, f"tiny dimensions must be distinct ({what})"
     plan = []
     for name, arr in synthetic.make_weights(tiny).items():
         plan.append((name, tuple(real[d] for d in arr.shape), cfg.tensor_type(name, arr)))
@@ -162,6 +177,8 @@ def _add_keys(writer, cfg, extra_metadata) -> None:
         writer.add_value_length(cfg.head_dim)
     if cfg.n_swa:
         writer.add_sliding_window(cfg.n_swa)
+    if cfg.n_rot is not None:
+        writer.add_rope_dimension_count(cfg.n_rot)
     synthetic.add_moe_keys(writer, cfg)
     extra_metadata(writer)
 
@@ -199,6 +216,8 @@ def write_streaming(path: Path, cfg, seed: int = 0) -> None:
             scale, offset = 0.1, 0.0
         elif name.endswith("attn_sinks.weight"):
             scale, offset = 1.0, 0.0
+        elif name.endswith((".ssm_a", ".ssm_dt.bias")):   # Gated DeltaNet's decay: A_log and dt's bias
+            scale, offset = 0.5, 0.0
         elif name.endswith("ffn_gate_inp.weight"):  # a router scaled up, as synthetic.py's: a clear-cut choice
             scale, offset = 4.0 / math.sqrt(n_in), 0.0
         elif name == "token_embd.weight":
@@ -215,6 +234,8 @@ def write_streaming(path: Path, cfg, seed: int = 0) -> None:
             x = rng.standard_normal((stop - start, n_in), dtype=np.float32)
             x *= np.float32(scale)
             x += np.float32(offset)
+            if name.endswith(".ssm_a"):  # -exp(A_log), as the converter writes it: every state decays
+                x = -np.exp(x)
             if wtype == "f32":
                 data = x
             elif wtype == "f16":
@@ -260,11 +281,12 @@ def worker_quantize(src: str, dst: str, threads: int) -> dict:
     return dict(rc=rc, seconds=time.perf_counter() - t0)
 
 
-def build_model(name: str, layers: int, smoke: bool, llama_python: str, threads: int) -> Path:
+def build_model(name: str, layers: int, smoke: bool, llama_python: str, threads: int,
+                shapes: dict | None = None, prefix: str = "moe") -> Path:
     synthetic, _ = _synthetic()
-    kw, _, how, _ = _shapes(smoke)[name]
+    kw, _, how, _ = (shapes or _shapes(smoke))[name]
     cfg = synthetic.TinyConfig(n_layer=layers, **kw)
-    dst = model_path(name, layers, smoke)
+    dst = model_path(name, layers, smoke, shapes, prefix)
     dst.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     tmp = dst.with_name(dst.name + ".partial")

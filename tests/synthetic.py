@@ -60,6 +60,7 @@ class TinyConfig:
     n_expert: int = 8
     n_expert_used: int = 2
     n_ff_exp: int = 32
+    n_ff_shexp: Optional[int] = None  # qwen35moe's and qwen3next's shared expert width (default 2 * n_ff_exp)
     n_expert_shared: int = 1          # glm4moe's shared experts
     n_dense_lead: int = 1             # glm4moe's leading dense layers
     n_nextn: int = 1                  # glm4moe's multi-token-prediction layers (written, never run)
@@ -75,6 +76,10 @@ class TinyConfig:
     ssm_dt_rank: int = 4              # value heads
     full_attention_interval: int = 4
     rope_sections: tuple = (3, 3, 2, 0)
+    # Qwen3-Next (qwen3next): Q, K, V and z in one projection per head group (ssm_in), as older
+    # converters wrote it, rather than attn_qkv and attn_gate; and its MTP layers (n_nextn, written
+    # as the converter does, never run) where n_nextn is set
+    ssm_in: bool = False
     # Gemma 4 (gemma4), as llama.cpp's converter writes it (conversion/gemma.py: Gemma4Model).
     # head_dim is the global layers' head width, n_swa the window, n_head_kv the sliding layers' KV heads.
     head_dim_swa: Optional[int] = None    # the sliding layers' head width (key/value_length_swa)
@@ -120,7 +125,9 @@ class TinyConfig:
         return replace(self, **kw)
 
 
-_MOE_ARCHS = ("qwen3moe", "gpt-oss", "glm4moe", "qwen35moe")
+_MOE_ARCHS = ("qwen3moe", "gpt-oss", "glm4moe", "qwen35moe", "qwen3next")
+_HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")   # Gated DeltaNet layers beside gated attention
+_NEXTN_ARCHS = ("glm4moe", "qwen3next")                # multi-token-prediction layers written after the rest
 
 
 def _features(arch: str) -> dict:
@@ -138,11 +145,17 @@ def _features(arch: str) -> dict:
         "glm4moe": dict(bias=True, ffn_norm="post_attention_norm"),
         "qwen35": dict(qk_norm=True, ffn_norm="post_attention_norm"),
         "qwen35moe": dict(qk_norm=True, ffn_norm="post_attention_norm"),
+        "qwen3next": dict(qk_norm=True, ffn_norm="post_attention_norm"),
     }[arch])
 
 
 def recurrent_layer(cfg: "TinyConfig", i: int) -> bool:
-    return cfg.arch in ("qwen35", "qwen35moe") and (i + 1) % cfg.full_attention_interval != 0
+    return cfg.arch in _HYBRID_ARCHS and i < cfg.n_layer and (i + 1) % cfg.full_attention_interval != 0
+
+
+def n_nextn(cfg: "TinyConfig") -> int:
+    """The multi-token-prediction layers the file has after its n_layer (never run)."""
+    return cfg.n_nextn if cfg.arch in _NEXTN_ARCHS else 0
 
 
 def _moe_layer(cfg: "TinyConfig", i: int) -> bool:
@@ -173,19 +186,29 @@ def make_weights(cfg: TinyConfig) -> dict[str, np.ndarray]:
     def vec(n, scale=0.1):
         return (scale * rng.standard_normal(n)).astype(np.float32)
 
-    for i in range(cfg.n_layer + (cfg.n_nextn if cfg.arch == "glm4moe" else 0)):
+    for i in range(cfg.n_layer + n_nextn(cfg)):
         p = f"blk.{i}."
         if recurrent_layer(cfg, i):   # Gated DeltaNet, as llama.cpp's converter writes it
             d_inner = cfg.ssm_d_state * cfg.ssm_dt_rank
             conv_dim = 2 * cfg.ssm_d_state * cfg.ssm_n_group + d_inner
             w[p + "attn_norm.weight"] = norm(e)
-            w[p + "attn_qkv.weight"] = mat(conv_dim, e)
-            w[p + "attn_gate.weight"] = mat(d_inner, e)
+            qkv, z = mat(conv_dim, e), mat(d_inner, e)
+            if cfg.ssm_in:
+                w[p + "ssm_in.weight"] = qkvz_by_head_group(cfg, qkv, z)
+            else:
+                w[p + "attn_qkv.weight"] = qkv
+                w[p + "attn_gate.weight"] = z
             w[p + "ssm_conv1d.weight"] = (rng.standard_normal((conv_dim, cfg.ssm_d_conv)) / 2).astype(np.float32)
             w[p + "ssm_dt.bias"] = vec(cfg.ssm_dt_rank, 0.5)
             w[p + "ssm_a"] = -np.exp(vec(cfg.ssm_dt_rank, 0.5))
-            w[p + "ssm_beta.weight"] = mat(cfg.ssm_dt_rank, e)
-            w[p + "ssm_alpha.weight"] = mat(cfg.ssm_dt_rank, e)
+            beta, alpha = mat(cfg.ssm_dt_rank, e), mat(cfg.ssm_dt_rank, e)
+            if cfg.arch == "qwen3next":   # per key head: its value heads' beta, then their alpha
+                w[p + "ssm_ba.weight"] = np.concatenate(
+                    [beta.reshape(cfg.ssm_n_group, -1, e), alpha.reshape(cfg.ssm_n_group, -1, e)], axis=1
+                ).reshape(2 * cfg.ssm_dt_rank, e)
+            else:
+                w[p + "ssm_beta.weight"] = beta
+                w[p + "ssm_alpha.weight"] = alpha
             w[p + "ssm_norm.weight"] = norm(cfg.ssm_d_state)
             w[p + "ssm_out.weight"] = mat(e, d_inner)
         else:
@@ -200,11 +223,21 @@ def make_weights(cfg: TinyConfig) -> dict[str, np.ndarray]:
     return w
 
 
+def qkvz_by_head_group(cfg: "TinyConfig", qkv: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """Qwen3-Next's ssm_in from attn_qkv's and attn_gate's rows: per key head,
+    its q, its k, its value heads' v, their z (the order the converter's
+    Qwen3NextModel undoes into attn_qkv and attn_gate)."""
+    d, H_k, e = cfg.ssm_d_state, cfg.ssm_n_group, qkv.shape[1]
+    q, k, v = np.split(qkv, [H_k * d, 2 * H_k * d])
+    parts = [x.reshape(H_k, -1, e) for x in (q, k, v, z)]
+    return np.concatenate(parts, axis=1).reshape(-1, e)
+
+
 def _attention_weights(w, cfg, f, p, mat, norm, vec):
     e, hd = cfg.n_embd, cfg.hd
     q, kv = cfg.n_head * hd, cfg.n_head_kv * hd
     w[p + "attn_norm.weight"] = norm(e)
-    w[p + "attn_q.weight"] = mat(2 * q if cfg.arch.startswith("qwen35") else q, e)   # Q and its gate
+    w[p + "attn_q.weight"] = mat(2 * q if cfg.arch in _HYBRID_ARCHS else q, e)   # Q and its gate
     w[p + "attn_k.weight"] = mat(kv, e)
     w[p + "attn_v.weight"] = mat(kv, e)
     w[p + "attn_output.weight"] = mat(e, q)
@@ -244,16 +277,18 @@ def _expert_weights(w, cfg, i, p, mat, norm, vec):
         w[p + "ffn_gate_shexp.weight"] = mat(fs, e)
         w[p + "ffn_up_shexp.weight"] = mat(fs, e)
         w[p + "ffn_down_shexp.weight"] = mat(e, fs)
-    if cfg.arch == "qwen35moe":   # one shared expert, gated by a sigmoid of its own projection
-        fs = 2 * fe
+    if cfg.arch in ("qwen35moe", "qwen3next"):   # one shared expert, gated by a sigmoid of its own projection
+        fs = cfg.n_ff_shexp or 2 * fe
         w[p + "ffn_gate_inp_shexp.weight"] = vec(e, 1.0 / math.sqrt(e))
         w[p + "ffn_gate_shexp.weight"] = mat(fs, e)
         w[p + "ffn_up_shexp.weight"] = mat(fs, e)
         w[p + "ffn_down_shexp.weight"] = mat(e, fs)
-    if cfg.arch == "glm4moe" and i >= cfg.n_layer:   # the NextN block's own tensors
+    if i >= cfg.n_layer:   # the NextN block's own tensors
         w[p + "nextn.eh_proj.weight"] = mat(e, 2 * e)
         w[p + "nextn.enorm.weight"] = norm(e)
         w[p + "nextn.hnorm.weight"] = norm(e)
+        if cfg.arch == "qwen3next":
+            w[p + "nextn.shared_head_norm.weight"] = norm(e)
 
 
 @dataclass(frozen=True)
@@ -465,15 +500,18 @@ def add_moe_keys(writer: gguf.GGUFWriter, cfg: TinyConfig) -> None:
         writer.add_expert_weights_scale(cfg.expert_scale)
         writer.add_expert_weights_norm(True)
         writer.add_nextn_predict_layers(cfg.n_nextn)
-    if cfg.arch == "qwen35moe":
-        writer.add_expert_shared_feed_forward_length(2 * cfg.n_ff_exp)
-    if cfg.arch.startswith("qwen35"):
+    if cfg.arch in ("qwen35moe", "qwen3next"):
+        writer.add_expert_shared_feed_forward_length(cfg.n_ff_shexp or 2 * cfg.n_ff_exp)
+    if cfg.arch == "qwen3next" and cfg.n_nextn:
+        writer.add_nextn_predict_layers(cfg.n_nextn)
+    if cfg.arch in _HYBRID_ARCHS:
         writer.add_ssm_conv_kernel(cfg.ssm_d_conv)
         writer.add_ssm_state_size(cfg.ssm_d_state)
         writer.add_ssm_group_count(cfg.ssm_n_group)
         writer.add_ssm_time_step_rank(cfg.ssm_dt_rank)
         writer.add_ssm_inner_size(cfg.ssm_d_state * cfg.ssm_dt_rank)
         writer.add_full_attention_interval(cfg.full_attention_interval)
+    if cfg.arch.startswith("qwen35"):
         writer.add_rope_dimension_sections(list(cfg.rope_sections))
     if cfg.yarn:
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
@@ -489,7 +527,7 @@ def add_shape_keys(writer: gguf.GGUFWriter, cfg) -> None:
     """The hyperparameters every architecture has, from ``cfg``'s fields of those names."""
     writer.add_context_length(cfg.n_ctx_train)
     writer.add_embedding_length(cfg.n_embd)
-    writer.add_block_count(cfg.n_layer + (cfg.n_nextn if cfg.arch == "glm4moe" else 0))
+    writer.add_block_count(cfg.n_layer + n_nextn(cfg))
     if cfg.arch == "gemma4" and getattr(cfg, "double_ffn", False):
         writer.add_feed_forward_length([lay.n_ff for lay in gemma4_layers(cfg)])
     else:
@@ -659,7 +697,7 @@ def _swiglu_oai(gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT):
 # none, the chosen experts' raw logits are softmaxed), whether it renormalises the
 # chosen weights to sum 1 (glm4moe: what the writer's expert_weights_norm says).
 _ROUTING = {"qwen3moe": ("softmax", True), "glm4moe": ("sigmoid", True), "gpt-oss": ("softmax_weight", False),
-            "qwen35moe": ("softmax", True), "gemma4": ("softmax", True)}
+            "qwen35moe": ("softmax", True), "gemma4": ("softmax", True), "qwen3next": ("softmax", True)}
 
 
 def moe_route(logits: np.ndarray, cfg: TinyConfig, selection_bias: Optional[np.ndarray] = None):
@@ -752,7 +790,7 @@ def _moe_ffn(h, w, p, cfg, mm, trace=None):
     if p + "ffn_up_shexp.weight" in w:
         shared = _silu(mm(h, p + "ffn_gate_shexp.weight")) * mm(h, p + "ffn_up_shexp.weight")
         shared = mm(shared, p + "ffn_down_shexp.weight")
-        if p + "ffn_gate_inp_shexp.weight" in w:   # qwen35moe: times sigmoid(h . gate), one per token
+        if p + "ffn_gate_inp_shexp.weight" in w:   # qwen35moe, qwen3next: times sigmoid(h . gate), one per token
             shared = shared * _sigmoid(h @ w[p + "ffn_gate_inp_shexp.weight"])[:, None]
         out = out + shared
     return out
@@ -773,7 +811,19 @@ def _delta_net_layer(h, w, p, cfg, mm, form: str = "recurrent"):
     - the ssm_out projection."""
     n = len(h)
     d, H_k, H_v = cfg.ssm_d_state, cfg.ssm_n_group, cfg.ssm_dt_rank
-    qkv = mm(h, p + "attn_qkv.weight")
+    if p + "ssm_in.weight" in w:   # qwen3next's older files: per key head [q, k, v of its value heads, their z]
+        qkvz = mm(h, p + "ssm_in.weight").reshape(n, H_k, -1)
+        q_, k_, v_, z_ = np.split(qkvz, [d, 2 * d, 2 * d + (H_v // H_k) * d], axis=2)
+        qkv = np.concatenate([x.reshape(n, -1) for x in (q_, k_, v_)], axis=1)
+        z = z_.reshape(n, H_v, d)
+    else:
+        qkv = mm(h, p + "attn_qkv.weight")
+        z = mm(h, p + "attn_gate.weight").reshape(n, H_v, d)
+    if p + "ssm_ba.weight" in w:   # qwen3next: per key head [beta of its value heads, their alpha]
+        ba = mm(h, p + "ssm_ba.weight").reshape(n, H_k, 2, H_v // H_k)
+        b_logit, a_logit = ba[:, :, 0].reshape(n, H_v), ba[:, :, 1].reshape(n, H_v)
+    else:
+        b_logit, a_logit = mm(h, p + "ssm_beta.weight"), mm(h, p + "ssm_alpha.weight")
     kernel = w[p + "ssm_conv1d.weight"]   # (channels, d_conv)
     K = kernel.shape[1]
     padded = np.concatenate([np.zeros((K - 1, qkv.shape[1])), qkv])
@@ -781,10 +831,11 @@ def _delta_net_layer(h, w, p, cfg, mm, form: str = "recurrent"):
     q = delta_net.l2_normalize(mixed[:, : H_k * d].reshape(n, H_k, d), cfg.rms_eps)
     k = delta_net.l2_normalize(mixed[:, H_k * d: 2 * H_k * d].reshape(n, H_k, d), cfg.rms_eps)
     v = mixed[:, 2 * H_k * d:].reshape(n, H_v, d)
-    beta = _sigmoid(mm(h, p + "ssm_beta.weight"))
-    g = np.logaddexp(0.0, mm(h, p + "ssm_alpha.weight") + w[p + "ssm_dt.bias"]) * w[p + "ssm_a"]
+    if cfg.arch == "qwen3next":   # value heads grouped by key head: value head j reads key head j // (H_v / H_k)
+        q, k = np.repeat(q, H_v // H_k, axis=1), np.repeat(k, H_v // H_k, axis=1)
+    beta = _sigmoid(b_logit)
+    g = np.logaddexp(0.0, a_logit + w[p + "ssm_dt.bias"]) * w[p + "ssm_a"]
     out, _ = {"recurrent": delta_net.recurrent, "chunked": delta_net.chunked}[form](q, k, v, g, beta)
-    z = mm(h, p + "attn_gate.weight").reshape(n, H_v, d)
     out = _rms_norm(out, w[p + "ssm_norm.weight"], cfg.rms_eps) * _silu(z)
     return mm(out.reshape(n, H_v * d), p + "ssm_out.weight")
 
@@ -846,8 +897,9 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
         # mistral3: Q, after RoPE, times 1 + attn_temp * ln(floor(pos / n_ctx_orig) + 1)
         n_ctx_orig = cfg.yarn_orig_ctx if cfg.yarn else cfg.n_ctx_train
         temperature = 1.0 + cfg.attn_temp * np.log(np.floor(pos / n_ctx_orig) + 1.0)
-    qwen35 = cfg.arch in ("qwen35", "qwen35moe")
-    for i in range(cfg.n_layer):   # glm4moe's NextN layers (blk.n_layer...) are never run
+    gated = cfg.arch in _HYBRID_ARCHS                 # Q's projection also writes an output gate
+    imrope = cfg.arch in ("qwen35", "qwen35moe")      # qwen3next's RoPE is NEOX
+    for i in range(cfg.n_layer):   # glm4moe's and qwen3next's NextN layers (blk.n_layer...) are never run
         p = f"blk.{i}."
         h = _rms_norm(x, w[p + "attn_norm.weight"], cfg.rms_eps)
         if recurrent_layer(cfg, i):
@@ -858,7 +910,7 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
         k = mm(h, p + "attn_k.weight") + w.get(p + "attn_k.bias", 0)
         v = mm(h, p + "attn_v.weight") + w.get(p + "attn_v.bias", 0)
         gate = None
-        if qwen35:   # per head, hd of Q then hd of its output gate
+        if gated:   # per head, hd of Q then hd of its output gate
             q, gate = q.reshape(n, cfg.n_head, 2, hd)[:, :, 0], q.reshape(n, cfg.n_head, 2, hd)[:, :, 1]
         q = q.reshape(n, cfg.n_head, hd)
         k = k.reshape(n, cfg.n_head_kv, hd)
@@ -876,7 +928,7 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
             rope_scale = 1.0 / cfg.rope_linear
         if yarn is not None:
             rope_scale, layer_yarn = 1.0 / yarn.factor, yarn
-        if qwen35:
+        if imrope:
             q = _rope_imrope(q, text_positions4(n), base, cfg.rot, cfg.rope_sections, rope_scale)
             k = _rope_imrope(k, text_positions4(n), base, cfg.rot, cfg.rope_sections, rope_scale)
         else:
@@ -900,7 +952,7 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
             if sinks is not None:
                 total = total + np.exp(sinks[head] - m)
             out[:, head] = (e / total) @ v[:, head // group]
-        if gate is not None:   # qwen35: each head's output times the sigmoid of its gate
+        if gate is not None:   # qwen35, qwen3next: each head's output times the sigmoid of its gate
             out = out * _sigmoid(gate)
         attn = mm(out.reshape(n, -1), p + "attn_output.weight") + w.get(p + "attn_output.bias", 0)
         if f["post_norms"]:

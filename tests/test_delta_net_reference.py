@@ -151,6 +151,11 @@ CASES = {
     # Sections leaving every 4th rotation pair to the fourth stream (position 0 for text).
     "qwen35-imrope-e": TinyConfig(arch="qwen35", head_dim=32, n_rot=16, n_layer=4, seed=11,
                                   rope_sections=(1, 1, 1, 1)),
+    # Qwen3-Next: value heads grouped by key head (Q and K repeated per group), beta and alpha
+    # through one projection, NEOX RoPE over a quarter of each head, an MTP layer (never run);
+    # and Q, K, V and z through one projection as older files have them.
+    "qwen3next": TinyConfig(arch="qwen3next", head_dim=32, n_rot=8, n_layer=4, seed=11),
+    "qwen3next-ssm-in": TinyConfig(arch="qwen3next", head_dim=32, n_rot=8, n_layer=4, seed=11, ssm_in=True),
 }
 
 

@@ -131,6 +131,7 @@ cdef extern from "ggml.h" nogil:
                                size_t nb1, size_t nb2, size_t offset)
     ggml_tensor * ggml_transpose(ggml_context * ctx, ggml_tensor * a)
     ggml_tensor * ggml_cont_2d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1)
+    ggml_tensor * ggml_cont_3d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2)
     ggml_tensor * ggml_soft_max_ext(ggml_context * ctx, ggml_tensor * a, ggml_tensor * mask, float scale,
                                     float max_bias)
     ggml_tensor * ggml_permute(ggml_context * ctx, ggml_tensor * a, int axis0, int axis1, int axis2, int axis3)

@@ -55,6 +55,7 @@ cdef struct HParams:
     int ssm_dt_rank       # value heads
     int rope_sections[4]  # multi-section RoPE (imrope): rotated dims per position stream
     bint q_gate           # the full-attention Q projection also writes a sigmoid output gate (qwen35)
+    bint ssm_v_grouped    # value heads grouped by key head (qwen3next): Q and K repeated per group, not tiled
     # Gemma 4
     bint expert_gelu      # the experts' activation is GeGLU (tanh GELU), not SwiGLU
     int n_embd_per_layer  # per-layer token embeddings' width, 0 for none
@@ -133,6 +134,10 @@ cdef struct LayerWeights:
     ggml_tensor * per_layer_proj       # ... (n_embd_per_layer, n_embd)
     ggml_tensor * per_layer_post_norm  # ... (n_embd)
     ggml_tensor * layer_out_scale      # optional (1): the layer's output times this
+    # Qwen3-Next's Gated DeltaNet: Q, K, V and z projected together, head group by
+    # head group (older files; newer ones have wqkv and attn_gate), and beta and alpha the same way
+    ggml_tensor * ssm_in          # optional (n_embd, 2 * key heads * ssm_d_state + 2 * ssm_d_inner)
+    ggml_tensor * ssm_ba          # (n_embd, 2 * ssm_dt_rank)
 
 cdef struct WidenedWeights:
     # Q5_0 weights and their Q8_0 copies, pairwise (widen.pxi); n is 0 when none.
@@ -151,7 +156,8 @@ LAYER_ROLES = ("attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo", "q_n
                "ffn_gate_inp_shexp",
                "attn_gate", "ssm_conv1d", "ssm_dt", "ssm_a", "ssm_beta", "ssm_alpha", "ssm_norm", "ssm_out",
                "ffn_gate_up_exps", "ffn_gate_inp_s", "ffn_down_exps_s", "ffn_pre_norm_2", "ffn_post_norm_1",
-               "ffn_post_norm_2", "per_layer_inp_gate", "per_layer_proj", "per_layer_post_norm", "layer_out_scale")
+               "ffn_post_norm_2", "per_layer_inp_gate", "per_layer_proj", "per_layer_post_norm", "layer_out_scale",
+               "ssm_in", "ssm_ba")
 
 cdef inline ggml_tensor ** _role_slot(LayerWeights * lw, int i) noexcept:
     return (<ggml_tensor **> lw) + i
@@ -535,6 +541,7 @@ cdef void _fill_hparams(HParams * hp, dict h) except *:
     for i, width in enumerate(h.get("rope_sections") or (0, 0, 0, 0)):
         hp.rope_sections[i] = width
     hp.q_gate = h.get("q_gate", False)
+    hp.ssm_v_grouped = h.get("ssm_v_grouped", False)
     hp.expert_gelu = h.get("expert_gelu", False)
     hp.n_embd_per_layer = h.get("n_embd_per_layer", 0)
     hp.final_logit_softcap = h.get("final_logit_softcap", 0.0)

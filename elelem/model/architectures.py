@@ -79,6 +79,10 @@ LAYER_TENSOR_NAMES = {
     "ssm_alpha": "blk.{i}.ssm_alpha.weight",
     "ssm_norm": "blk.{i}.ssm_norm.weight",
     "ssm_out": "blk.{i}.ssm_out.weight",
+    # Qwen3-Next's: beta and alpha in one projection, head group by head group; in
+    # older files also Q, K, V and z in one (ssm_in), where newer ones have attn_qkv and attn_gate.
+    "ssm_ba": "blk.{i}.ssm_ba.weight",
+    "ssm_in": "blk.{i}.ssm_in.weight",
     # Gemma 4: the experts' gate and up in one stack (gate first), the router's
     # input scale, each expert's output scale, the norms of an expert layer's
     # two FFNs, the per-layer embeddings' gate, projection and norm, and a
@@ -135,7 +139,7 @@ _MATMUL_ROLES = frozenset({"wq", "wk", "wv", "wqkv", "wo", "ffn_gate", "ffn_up",
                            "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
                            "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
                            "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out", "ffn_gate_inp_shexp",
-                           "ffn_gate_up_exps", "per_layer_inp_gate", "per_layer_proj"})
+                           "ffn_gate_up_exps", "per_layer_inp_gate", "per_layer_proj", "ssm_in", "ssm_ba"})
 _ATTN = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm")
 _DENSE_FFN = ("ffn_gate", "ffn_up", "ffn_down")
 _ATTN_FFN = _ATTN + _DENSE_FFN
@@ -144,6 +148,10 @@ _EXPERT_BIASES = ("ffn_gate_inp_b", "ffn_gate_exps_b", "ffn_up_exps_b", "ffn_dow
 _SHARED_EXPERTS = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 _DELTA_NET = ("attn_norm", "ffn_norm", "wqkv", "attn_gate", "ssm_conv1d", "ssm_dt", "ssm_a", "ssm_beta",
               "ssm_alpha", "ssm_norm", "ssm_out")
+# Qwen3-Next's recurrent layer: beta and alpha through ssm_ba; Q/K/V and z through
+# wqkv and attn_gate, or (older files) ssm_in -- see Architecture.recurrent_fused.
+_DELTA_NET_BY_GROUP = ("attn_norm", "ffn_norm", "wqkv", "attn_gate", "ssm_conv1d", "ssm_dt", "ssm_a", "ssm_ba",
+                       "ssm_norm", "ssm_out")
 _DECODER_GLOBALS = ("tok_embd", "output_norm")
 # BERT-family blocks: post-norm LayerNorms with biases; Q/K/V separate or fused.
 _ENCODER_BLOCK = ("wo", "attn_out_norm", "attn_out_norm_b", "ffn_up", "ffn_down",
@@ -189,6 +197,9 @@ class Architecture:
     experts: Optional[Experts] = None # a mixture-of-experts FFN (its layers lack the dense FFN roles)
     tensor_names: Mapping[str, str] = field(default_factory=dict)  # roles under another GGUF name
     recurrent: tuple[str, ...] = ()   # roles of a recurrent layer (hparams' recurrent_layers say which)
+    # a fused recurrent role -> the roles it stands in for where the file has it and not
+    # all of them (llama.cpp takes the separate ones where both are there)
+    recurrent_fused: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # (hparams, layer, the file's tensor names) -> (required, optional) roles of that layer, where
     # they differ from layer to layer beyond what ``experts`` says (Gemma 4)
     layer_roles: Optional[Callable[[Mapping[str, Any], int, Mapping[str, Any]],
@@ -330,10 +341,12 @@ def _int_list(value: Any) -> Optional[list[int]]:
     return None
 
 
-def _qwen35(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
-    """Qwen3.5's hybrid: Gated DeltaNet layers, and every
-    ``full_attention_interval``-th layer full attention whose Q projection
-    also carries an output gate; interleaved multi-section RoPE (imrope)."""
+def _delta_net_hparams(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
+    """What Qwen3.5 and Qwen3-Next share: the Gated DeltaNet layers' widths, and
+    which layers recur (attention.recurrent_layers, else every layer but each
+    ``full_attention_interval``-th), as llama.cpp reads them; multi-token
+    prediction layers skipped.  The attention layers' Q projection also
+    carries an output gate."""
     prefix = gguf.get("general.architecture") + "."
     _nextn(h, key, gguf)
     for name, k in (("ssm_d_conv", "ssm.conv_kernel"), ("ssm_d_inner", "ssm.inner_size"),
@@ -361,13 +374,32 @@ def _qwen35(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
             raise ModelShapeError(f"{prefix}full_attention_interval = {interval} must divide "
                                   f"block_count ({h['n_layer']})")
         h["recurrent_layers"] = [(il + 1) % interval != 0 for il in range(h["n_layer"])]
+    h["q_gate"] = True
+    h["late_output_rows"] = True   # llama.cpp's qwen35 and qwen3next drop unwanted rows after their last layer
+
+
+def _qwen35(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
+    """Qwen3.5's hybrid: Gated DeltaNet layers, and every
+    ``full_attention_interval``-th layer full attention whose Q projection
+    also carries an output gate; interleaved multi-section RoPE (imrope)."""
+    prefix = gguf.get("general.architecture") + "."
+    _delta_net_hparams(h, key, gguf)
     sections = _int_list(gguf.get(prefix + "rope.dimension_sections"))
     if sections is None or len(sections) != 4 or not all(0 <= x <= h["n_rot"] for x in sections):
         raise ModelShapeError(f"{prefix}rope.dimension_sections must be 4 section widths")
     h["rope_sections"] = sections
     h["rope_type"] = "imrope"
-    h["q_gate"] = True
-    h["late_output_rows"] = True   # llama.cpp's qwen35 drops unwanted rows after its last layer
+
+
+def _qwen3next(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
+    """Qwen3-Next's hybrid, as llama.cpp's llama_model_qwen3next reads it:
+    Qwen3.5's layers with NEOX RoPE, value heads grouped by key head, and in
+    every layer experts plus one shared expert, gated, whose width defaults
+    to feed_forward_length."""
+    _delta_net_hparams(h, key, gguf)
+    h["ssm_v_grouped"] = True
+    if h["n_expert_shared"] == 0:
+        h["n_expert_shared"], h["n_ff_shexp"] = 1, h["n_ff"]
 
 
 def _mistral3(h: dict, key: Callable[[str, Any], Any], gguf: GGUFFile) -> None:
@@ -532,6 +564,11 @@ ARCHITECTURES: dict[str, Architecture] = {
                      experts=Experts(optional=("ffn_gate_inp_shexp",)),
                      tensor_names={"ffn_norm": "blk.{i}.post_attention_norm.weight"}, derive=_qwen35,
                      description="Qwen3.5 / Qwen3.6 MoE (Gated DeltaNet hybrid with experts)"),
+        Architecture("qwen3next", "qwen35", "neox", _ATTN + ("q_norm", "k_norm"), recurrent=_DELTA_NET_BY_GROUP,
+                     recurrent_fused={"ssm_in": ("wqkv", "attn_gate")},
+                     experts=Experts(required=_EXPERTS + ("ffn_gate_inp_shexp",)),
+                     tensor_names={"ffn_norm": "blk.{i}.post_attention_norm.weight"}, derive=_qwen3next,
+                     description="Qwen3-Next, Qwen3-Coder-Next (Gated DeltaNet hybrid with experts)"),
         Architecture("mistral3", "decoder", "normal", _ATTN_FFN, optional=("bo",), derive=_mistral3,
                      description="Mistral 3: Ministral 3, Devstral Small 2, Mistral Small 3.x"),
         Architecture("gemma4", "gemma4", "neox", _GEMMA4_LAYER, activation="gelu", derive=_gemma4,
@@ -809,6 +846,7 @@ def _expected_shapes(h: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
             "wqkv": (e, conv_dim), "attn_gate": (e, h["ssm_d_inner"]), "ssm_conv1d": (h["ssm_d_conv"], conv_dim),
             "ssm_dt": (h["ssm_dt_rank"],), "ssm_a": (h["ssm_dt_rank"],), "ssm_beta": (e, h["ssm_dt_rank"]),
             "ssm_alpha": (e, h["ssm_dt_rank"]), "ssm_norm": (h["ssm_d_state"],), "ssm_out": (h["ssm_d_inner"], e),
+            "ssm_in": (e, conv_dim + h["ssm_d_inner"]), "ssm_ba": (e, 2 * h["ssm_dt_rank"]),
         })
     n_pl = h.get("n_embd_per_layer", 0)
     if n_pl:
@@ -900,6 +938,11 @@ def _layer_roles(arch: Architecture, h: Mapping[str, Any], i: int,
         return arch.layer_roles(h, i, tensors)
     required, optional = (arch.recurrent, ()) if arch.recurrent and h["recurrent_layers"][i] else \
         (arch.required, arch.optional)
+    if required is arch.recurrent:
+        for fused, parts in arch.recurrent_fused.items():
+            separate = all(LAYER_TENSOR_NAMES[r].format(i=i) in tensors for r in parts)
+            if not separate and LAYER_TENSOR_NAMES[fused].format(i=i) in tensors:
+                required = tuple(r for r in required if r not in parts) + (fused,)
     experts = arch.experts
     if experts is None:
         return required, optional
