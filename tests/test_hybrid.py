@@ -146,11 +146,15 @@ def test_greedy_output_is_unchanged_by_prompt_lookup(hybrid):
 
     loopy = [5, 6, 7, 8, 9] * 4
     with _open(hybrid, speculative=False) as plain:
-        want = plain.generate_tokens(loopy, 30)
+        # a prompt holding the model's own continuation, so that prompt lookup finds drafts
+        prompt = loopy + plain.generate_tokens(loopy, 30) + loopy
+        want = plain.generate_tokens(prompt, 30)
     with _open(hybrid, speculative=True) as fast:
         fast.engine.step_costs = StepCosts.flat()
-        assert fast.generate_tokens(loopy, 30) == want
-        assert fast.engine.accepted_tokens > 0 or fast.engine.context.n_replayed >= 0
+        assert fast.generate_tokens(prompt, 30) == want
+        # drafts were verified (a rollback to the snapshot before each verification and,
+        # where some were kept, their replay), whatever the random weights accepted
+        assert fast.engine.drafted_tokens > 0
 
 
 def test_a_saved_state_carries_the_recurrent_state(hybrid, hybrid_cfg, tiny_model):
