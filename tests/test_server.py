@@ -116,7 +116,9 @@ def idle(server) -> bool:
 # -- endpoints -----------------------------------------------------------------
 
 def test_health_and_models(server, client, model_id):
-    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok"
+    assert health["offload"] == {model_id: "0/30 layers on a GPU (CPU)"}   # no GPU here (lavapipe unnamed)
     assert [m.id for m in client.models.list().data] == [model_id]
     assert client.models.retrieve(model_id).id == model_id
 

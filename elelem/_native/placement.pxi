@@ -3,13 +3,18 @@
 # copies, so ggml's scheduler runs those layers' matmuls where the weights
 # are.  Included into core.pyx after model.pxi.
 #
-# The token embeddings, the output norm and head stay on the CPU (the first
-# and last ops of each step, whose inputs and logits are local anyway).
+# The token embeddings stay on the CPU (llama.cpp's input layer: a get_rows
+# of a few rows).  The output norm and head go where llama.cpp puts them: on
+# the device of the last layer when every layer and the output were offloaded
+# (n_gpu_layers -1, or more than n_layer), else on the CPU.  A tied head is
+# copied there, and the CPU keeps the embedding table for get_rows.
 
 
-def place_layers(Model m, list devices, list layer_device, double rpc_timeout=DEFAULT_RPC_TIMEOUT):
+def place_layers(Model m, list devices, list layer_device, double rpc_timeout=DEFAULT_RPC_TIMEOUT,
+                 int output_device=-1):
     """Copy the weights of layer ``il`` to ``devices[layer_device[il]]``
-    (-1: it stays on the CPU, used in place from the file).  Weights of
+    (-1: it stays on the CPU, used in place from the file), and the output
+    norm and head to ``devices[output_device]`` (-1: the CPU).  Weights of
     placed layers must not have been repacked (open_model's matmul_weights
     leaves them out): the copy is made from the file's bytes."""
     m._check_open()
@@ -19,24 +24,35 @@ def place_layers(Model m, list devices, list layer_device, double rpc_timeout=DE
         raise errors.InvalidArgumentError(f"need one device index per layer ({m.hp.n_layer}), got {len(layer_device)}")
     if len(devices) > MAX_DEVICES:
         raise errors.InvalidArgumentError(f"at most {MAX_DEVICES} devices besides the CPU, got {len(devices)}")
-    for d in layer_device:
+    for d in list(layer_device) + [output_device]:
         if not -1 <= d < len(devices):
             raise errors.InvalidArgumentError(f"layer device index {d} is not in [-1, {len(devices)})")
+    if output_device >= 0 and m.hp.encoder:
+        raise errors.InvalidArgumentError("an encoder has no output head to place")
     m.rpc_endpoints = sorted({(<Device?> dev).endpoint for dev in devices if dev.endpoint is not None})
     m.rpc_timeout = rpc_timeout if m.rpc_endpoints else 0
     cdef int d_i, il, ir, n
     for d_i, dev in enumerate(devices):
         layers = [il for il in range(m.hp.n_layer) if layer_device[il] == d_i]
-        if layers:
-            _place_on_device(m, <Device> dev, layers)
+        if layers or output_device == d_i:
+            _place_on_device(m, <Device> dev, layers, output_device == d_i)
 
 
-cdef void _place_on_device(Model m, Device dev, list layers) except *:
-    cdef int count = 0, il, ir, k
+cdef void _place_on_device(Model m, Device dev, list layers, bint with_output) except *:
+    cdef int count = 0, il, ir, k, n_output = 0
     for il in layers:
         for ir in range(len(LAYER_ROLES)):
             if _role_slot(&m.layers[il], ir)[0] != NULL:
                 count += 1
+    # The output norm and head: after the layers' tensors, in this order.
+    cdef ggml_tensor ** output_roles[2]
+    if with_output:
+        output_roles[0] = &m.output_norm
+        output_roles[1] = &m.output
+        for k in range(2):
+            if output_roles[k][0] != NULL:
+                n_output += 1
+        count += n_output
     cdef ggml_init_params p
     p.mem_size = ggml_tensor_overhead() * (count + 1)
     p.mem_buffer = NULL
@@ -71,12 +87,25 @@ cdef void _place_on_device(Model m, Device dev, list layers) except *:
                 dst[k] = ggml_dup_tensor(m.device_ctx[slot], orig)
                 ggml_set_name(dst[k], orig.name)
                 k += 1
+        if with_output:
+            for ir in range(2):
+                role = output_roles[ir]
+                if role[0] == NULL:
+                    continue
+                orig = _file_tensor(m, role[0].name)
+                if orig == NULL or orig != role[0]:
+                    raise errors.InvalidArgumentError(
+                        f"{role[0].name.decode()} was repacked for the CPU; leave it out of matmul_weights")
+                src[k] = orig
+                dst[k] = ggml_dup_tensor(m.device_ctx[slot], orig)
+                ggml_set_name(dst[k], orig.name)
+                k += 1
         endpoints = [dev.endpoint] if dev.endpoint is not None else None
         m.device_buf[slot] = _alloc_tensors(m.device_ctx[slot], ggml_backend_dev_buffer_type(dev.dev),
                                             GGML_BACKEND_BUFFER_USAGE_WEIGHTS, False, m.rpc_timeout, endpoints)
         if m.device_buf[slot] == NULL:
             raise MemoryError(f"{dev.name} ({dev.description}) could not allocate the weights of "
-                              f"{len(layers)} layers")
+                              f"{len(layers)} layers{' and the output head' if with_output else ''}")
         job.n = count
         job.src = src
         job.dst = dst
@@ -93,7 +122,14 @@ cdef void _place_on_device(Model m, Device dev, list layers) except *:
                 if role[0] != NULL:
                     role[0] = dst[k]
                     k += 1
-        _log.debug("placed layers %d..%d on %s (%s): %d tensors, %d bytes", min(layers), max(layers), dev.name,
+        if with_output:
+            for ir in range(2):
+                if output_roles[ir][0] != NULL:
+                    output_roles[ir][0] = dst[k]  # a tied head: m.tok_embd still points at the CPU's table
+                    k += 1
+        _log.debug("placed %s%s on %s (%s): %d tensors, %d bytes",
+                   f"layers {min(layers)}..{max(layers)}" if layers else "no layers",
+                   " and the output head" if with_output else "", dev.name,
                    dev.description, count, ggml_backend_buffer_get_size(m.device_buf[slot]))
     finally:
         free(src)
