@@ -67,10 +67,12 @@ def greedy(llm, prompt: list[int], n: int) -> list[int]:
 
 def scenario_forced(path, o):
     """Greedy tokens on the CPU, then the same tokens forced through the GPU run."""
-    prompt, n = o["prompt"], o["n"]
+    prompt, n = o.get("prompt"), o["n"]
     common = dict(n_ctx=256, n_threads=1, repack=False, flash_attn=o.get("flash_attn", False),
                   kv_type=o.get("kv_type", "f16"))
     with LLM(path, n_gpu_layers=0, **common) as cpu:
+        if prompt is None:     # a text, as the model's tokenizer makes it (with its BOS)
+            prompt = cpu.tokenize(o["text"])
         tokens = greedy(cpu, prompt, n)
         cpu.engine.context.seq_rm(0)
         reference = teacher_forced(cpu, prompt, tokens[:-1])

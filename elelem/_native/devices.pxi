@@ -127,14 +127,15 @@ def load_gpu_module(str path):
     return ggml_backend_reg_dev_count(reg)
 
 
-def flash_attn_supported(Device dev, int head_dim_k, int head_dim_v, int n_head, int n_head_kv, str kv_type,
-                         int n_tokens=1, int n_kv=256):
-    """Whether ``dev`` runs ggml_flash_attn_ext for these heads and this K/V type
-    (llama.cpp's flash_attn auto asks the same of the device that holds each
-    layer's cache).  Asked of a graph node built in a metadata-only context."""
-    if kv_type not in KV_TYPES:
-        raise errors.InvalidArgumentError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
-    cdef ggml_type kv = KV_TYPES[kv_type]
+def flash_attn_supported(Device dev, int head_dim_k, int head_dim_v, int n_head, int n_head_kv, str type_k,
+                         str type_v, int n_tokens=1, int n_kv=256):
+    """Whether ``dev`` runs ggml_flash_attn_ext for these heads and these K and V
+    types (llama.cpp's flash_attn auto asks the same of the device that holds
+    each layer's cache).  Asked of a graph node built in a metadata-only context."""
+    for name in (type_k, type_v):
+        if name not in KV_TYPES:
+            raise errors.InvalidArgumentError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {name!r}")
+    cdef ggml_type tk = KV_TYPES[type_k], tv = KV_TYPES[type_v]
     cdef ggml_init_params p
     p.mem_size = ggml_tensor_overhead() * 8
     p.mem_buffer = NULL
@@ -149,8 +150,8 @@ def flash_attn_supported(Device dev, int head_dim_k, int head_dim_v, int n_head,
     cdef ggml_tensor * out
     try:
         q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, head_dim_k, n_tokens, n_head, 1)
-        k = ggml_new_tensor_4d(ctx, kv, head_dim_k, n_kv, n_head_kv, 1)
-        v = ggml_new_tensor_4d(ctx, kv, head_dim_v, n_kv, n_head_kv, 1)
+        k = ggml_new_tensor_4d(ctx, tk, head_dim_k, n_kv, n_head_kv, 1)
+        v = ggml_new_tensor_4d(ctx, tv, head_dim_v, n_kv, n_head_kv, 1)
         mask = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n_kv, n_tokens, 1, 1)  # as graph/blocks.pxi makes it
         out = ggml_flash_attn_ext(ctx, q, k, v, mask, 1.0, 0.0, 0.0)
         return bool(ggml_backend_dev_supports_op(dev.dev, out))

@@ -38,6 +38,58 @@ def place_layers(Model m, list devices, list layer_device, double rpc_timeout=DE
             _place_on_device(m, <Device> dev, layers, output_device == d_i)
 
 
+def unsupported_weights(Model m, Device dev, list layers, bint with_output=False):
+    """The weights of these layers (and of the output norm and head) that ``dev``
+    cannot hold or multiply, as ``[(layer or -1 for the output, tensor name,
+    bytes)]``.  ggml's scheduler aborts on a weight placed where its op cannot
+    run (a Vulkan device's largest buffer is often smaller than a big
+    vocabulary's embedding table), so llama.cpp keeps such weights on the CPU
+    (weight_buft_supported); elelem keeps their layer, or the head, there."""
+    m._check_open()
+    out = []
+    cdef int il, ir
+    cdef ggml_tensor ** role
+    for il in layers:
+        if not 0 <= il < m.hp.n_layer:
+            raise errors.InvalidArgumentError(f"layer {il} is not in [0, {m.hp.n_layer})")
+        for ir in range(len(LAYER_ROLES)):
+            role = _role_slot(&m.layers[il], ir)
+            if role[0] != NULL and not _device_runs(dev.dev, _file_tensor(m, role[0].name)):
+                out.append((il, role[0].name.decode(), int(ggml_nbytes(role[0]))))
+    cdef ggml_tensor * heads[2]
+    heads[0] = m.output_norm
+    heads[1] = m.output
+    if with_output:
+        for ir in range(2):
+            if heads[ir] != NULL and not _device_runs(dev.dev, _file_tensor(m, heads[ir].name)):
+                out.append((-1, heads[ir].name.decode(), int(ggml_nbytes(heads[ir]))))
+    return out
+
+
+cdef bint _device_runs(ggml_backend_dev_t dev, ggml_tensor * w) except -1:
+    """Whether ``dev`` holds ``w`` (its size within the device's buffer limits) and, for a
+    matrix, multiplies a batch of 512 columns by it: the ops a weight takes part in."""
+    if w == NULL:
+        return True
+    cdef ggml_init_params p
+    p.mem_size = ggml_tensor_overhead() * 4
+    p.mem_buffer = NULL
+    p.no_alloc = True
+    cdef ggml_context * ctx = ggml_init(p)
+    if ctx == NULL:
+        raise MemoryError()
+    cdef ggml_tensor * x
+    try:
+        if not ggml_backend_dev_supports_op(dev, w):
+            return False
+        if ggml_n_dims(w) == 2 and w.ne[1] > 1:
+            x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w.ne[0], 512)
+            return ggml_backend_dev_supports_op(dev, ggml_mul_mat(ctx, w, x))
+        return True
+    finally:
+        ggml_free(ctx)
+
+
 cdef void _place_on_device(Model m, Device dev, list layers, bint with_output) except *:
     cdef int count = 0, il, ir, k, n_output = 0
     for il in layers:

@@ -22,7 +22,8 @@ import weakref
 from contextlib import contextmanager
 from typing import Iterable, Optional, Union
 
-from .._core import DEFAULT_RPC_TIMEOUT, flash_attn_supported, new_context, open_model, place_layers  # names
+from .._core import (DEFAULT_RPC_TIMEOUT, flash_attn_supported, new_context, open_model,  # names, not the package
+                     place_layers, unsupported_weights)
 from ..cpu import amx_types, widen_q5_0
 from ..engine.engine import Engine
 from ..errors import ClosedError, ContextLimitError, InvalidArgumentError
@@ -31,7 +32,7 @@ from ..model.architectures import ModelSpec, model_spec
 from ..model.hub import ProgressFn, resolve_model
 from .assets import ModelAssets
 from .devices import check_memory, connect_servers, kv_layer_bytes, parse_endpoints, plan_layers
-from .offload import Offload, plan_offload
+from .offload import Offload, keep_supported, plan_offload
 from .draft import open_draft
 from .embeddings import embed, embedding_response, model_pooling
 from .session import Session
@@ -236,6 +237,9 @@ class LLM:
                                        use_mmap, amx_types(amx), widen_q5_0=widened,
                                        shards=self.gguf.shard_paths)
         try:
+            if self.placement.devices and not self.placement.devices[0].endpoint:
+                keep_supported(self.offload, lambda dev, layers, out: unsupported_weights(self._model, dev, layers, out))
+                self.placement = self.offload.placement
             if self.placement.devices:
                 place_layers(self._model, self.placement.devices, self.placement.layer_device, float(rpc_timeout),
                              self.offload.output_device)
@@ -305,11 +309,10 @@ class LLM:
         if flash_attn != "auto":
             return bool(flash_attn)
         h = self.spec.hparams
-        kv_type = type_k if type_k == type_v else "f16"
         devices = [d for i, d in enumerate(self.placement.devices) if self.placement.layers_of(i)]
         heads = [int(max(v) if isinstance(v, (list, tuple)) else v) for v in (h["n_head"], h["n_head_kv"])]
         lacking = [d.name for d in devices
-                   if not flash_attn_supported(d, h["head_dim_k"], h["head_dim_v"], heads[0], heads[1], kv_type)]
+                   if not flash_attn_supported(d, h["head_dim_k"], h["head_dim_v"], heads[0], heads[1], type_k, type_v)]
         if lacking:
             log.info("flash_attn auto: off (%s cannot run it for this model's heads)", ", ".join(lacking))
             return False

@@ -224,6 +224,32 @@ def plan_offload(n_layer: int, layer_bytes: Sequence[int], output_bytes: int, kv
     return offload
 
 
+def keep_supported(offload: Offload, unsupported) -> Offload:
+    """Take back to the CPU every layer (and the output head) with a weight its device
+    cannot hold or multiply: ``unsupported(device, layers, with_output)`` lists those
+    weights as (layer or -1, name, bytes) (elelem._core.unsupported_weights)."""
+    placement = offload.placement
+    before = offload.summary
+    for index, dev in enumerate(placement.devices):
+        for il, name, size in unsupported(dev, placement.layers_of(index), offload.output_device == index):
+            what = "the output head" if il < 0 else f"layer {il}"
+            reason = (f"{what} stays on the CPU: {dev.name} cannot hold or multiply {name} "
+                      f"({size / 2**20:.0f} MiB)")
+            if il < 0:
+                offload.output_device = -1
+            elif placement.layer_device[il] >= 0:
+                placement.layer_device[il] = -1
+            else:
+                continue
+            offload.reasons.append(reason)
+            log.warning("offload: %s", reason)
+    if offload.n_offloaded == 0 and offload.output_device < 0 and placement.devices:
+        offload.placement = Placement([], [-1] * offload.n_layer)
+    if offload.summary != before:
+        log.info("offload: %s", offload.summary)
+    return offload
+
+
 def _fit(n_layer, want, devices, tensor_split, layer_bytes, output_bytes, kv_bytes_per_layer,
          hparams, n_batch, kv_cells, flash_attn) -> Offload:
     """The largest split of up to ``want`` layers (n_layer + 1: the output too) that fits."""
