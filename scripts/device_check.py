@@ -84,9 +84,13 @@ def random_blocks(rng, n_blocks: int, block_bytes: int, scale_at: tuple[int, ...
     return blocks
 
 
+# ggml block layouts: (values per block, bytes per block, byte offsets of the f16 scales)
+BLOCKS = {"Q5_0": (32, 22, (0,)), "Q8_0": (32, 34, (0,)), "Q4_K": (256, 144, (0, 2)), "Q6_K": (256, 210, (208,))}
+
+
 def synthetic_qwen_coder(path: Path) -> str:
-    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M's shapes and types (Q4_K matmuls, Q6_K for the
-    embeddings and ffn_down, as llama-quantize's Q4_K_M mostly makes them), random weights."""
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M's shapes and types, as llama-quantize made the packaged
+    file (its 896-wide rows are no multiple of 256, so most matmuls are Q5_0), random weights."""
     import gguf
     c = QWEN_CODER_SHAPES
     rng = np.random.default_rng(0)
@@ -99,34 +103,34 @@ def synthetic_qwen_coder(path: Path) -> str:
     w.add_head_count_kv(c["n_head_kv"])
     w.add_rope_freq_base(c["rope_base"])
     w.add_layer_norm_rms_eps(1e-6)
-    q4k = gguf.GGMLQuantizationType.Q4_K
-    q6k = gguf.GGMLQuantizationType.Q6_K
 
-    def quantized(name, rows, cols, qtype):
-        size, block = (144, (0, 2)) if qtype == q4k else (210, (208,))
-        blocks = random_blocks(rng, rows * cols // 256, size, block)
-        w.add_tensor(name, blocks.reshape(rows, cols // 256 * size), raw_shape=(rows, cols), raw_dtype=qtype)
+    def quantized(name, width, rows, type_name):
+        per_block, size, scales = BLOCKS[type_name]
+        blocks = random_blocks(rng, rows * width // per_block, size, scales)
+        w.add_tensor(name, blocks.reshape(rows, width // per_block * size),   # the shape in bytes, as gguf takes it
+                     raw_dtype=getattr(gguf.GGMLQuantizationType, type_name))
 
     def vector(name, n, value=1.0, noise=0.0):
         w.add_tensor(name, (value + noise * rng.standard_normal(n)).astype(np.float32))
 
-    e, hd = c["n_embd"], c["n_embd"] // c["n_head"]
-    quantized("token_embd.weight", c["n_vocab"], e, q6k)
+    e, f, kv = c["n_embd"], c["n_ff"], c["n_head_kv"] * (c["n_embd"] // c["n_head"])
+    quantized("token_embd.weight", e, c["n_vocab"], "Q5_0")
+    quantized("output.weight", e, c["n_vocab"], "Q8_0")
     vector("output_norm.weight", e)
     for il in range(c["n_layer"]):
         p = f"blk.{il}."
         vector(p + "attn_norm.weight", e)
         vector(p + "ffn_norm.weight", e)
-        quantized(p + "attn_q.weight", e, e, q4k)
-        quantized(p + "attn_k.weight", c["n_head_kv"] * hd, e, q4k)
-        quantized(p + "attn_v.weight", c["n_head_kv"] * hd, e, q6k)
-        quantized(p + "attn_output.weight", e, e, q4k)
+        quantized(p + "attn_q.weight", e, e, "Q5_0")
+        quantized(p + "attn_k.weight", e, kv, "Q5_0")
+        quantized(p + "attn_v.weight", e, kv, "Q8_0" if il % 2 else "Q5_0")
+        quantized(p + "attn_output.weight", e, e, "Q5_0")
         vector(p + "attn_q.bias", e, 0.0, 0.01)
-        vector(p + "attn_k.bias", c["n_head_kv"] * hd, 0.0, 0.01)
-        vector(p + "attn_v.bias", c["n_head_kv"] * hd, 0.0, 0.01)
-        quantized(p + "ffn_gate.weight", c["n_ff"], e, q4k)
-        quantized(p + "ffn_up.weight", c["n_ff"], e, q4k)
-        quantized(p + "ffn_down.weight", e, c["n_ff"], q6k)
+        vector(p + "attn_k.bias", kv, 0.0, 0.01)
+        vector(p + "attn_v.bias", kv, 0.0, 0.01)
+        quantized(p + "ffn_gate.weight", e, f, "Q5_0")
+        quantized(p + "ffn_up.weight", e, f, "Q5_0")
+        quantized(p + "ffn_down.weight", f, e, "Q6_K" if il % 2 else "Q4_K")
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
