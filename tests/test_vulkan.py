@@ -260,6 +260,23 @@ def test_a_module_that_cannot_load(four_layers, tmp_path):
     assert error["error"] == "DeviceError" and "could not be loaded" in error["message"]
 
 
+def test_what_ggml_says_while_a_module_loads_is_the_reason(tmp_path, monkeypatch):
+    """ggml-cuda registers no device when the driver is too old, and says why only in its log
+    ("failed to initialize CUDA: CUDA driver version is insufficient ..."): the reason keeps it."""
+    (tmp_path / "libggml-cuda.so").write_bytes(b"")
+
+    def load(path):
+        logging.getLogger("elelem.ggml").error("ggml_cuda_init: failed to initialize CUDA: CUDA driver version is "
+                                               "insufficient for CUDA runtime version")
+        return 0
+
+    monkeypatch.setattr(_core, "load_gpu_module", load)
+    cuda = next(m for m in offload.load_gpu_modules(str(tmp_path)) if m.backend == "CUDA")
+    assert cuda.state == "loaded" and cuda.n_devices == 0
+    assert cuda.reason == ("CUDA found no device it can use (ggml: ggml_cuda_init: failed to initialize CUDA: CUDA "
+                           "driver version is insufficient for CUDA runtime version)")
+
+
 def test_n_gpu_layers_zero_is_the_cpu_without_looking_for_a_gpu(caplog):
     with caplog.at_level(logging.INFO, logger="elelem"):
         plan = offload.plan_offload(4, [1] * 4, 1, 1, {"n_embd": 8, "n_vocab": 8}, 8, 256, False, n_gpu_layers=0,

@@ -94,6 +94,8 @@ def load_gpu_modules(directory: Optional[str] = None) -> list[ModuleStatus]:
         if not os.path.isfile(path):
             out.append(ModuleStatus(backend, path, "absent", f"this elelem was built without {backend} ({name})"))
             continue
+        said = _GgmlSays()
+        logging.getLogger("elelem.ggml").addHandler(said)
         try:
             n = _core.load_gpu_module(path)
         except OSError as error:
@@ -106,7 +108,22 @@ def load_gpu_modules(directory: Optional[str] = None) -> list[ModuleStatus]:
             out.append(ModuleStatus(backend, path, "loaded",
                                     "" if n else f"{backend} found no device it can use" + _cpu_device_hint(backend),
                                     n))
+        finally:
+            logging.getLogger("elelem.ggml").removeHandler(said)
+        if said.messages and out[-1].reason:   # the backend's own words: "driver version is insufficient", ...
+            out[-1].reason += " (ggml: " + "; ".join(said.messages) + ")"
     return out
+
+
+class _GgmlSays(logging.Handler):
+    """The warnings and errors ggml logs while a module loads (a driver too old, ...)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage().strip())
 
 
 def _visible_env(backend: str) -> str:
