@@ -161,6 +161,27 @@ def test_the_other_architecture_families_on_vulkan(tiny_model, arch, options):
 
 
 @needs_vulkan
+def test_speculation_states_grammars_and_the_prompt_cache_on_vulkan(with_vocabulary, tmp_path):
+    out = child("features", with_vocabulary, {"cache": str(tmp_path / "prompt-cache-")}, LAVAPIPE)
+    cpu, gpu = out["cpu"], out["gpu"]
+    assert gpu["summary"] == "4/4 layers on Vulkan0, output on Vulkan0"
+    assert gpu["speculative"] == gpu["plain"] == cpu["plain"]      # drafted tokens verified on the GPU
+    assert gpu["state_same"] and gpu["grammar"] in ("yes", "no")
+    assert gpu["loaded_first"] == 0 and gpu["loaded_second"] >= 128  # K/V read from the device, and written back
+    assert gpu["cached_second"] == gpu["cached_first"]
+
+
+@needs_vulkan
+def test_embeddings_on_vulkan(tmp_path):
+    from synthetic_bert import BertConfig, write_bert
+    write_bert(tmp_path / "bert.gguf", BertConfig())
+    out = child("embeddings", tmp_path / "bert.gguf", {"texts": ["hello world", "a cat sleeps"]}, LAVAPIPE)
+    assert out["gpu_summary"] == "2/2 layers on Vulkan0"                 # an encoder: no output head
+    cpu, gpu = np.array(out["cpu"]), np.array(out["gpu"])
+    assert np.abs(cpu - gpu).max() <= RELATIVE_TOLERANCE * np.abs(cpu).max()   # measured: 7e-4 of 2.1
+
+
+@needs_vulkan
 def test_tied_output_head_is_copied_to_the_device(tiny_model):
     path = str(tiny_model(FOUR_LAYERS.but(tied=True))[0])
     facts = child("forced", path, {"prompt": PROMPT, "n": 6}, LAVAPIPE)

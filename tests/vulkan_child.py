@@ -142,6 +142,42 @@ def scenario_memory_limit(path, o):
     return facts
 
 
+def scenario_features(path, o):
+    """What sits above the backend, with every layer on the GPU: speculative decoding, a saved
+    state, a grammar, the prompt cache on disk; each also on the CPU."""
+    prompt = "The quick brown fox jumps over the lazy dog. " * 5 + "The quick brown fox"   # 200+ tokens
+    out = {}
+    for label, layers in (("cpu", 0), ("gpu", None)):
+        r = out[label] = {}
+        common = dict(n_ctx=1024, n_threads=1, n_gpu_layers=layers, flash_attn=False)
+        with LLM(path, speculative=True, **common) as llm:
+            r["summary"] = llm.offload.summary
+            r["speculative"] = llm.generate(prompt, max_tokens=16, temperature=0)
+            llm.reset()
+            llm.eval(llm.tokenize(prompt))
+            state = llm.save_state()
+            after = llm.eval([5])
+            llm.load_state(state)
+            r["state_same"] = bool(np.array_equal(after, llm.eval([5])))
+            r["grammar"] = llm.generate(prompt, max_tokens=4, temperature=0, grammar='root ::= "yes" | "no"')
+        with LLM(path, speculative=False, **common) as llm:
+            r["plain"] = llm.generate(prompt, max_tokens=16, temperature=0)
+        for run in ("first", "second"):     # the second process-like run loads the first one's prefix
+            with LLM(path, speculative=False, prompt_cache=o["cache"] + label, **common) as llm:
+                r[f"cached_{run}"] = llm.generate(prompt + " again", max_tokens=8, temperature=0)
+                r[f"loaded_{run}"] = llm.engine.prompt_cache.loaded_tokens
+    return out
+
+
+def scenario_embeddings(path, o):
+    out = {}
+    for label, layers in (("cpu", 0), ("gpu", None)):
+        with LLM(path, n_ctx=64, n_threads=1, n_gpu_layers=layers) as llm:
+            out[label] = [list(map(float, v)) for v in llm.embed(o["texts"])]
+            out[label + "_summary"] = llm.offload.summary
+    return out
+
+
 def scenario_compat(path, o):
     from elelem.compat import Llama
     with Llama(model_path=path, n_ctx=128, n_threads=1, verbose=False, **o) as made:
