@@ -9,7 +9,7 @@ then this: the same module ``ELELEM_VULKAN=1 pip install .`` would build --
 the same CMake project (cmake/), the same vendored sources and headers --
 built as the one target ``ggml-vulkan`` (with ggml-base beside it, which it
 links), so the CPU modules are not compiled twice.  Its shaders take most of
-the time (7 to 25 minutes on 2 cores), so the module is cached in
+the time (7 minutes on 2 quiet cores, 45 on 2 busy ones), so the module is cached in
 ``$ELELEM_CACHE/vulkan/<key>/`` (default ``~/.cache/elelem``), keyed by the
 sha256 of what goes into it: the vendored ggml and Vulkan headers, the CMake
 files, and the versions of glslc and the C++ compiler.
