@@ -291,7 +291,7 @@ def test_what_ggml_says_while_a_module_loads_is_the_reason(tmp_path, monkeypatch
                                                "insufficient for CUDA runtime version")
         return 0
 
-    monkeypatch.setattr(_core, "load_gpu_module", load)
+    monkeypatch.setattr(offload, "load_gpu_module", load)
     cuda = next(m for m in offload.load_gpu_modules(str(tmp_path)) if m.backend == "CUDA")
     assert cuda.state == "loaded" and cuda.n_devices == 0
     assert cuda.reason == ("CUDA found no device it can use (ggml: ggml_cuda_init: failed to initialize CUDA: CUDA "

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from .. import _core
+from .._core import LIB_DIR, cpu_device, load_gpu_module, local_devices  # names, not the package
 from ..errors import DeviceError, InvalidArgumentError
 from .devices import HANDSHAKE_TIMEOUT, Placement, connect_servers, plan_layers
 
@@ -82,7 +82,7 @@ class Offload:
 
 
 def lib_dir() -> str:
-    return _core.LIB_DIR
+    return LIB_DIR
 
 
 def load_gpu_modules(directory: Optional[str] = None) -> list[ModuleStatus]:
@@ -97,7 +97,7 @@ def load_gpu_modules(directory: Optional[str] = None) -> list[ModuleStatus]:
         said = _GgmlSays()
         logging.getLogger("elelem.ggml").addHandler(said)
         try:
-            n = _core.load_gpu_module(path)
+            n = load_gpu_module(path)
         except OSError as error:
             out.append(ModuleStatus(backend, path, "failed", f"{name} could not be loaded: {error}"))
         except DeviceError as error:
@@ -140,7 +140,7 @@ def gpu_devices(directory: Optional[str] = None) -> tuple[list, list[ModuleStatu
     """The local GPUs, best first (CUDA's before Vulkan's), each card once, and each module's status."""
     modules = load_gpu_modules(directory)
     order = [backend for backend, _ in GPU_MODULES]
-    found = [d for d in _core.local_devices() if d.kind in GPU_KINDS and d.backend in order]
+    found = [d for d in local_devices() if d.kind in GPU_KINDS and d.backend in order]
     found.sort(key=lambda d: order.index(d.backend))   # stable: each backend's own order within
     devices, seen = [], {}
     for dev in found:
@@ -310,7 +310,7 @@ def device_table(endpoints: Sequence[str] = (), timeout: float = HANDSHAKE_TIMEO
     memory, and how each GPU module loaded (elelem info --devices)."""
     gpus, modules = gpu_devices()
     rows = []
-    for dev in [_core.cpu_device()] + gpus + connect_servers(endpoints, timeout):
+    for dev in [cpu_device()] + gpus + connect_servers(endpoints, timeout):
         free, total = dev.memory()
         rows.append({"name": dev.name, "kind": dev.kind, "backend": dev.backend, "description": dev.description,
                      "endpoint": dev.endpoint, "buffer_type": dev.buffer_type,
