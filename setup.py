@@ -19,6 +19,10 @@ Environment switches:
                       toolkit (scripts/cuda_toolkit_from_pypi.sh makes one from PyPI).
   ELELEM_CUDA_ARCHS   its CUDA architectures (default 90: the H200; CMAKE_ARGS'
                       -DCMAKE_CUDA_ARCHITECTURES=... also counts).
+  ELELEM_VULKAN=1     also build ggml's Vulkan backend module (libggml-vulkan.so), as does
+                      CMAKE_ARGS="-DGGML_VULKAN=ON"; needs glslc, the Vulkan loader and the
+                      SPIR-V headers (Debian: glslc libvulkan-dev spirv-headers); the Vulkan
+                      headers themselves are vendored (third_party/vulkan-headers).
 """
 import os
 import re
@@ -39,6 +43,7 @@ LINKED_LIBS = ("libggml.so", "libggml-base.so")
 BACKEND_MODULE_GLOB = "libggml-cpu*.so"
 RPC_MODULE = "libggml-rpc.so"      # ggml's RPC backend, a module loaded on first use
 CUDA_MODULE = "libggml-cuda.so"
+VULKAN_MODULE = "libggml-vulkan.so"
 
 
 def env_flag(name: str) -> bool:
@@ -62,6 +67,15 @@ def cuda_enabled() -> bool:
     return env_flag("ELELEM_CUDA") or (cmake_args_value("GGML_CUDA") or "").lower() in ("1", "on", "true", "yes")
 
 
+def vulkan_enabled() -> bool:
+    return env_flag("ELELEM_VULKAN") or (cmake_args_value("GGML_VULKAN") or "").lower() in ("1", "on", "true", "yes")
+
+
+def gpu_suffix() -> str:
+    """The build folder's suffix for the GPU modules built: a switch never reuses a stale cache."""
+    return ("-cuda" if cuda_enabled() else "") + ("-vulkan" if vulkan_enabled() else "")
+
+
 def cuda_cmake_args() -> list[str]:
     if not cuda_enabled():
         return []
@@ -78,7 +92,7 @@ class BuildGGMLThenExt(build_ext):
         if not (GGML / "CMakeLists.txt").is_file():
             sys.exit("third_party/ggml is missing; restore it with: python scripts/vendor_ggml.py")
         # One folder per CPU variant set: switching between them never reuses a stale CMake cache.
-        build_dir = Path(self.build_temp).resolve() / f"ggml-build-{cpu_variants()}{'-cuda' if cuda_enabled() else ''}"
+        build_dir = Path(self.build_temp).resolve() / f"ggml-build-{cpu_variants()}{gpu_suffix()}"
         built = self.build_ggml(build_dir)
         lib_dir = Path(self.get_ext_fullpath("elelem._core")).resolve().parent / LIB_DIR_NAME
         linked = install_libraries(built, lib_dir)
@@ -110,7 +124,7 @@ class BuildGGMLThenExt(build_ext):
             # (elelem/_native/cpu_backend.pxi, _new_cpu_threadpool).
             "-DGGML_OPENMP=OFF",
             "-DGGML_CCACHE=OFF",
-        ] + cuda_cmake_args()
+        ] + cuda_cmake_args() + (["-DELELEM_VULKAN=ON"] if vulkan_enabled() else [])
         if env_flag("ELELEM_SANITIZE"):
             flags = " ".join(sanitizer_flags())
             args += [f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"]
@@ -151,6 +165,10 @@ def install_libraries(built: Path, lib_dir: Path) -> list[Path]:
         if not (built / CUDA_MODULE).is_file():
             sys.exit(f"ELELEM_CUDA=1 but the ggml build produced no {CUDA_MODULE} under {built}")
         modules.append(built / CUDA_MODULE)
+    if vulkan_enabled():
+        if not (built / VULKAN_MODULE).is_file():
+            sys.exit(f"ELELEM_VULKAN=1 but the ggml build produced no {VULKAN_MODULE} under {built}")
+        modules.append(built / VULKAN_MODULE)
     for module in modules:
         shutil.copyfile(module, lib_dir / module.name)
     shutil.copyfile(GGML / "LICENSE", lib_dir / "LICENSE-ggml")  # ggml's MIT licence travels with its binaries

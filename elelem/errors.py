@@ -93,6 +93,12 @@ class ComputeError(ElelemError, RuntimeError):
     """ggml failed to allocate or compute a graph."""
 
 
+class DeviceError(ElelemError, RuntimeError):
+    """A GPU that was asked for explicitly (``n_gpu_layers``, ``main_gpu``,
+    ``tensor_split``) and cannot be had: no GPU backend module, one that does
+    not load or start, no such device.  Never a silent run on the CPU."""
+
+
 class RPCError(ComputeError, ConnectionError):
     """An RPC server (``rpc_servers``) that cannot be reached, is not a ggml RPC
     server, or was lost or stopped answering; ``endpoints`` names the servers."""

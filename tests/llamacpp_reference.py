@@ -63,8 +63,11 @@ def elelem_kernel_options() -> dict:
     puts the weights AMX takes into AMX buffers.  On an AMX CPU elelem
     therefore runs with amx=False: the same CPU_REPACK (AVX-512) kernels as
     the reference.  AMX itself is checked against NumPy in
-    tests/test_cpu_backend.py.  Untested here: this machine has no AMX."""
-    return {"amx": False} if cpu_has_amx() else {}
+    tests/test_cpu_backend.py.  Untested here: this machine has no AMX.
+
+    The reference runs llama-cpp-python's default flash_attn=False, while
+    LLM's default is llama.cpp's "auto" (on, on the CPU): flash_attn=False."""
+    return {"flash_attn": False, **({"amx": False} if cpu_has_amx() else {})}
 
 
 def skip_or_fail(reason: str):

@@ -21,7 +21,8 @@ TOKENS = BYTE_TO_CHAR + ["".join(pair) for pair in MERGES] + CONTROL
 CONFIG = TinyConfig(n_vocab=len(TOKENS), n_embd=64, n_layer=2, seed=16)
 
 
-def write_structured_model(path: Path) -> Path:
+def write_structured_model(path: Path, config: TinyConfig = CONFIG) -> Path:
+    """``config`` (its n_vocab: len(TOKENS)) with this vocabulary."""
     def vocabulary(writer):
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre("qwen2")
@@ -31,5 +32,5 @@ def write_structured_model(path: Path) -> Path:
         writer.add_eos_token_id(TOKENS.index("<|im_end|>"))
         writer.add_add_bos_token(False)
 
-    write_model(path, CONFIG, extra_metadata=vocabulary)
+    write_model(path, config, extra_metadata=vocabulary)
     return path

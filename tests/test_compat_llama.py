@@ -261,7 +261,8 @@ def test_logits_all_keeps_every_row_of_eval(smollm_path):
     with Llama(model_path=str(smollm_path), n_ctx=64, n_threads=THREADS, logits_all=True, verbose=False) as full:
         tokens = full.tokenize(b"Paris is the capital of")
         full.eval(tokens)
-        with elelem.LLM(smollm_path, n_ctx=64, n_threads=THREADS) as plain:
+        # flash_attn=False: the shim keeps llama-cpp-python's default, LLM's is "auto" (on, on the CPU).
+        with elelem.LLM(smollm_path, n_ctx=64, n_threads=THREADS, flash_attn=False) as plain:
             rows = plain.eval(tokens, all_logits=True)
             greedy = plain.generate_tokens(tokens, 3)
         np.testing.assert_allclose(full.scores[:len(tokens)], rows, atol=1e-4)

@@ -163,7 +163,9 @@ def test_wide_steps_of_generated_tokens_give_one_token_logits_with_flash_attenti
 def test_small_batch_kernels_serve_the_weights_of_their_types_where_the_cpu_has_them(tiny_model, wtype):
     cfg = _batched_config(wtype)
     path, _ = tiny_model(cfg)
-    with elelem.LLM(path, n_threads=2, n_seq_max=4, amx=False) as llm:
+    # flash_attn=False: the counts below take attention's two matmuls a layer (LLM's default,
+    # auto, runs one FLASH_ATTN_EXT there instead).
+    with elelem.LLM(path, n_threads=2, n_seq_max=4, amx=False, flash_attn=False) as llm:
         ctx = llm.engine.context
         matmuls = 7 * cfg.n_layer + 1   # q, k, v, o, gate, up, down; the output head
         ctx.decode([5, 6, 7, 8], [0, 1, 2, 3], True, decode_kernels=True)

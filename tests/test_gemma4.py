@@ -82,7 +82,7 @@ def test_only_the_layers_that_own_k_and_v_get_cache(tiny_model):
     K rows of 1x16, 1x16 and 2x32 values; V the same with flash attention,
     else transposed and as wide as the widest layer's (llama.cpp's padding)."""
     path, _ = tiny_model(E2B)
-    with elelem.LLM(path, kv_type="f16", n_ctx=256) as llm:
+    with elelem.LLM(path, kv_type="f16", n_ctx=256, flash_attn=False) as llm:   # LLM's default, auto: on
         cache = llm.engine.context.cache
         assert (cache.n_layer, cache.n_layer_kv, cache.v_row) == (6, 3, 64)
         assert cache.bytes_per_cell == 2 * (16 + 16 + 64) + 2 * 3 * 64

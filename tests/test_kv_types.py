@@ -39,7 +39,8 @@ def test_quantized_caches_stay_close_to_f16(tiny_model, type_k, type_v, bound):
 
 def test_a_quantized_v_turns_on_flash_attention(tiny_model, caplog):
     path, _ = tiny_model(CONFIG)
-    with caplog.at_level("INFO", logger="elelem"), elelem.LLM(path, n_ctx=64, type_v="q8_0") as llm:
+    # flash_attn=False asked for: LLM's default, "auto", has it on already on the CPU.
+    with caplog.at_level("INFO", logger="elelem"), elelem.LLM(path, n_ctx=64, type_v="q8_0", flash_attn=False) as llm:
         assert llm.engine.context.flash_attn
         assert llm.engine.context.cache.type_v == "q8_0" and llm.engine.context.cache.type_k == "f16"
     assert any("needs flash attention" in r.getMessage() for r in caplog.records)
@@ -47,10 +48,18 @@ def test_a_quantized_v_turns_on_flash_attention(tiny_model, caplog):
 
 def test_quantized_k_works_without_flash_attention(tiny_model):
     path, _ = tiny_model(CONFIG)
-    want, _ = logits(path)
-    got, context = logits(path, type_k="q8_0")
+    want, _ = logits(path, flash_attn=False)
+    got, context = logits(path, type_k="q8_0", flash_attn=False)
     assert not context.flash_attn
     assert np.abs(got - want).max() / np.abs(want).max() < 0.02
+
+
+def test_flash_attention_auto_is_on_on_the_cpu(tiny_model):
+    """llama.cpp's default, "auto": on where the devices that hold K/V run it, as the CPU does."""
+    path, _ = tiny_model(CONFIG)
+    for type_k in ("f16", "q8_0"):
+        _, context = logits(path, type_k=type_k)
+        assert context.flash_attn
 
 
 def test_memory_per_cell_follows_the_type(tiny_model):

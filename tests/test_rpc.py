@@ -226,7 +226,7 @@ def test_info_devices_lists_the_servers(two_servers):
                              "--rpc", two_servers[0].endpoint], cwd=HERE, env=CHILD_ENV,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    rows = json.loads(result.stdout)
+    rows = [r for r in json.loads(result.stdout)["devices"] if r["kind"] not in ("gpu", "igpu")]  # a local GPU may show
     assert [r["kind"] for r in rows] == ["cpu", "rpc"]
     assert rows[1]["endpoint"] == two_servers[0].endpoint and rows[1]["free_bytes"] > 0
 

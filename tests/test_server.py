@@ -116,7 +116,9 @@ def idle(server) -> bool:
 # -- endpoints -----------------------------------------------------------------
 
 def test_health_and_models(server, client, model_id):
-    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok"
+    assert health["offload"] == {model_id: "0/30 layers on a GPU (CPU)"}   # no GPU here (lavapipe unnamed)
     assert [m.id for m in client.models.list().data] == [model_id]
     assert client.models.retrieve(model_id).id == model_id
 
@@ -637,3 +639,23 @@ def test_a_served_models_cache_is_sized_as_llama_cpp_sizes_it(smollm_path):
     # 3 contexts of 300 positions, rounded up to 256 cells: attention sums over
     # the same span as llama.cpp's (README, "kv_size").
     assert opened[0]["n_ctx"] == 300 and opened[0]["kv_size"] == 1024
+
+
+def test_serve_passes_the_gpu_options_to_the_models(monkeypatch, smollm_path):
+    import types
+
+    import elelem.server.serving
+    from elelem.cli import main
+    from elelem.server.registry import ModelRegistry
+    apps = []
+    monkeypatch.setattr(elelem.server.serving, "serve", lambda app, **where: apps.append(app) or 0)
+    assert main(["serve", "--model", str(smollm_path), "-ngl", "7", "-mg", "1", "-ts", "3,1"]) == 0
+    assert main(["serve", "--model", str(smollm_path)]) == 0
+    configs = [app.state.server.registry.config for app in apps]
+    assert [(c.n_gpu_layers, c.main_gpu, c.tensor_split) for c in configs] == [(7, 1, [3.0, 1.0]), (None, 0, None)]
+    opened = []
+    fake = types.SimpleNamespace(tokenizer=None, chat_template=None, closed=False)
+    for config in configs:
+        ModelRegistry(config, open_llm=lambda source, **options: opened.append(options) or fake).default.load()
+    assert (opened[0]["n_gpu_layers"], opened[0]["main_gpu"], opened[0]["tensor_split"]) == (7, 1, [3.0, 1.0])
+    assert not {"n_gpu_layers", "main_gpu", "tensor_split"} & set(opened[1])   # LLM's defaults: the best GPU

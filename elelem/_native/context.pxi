@@ -140,6 +140,14 @@ cdef class Context:
             return 0
         return sum(ggml_backend_sched_get_buffer_size(self.sched, self.backends[i]) for i in range(self.n_backends))
 
+    def compute_buffer_sizes(self):
+        """What the scheduler reserved for a step, per backend: {"Vulkan0": bytes, "CPU": bytes}."""
+        if self.sched == NULL:
+            return {}
+        return {ggml_backend_name(self.backends[i]).decode(): ggml_backend_sched_get_buffer_size(self.sched,
+                                                                                                 self.backends[i])
+                for i in range(self.n_backends)}
+
     cdef inline void _check_open(self) except *:
         if self.closed:
             raise errors.ClosedError("this context is closed")

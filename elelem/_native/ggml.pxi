@@ -322,6 +322,20 @@ cdef extern from "ggml-backend.h" nogil:
     # Devices (the CPU, an RPC server's devices, later a GPU) and the buffer
     # types their weights and KV cache live in: see devices.pxi.
     int ggml_backend_dev_kind "ggml_backend_dev_type"(ggml_backend_dev_t device)  # the enum's name is taken
+    ctypedef struct ggml_backend_dev_caps:
+        cbool async_ "async"
+        cbool host_buffer
+        cbool buffer_from_host_ptr
+        cbool events
+    ctypedef struct ggml_backend_dev_props:
+        const char * name
+        const char * description
+        size_t memory_free
+        size_t memory_total
+        int type
+        const char * device_id    # the PCI bus id ("0000:c1:00.0"), or NULL
+        ggml_backend_dev_caps caps
+    void ggml_backend_dev_get_props(ggml_backend_dev_t device, ggml_backend_dev_props * props)
     void ggml_backend_dev_memory(ggml_backend_dev_t device, size_t * free, size_t * total)
     ggml_backend_buffer_type_t ggml_backend_dev_buffer_type(ggml_backend_dev_t device)
     size_t ggml_backend_dev_count()

@@ -114,6 +114,18 @@ cdef class KVCache:
                 total += self.k[il].nb[1] + ggml_row_size(self.v[il].type, self.v[il].ne[0])
         return total
 
+    def layer_buffer_types(self):
+        """The buffer type holding each layer's K ("CPU", "Vulkan0", ...; None for a
+        layer without K/V of its own, or a recurrent one)."""
+        cdef int il
+        out = []
+        for il in range(self.n_layer):
+            if self.k == NULL or self.k[il] == NULL or self.k[il].buffer == NULL:
+                out.append(None)
+            else:
+                out.append(ggml_backend_buft_name(ggml_backend_buffer_get_type(self.k[il].buffer)).decode())
+        return out
+
     cdef inline bint owns_kv(self, int il) noexcept:
         return self.shapes[il].kv_source == il
 

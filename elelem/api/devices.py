@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .._core import DEFAULT_RPC_TIMEOUT, cpu_device, rpc_connect, rpc_connected_endpoints
+from .._core import DEFAULT_RPC_TIMEOUT, rpc_connect, rpc_connected_endpoints
 from ..errors import CapacityError, InvalidArgumentError, RPCError
 from ..gguf.reader import GGML_TYPES
 
@@ -203,15 +203,3 @@ def check_memory(placement: Placement, layer_bytes: list[int], kv_bytes_per_laye
             raise CapacityError(f"{dev.name} ({dev.description}) has {free / 2**20:.0f} MiB free; its "
                                 f"{len(layers)} layers need {need / 2**20:.0f} MiB (give it fewer with "
                                 "tensor_split or n_gpu_layers)")
-
-
-def device_table(endpoints: Sequence[str] = (), timeout: float = HANDSHAKE_TIMEOUT) -> list[dict]:
-    """The local CPU and every RPC server's devices, with their free memory (elelem info --devices)."""
-    rows = []
-    devices = [cpu_device()] + connect_servers(endpoints, timeout)
-    for dev in devices:
-        free, total = dev.memory()
-        rows.append({"name": dev.name, "kind": dev.kind, "description": dev.description,
-                     "endpoint": dev.endpoint, "buffer_type": dev.buffer_type,
-                     "free_bytes": free, "total_bytes": total})
-    return rows

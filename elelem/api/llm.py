@@ -22,7 +22,8 @@ import weakref
 from contextlib import contextmanager
 from typing import Iterable, Optional, Union
 
-from .._core import DEFAULT_RPC_TIMEOUT, new_context, open_model, place_layers  # names, not the package
+from .._core import (DEFAULT_RPC_TIMEOUT, flash_attn_supported, new_context, open_model,  # names, not the package
+                     place_layers, unsupported_weights)
 from ..cpu import amx_types, widen_q5_0
 from ..engine.engine import Engine
 from ..errors import ClosedError, ContextLimitError, InvalidArgumentError
@@ -30,7 +31,8 @@ from ..gguf.reader import GGUFFile, read_gguf
 from ..model.architectures import ModelSpec, model_spec
 from ..model.hub import ProgressFn, resolve_model
 from .assets import ModelAssets
-from .devices import Placement, check_memory, connect_servers, kv_layer_bytes, parse_endpoints, plan_layers
+from .devices import check_memory, connect_servers, kv_layer_bytes, parse_endpoints, plan_layers
+from .offload import Offload, keep_supported, plan_offload
 from .draft import open_draft
 from .embeddings import embed, embedding_response, model_pooling
 from .session import Session
@@ -102,9 +104,11 @@ class LLM:
     rounds since it keeps no cache for them), ``"f32"``, or the quantized ``"q8_0"`` (half of f16's memory)
     and ``"q4_0"`` (under a third); ``type_k`` and ``type_v`` set K and V
     apart, as llama.cpp's options of those names.  A quantized V needs flash
-    attention, which is then turned on.  ``flash_attn``
-    selects ggml's fused attention kernel; the default path (mul_mat +
-    softmax) is llama.cpp's default and gives its exact tokens.  The weights
+    attention, which is then turned on.  ``flash_attn`` selects ggml's fused
+    attention kernel: ``"auto"`` (default, as llama.cpp's default) turns it
+    on where every device that holds a layer's K/V runs it (the CPU always
+    does), True asks for it, False keeps the mul_mat + softmax path
+    (llama-cpp-python's default, and so its exact tokens).  The weights
     are memory-mapped; ``use_mmap=False`` reads them into memory instead
     (slower to open, but the model no longer depends on the file staying
     unchanged on disk: a mapped file that is truncated under it ends the
@@ -139,11 +143,25 @@ class LLM:
     same vocabulary, else ``VocabularyMismatchError``) guesses the tokens
     instead of prompt lookup (:mod:`elelem.engine.draft_model`).
 
+    ``n_gpu_layers`` (default: every layer and the output head, -1 says the
+    same) puts layers on the best local GPU -- a CUDA device before a Vulkan
+    one, the same card counted once -- or on GPU number ``main_gpu``;
+    ``tensor_split`` (one weight per GPU) splits them over every GPU.  The
+    layers go last-first, as in llama.cpp, each with its K/V; the token
+    embeddings stay on the CPU, and the output head goes to the GPU when
+    every layer does.  Layers that do not fit the free memory (after the K/V,
+    the output and the compute buffers; ``ELELEM_GPU_MEMORY_LIMIT`` caps what
+    counts as free) stay on the CPU, with a warning that says how many.  With
+    no GPU the model runs on the CPU and the log says why; but an explicit
+    ``n_gpu_layers`` (other than 0), ``main_gpu`` or ``tensor_split`` with no
+    GPU to be had raises ``DeviceError``.  ``offload`` says what was done
+    (:mod:`elelem.api.offload`).
+
     ``rpc_servers`` (``["host:port", ...]`` or ``"host:port,host:port"``)
     places layers on ggml RPC servers (``elelem rpc-server``): each server's
     devices get a contiguous range of layers, with those layers' weights
     and K/V, and the local CPU keeps the first layers, the embeddings and the
-    output (:mod:`elelem.api.devices`).  The split is even unless
+    output (:mod:`elelem.api.devices`); local GPUs are then not used.  The split is even unless
     ``tensor_split`` (one weight per server device) or ``n_gpu_layers``
     (how many layers leave the CPU; -1: all) say otherwise.  A server that
     cannot be reached raises ``RPCError`` here; one that dies or stops
@@ -171,13 +189,13 @@ class LLM:
 
     def __init__(self, model_path: str | os.PathLike | None = None, *, n_ctx: Optional[int] = None,
                  n_threads: Optional[int] = None, n_batch: int = 512, kv_type: Optional[str] = None,
-                 flash_attn: bool = False, repack: bool = True, amx: Union[bool, Iterable[str], None] = None,
+                 flash_attn: Union[bool, str] = "auto", repack: bool = True, amx: Union[bool, Iterable[str], None] = None,
                  use_mmap: bool = True, n_seq_max: int = DEFAULT_N_SEQ_MAX, kv_size: Optional[int] = None,
                  type_k: Optional[str] = None, type_v: Optional[str] = None,
                  progress: Optional[ProgressFn] = None, speculative: bool = True, draft_model=None,
                  prompt_cache: str | os.PathLike | None = None, prompt_cache_bytes: Optional[int] = None,
                  embedding: bool = False, pooling: Optional[str] = None, rpc_servers=None,
-                 n_gpu_layers: Optional[int] = None, tensor_split=None,
+                 n_gpu_layers: Optional[int] = None, main_gpu: int = 0, tensor_split=None,
                  rpc_timeout: float = DEFAULT_RPC_TIMEOUT, widen: Optional[bool] = None,
                  tool_call_format: Optional[str] = None):
         t0 = time.perf_counter()
@@ -200,10 +218,17 @@ class LLM:
             kv_type = kv_type or "f32"
         kv_type = kv_type or "f16"
         cells = padded_cells(n_ctx) if kv_size is None else kv_size
-        self.placement = self._plan_placement(rpc_servers, n_gpu_layers, tensor_split, rpc_timeout, cells,
-                                              type_k or kv_type, type_v or kv_type)
+        if flash_attn not in (True, False, "auto"):
+            raise InvalidArgumentError(f"flash_attn must be True, False or 'auto', got {flash_attn!r}")
+        self.offload: Offload = self._plan_placement(
+            rpc_servers, n_gpu_layers, main_gpu, tensor_split, rpc_timeout, cells, type_k or kv_type,
+            type_v or kv_type, n_batch, flash_attn is True)
+        self.placement = self.offload.placement
         placed = {name for il in range(len(self.spec.layer_tensors)) if self.placement.layer_device[il] >= 0
                   for name in self.spec.layer_tensors[il].values() if name}
+        if self.offload.output_device >= 0:
+            placed |= set(self._output_tensors()) - {self.spec.global_tensors["tok_embd"]}
+        flash_attn = self._resolve_flash_attn(flash_attn, type_k or kv_type, type_v or kv_type)
         widened = widen_q5_0(widen, repack, self.spec.widened_bytes(self.gguf.tensors, placed))
         self._model = open_model(self.path, self.spec.arch.builder, self.spec.hparams,
                                        self.spec.global_tensors, self.spec.layer_tensors,
@@ -212,9 +237,14 @@ class LLM:
                                        use_mmap, amx_types(amx), widen_q5_0=widened,
                                        shards=self.gguf.shard_paths)
         try:
+            if self.placement.devices and not self.placement.devices[0].endpoint:
+                keep_supported(self.offload, lambda dev, layers, out: unsupported_weights(self._model, dev, layers, out))
+                self.placement = self.offload.placement
             if self.placement.devices:
-                place_layers(self._model, self.placement.devices, self.placement.layer_device, float(rpc_timeout))
-                log.info("layers: %s", self.placement.describe())
+                place_layers(self._model, self.placement.devices, self.placement.layer_device, float(rpc_timeout),
+                             self.offload.output_device)
+                log.info("layers: %s%s", self.placement.describe(), "; output head on " + self.placement.devices[
+                    self.offload.output_device].name if self.offload.output_device >= 0 else "")
             context = new_context(self._model, cells, n_batch,
                                         default_n_threads() if n_threads is None else n_threads,
                                         type_k or kv_type, flash_attn, n_seq_max, type_v or kv_type,
@@ -224,6 +254,7 @@ class LLM:
                 repack=repack, use_mmap=use_mmap, amx=amx)
             disk_cache = None if prompt_cache is None else open_prompt_cache(
                 prompt_cache, self.path, context, prompt_cache_bytes)
+            self._log_compute_buffers(context)
             self._engine = Engine(context, n_ctx=n_ctx if kv_size is None else min(n_ctx, context.kv_size),
                                   speculative=bool(speculative), draft=draft, prompt_cache=disk_cache)
             self.assets = ModelAssets(self.path, self.gguf, self.spec)
@@ -247,22 +278,54 @@ class LLM:
                  self.path, self.spec.description, self.load_time, n_ctx, context.n_threads,
                  context.n_seq_max, context.kv_size)
 
-    def _plan_placement(self, rpc_servers, n_gpu_layers, tensor_split, rpc_timeout, kv_cells,
-                        type_k: str, type_v: str) -> Placement:
+    def _plan_placement(self, rpc_servers, n_gpu_layers, main_gpu, tensor_split, rpc_timeout, kv_cells,
+                        type_k: str, type_v: str, n_batch, flash_attn: bool) -> Offload:
         n_layer = self.spec.hparams["n_layer"]
+        h = self.spec.hparams
+        kv_bytes = kv_layer_bytes(kv_cells, h["n_head_kv"], h["head_dim_k"], h["head_dim_v"], type_k, type_v)
+        layer_bytes = [sum(self.gguf.tensors[n].nbytes for n in table.values() if n)
+                       for table in self.spec.layer_tensors]
         endpoints = parse_endpoints(rpc_servers)
         if not endpoints:
-            if tensor_split is not None or n_gpu_layers not in (None, 0, -1):
-                log.info("no device besides the CPU: n_gpu_layers and tensor_split have nothing to place")
-            return plan_layers(n_layer, [])
+            return plan_offload(n_layer, layer_bytes, sum(self.gguf.tensors[n].nbytes for n in self._output_tensors()),
+                                kv_bytes, h, n_batch if isinstance(n_batch, int) else 512, kv_cells, flash_attn,
+                                n_gpu_layers, main_gpu, tensor_split, output_head=not self.spec.arch.encoder)
         if not (isinstance(rpc_timeout, (int, float)) and rpc_timeout > 0):
             raise InvalidArgumentError(f"rpc_timeout must be a positive number of seconds, got {rpc_timeout!r}")
         placement = plan_layers(n_layer, connect_servers(endpoints, float(rpc_timeout)), n_gpu_layers, tensor_split)
+        check_memory(placement, layer_bytes, kv_bytes)
+        return Offload(placement, -1, n_layer, [f"rpc_servers: {', '.join(endpoints)}"])
+
+    def _output_tensors(self) -> list[str]:
+        """The output norm and head, by tensor name (a tied head is the embedding table)."""
+        g = self.spec.global_tensors
+        if self.spec.arch.encoder:
+            return []
+        return [name for name in (g.get("output_norm"), g.get("output") or g["tok_embd"]) if name]
+
+    def _resolve_flash_attn(self, flash_attn, type_k: str, type_v: str) -> bool:
+        """"auto": on where every device that holds K/V runs ggml's flash attention for
+        these heads (llama.cpp's auto asks the same of each layer's device)."""
+        if flash_attn != "auto":
+            return bool(flash_attn)
         h = self.spec.hparams
-        kv_bytes = kv_layer_bytes(kv_cells, h["n_head_kv"], h["head_dim_k"], h["head_dim_v"], type_k, type_v)
-        check_memory(placement, [sum(self.gguf.tensors[n].nbytes for n in table.values() if n)
-                                 for table in self.spec.layer_tensors], kv_bytes)
-        return placement
+        devices = [d for i, d in enumerate(self.placement.devices) if self.placement.layers_of(i)]
+        heads = [int(max(v) if isinstance(v, (list, tuple)) else v) for v in (h["n_head"], h["n_head_kv"])]
+        lacking = [d.name for d in devices
+                   if not flash_attn_supported(d, h["head_dim_k"], h["head_dim_v"], heads[0], heads[1], type_k, type_v)]
+        if lacking:
+            log.info("flash_attn auto: off (%s cannot run it for this model's heads)", ", ".join(lacking))
+            return False
+        log.debug("flash_attn auto: on (%s)", ", ".join(d.name for d in devices) or "CPU")
+        return True
+
+    def _log_compute_buffers(self, context) -> None:
+        sizes = context.compute_buffer_sizes()
+        estimate = self.offload.estimate
+        if estimate:
+            log.info("compute buffers: %s (the offload estimate, with weights and K/V: %s)",
+                     ", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in sizes.items()),
+                     ", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in estimate.items()))
 
     # -- facts ---------------------------------------------------------------
 

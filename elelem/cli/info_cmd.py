@@ -146,15 +146,22 @@ def show_system(args: argparse.Namespace) -> int:
 
 
 def show_devices(args: argparse.Namespace) -> int:
-    from ..api.devices import device_table  # loads the native core; connects to the --rpc servers
+    from ..api.offload import device_table  # loads the native core and the GPU modules; connects to --rpc
 
-    rows = device_table(args.rpc or [])
+    table = device_table(args.rpc or [])
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(table, indent=2))
         return 0
+    rows = table["devices"]
     width = max(len(row["name"]) for row in rows)
     for row in rows:
         where = f"RPC server {row['endpoint']}" if row["endpoint"] else row["description"]
         print(f"{row['name']:<{width}}  {row['kind']:<4}  {row['free_bytes'] / 2**20:>9,.0f} MiB free of "
               f"{row['total_bytes'] / 2**20:,.0f} MiB  {where}")
+    for module in table["modules"]:
+        state = {"loaded": f"loaded, {module['devices']} device(s)", "absent": "not built",
+                 "failed": "failed to load"}[module["state"]]
+        print(f"{module['backend']} module: {state}" + (f" ({module['note']})" if module["note"] else ""))
+    if table["memory_limit_bytes"] is not None:
+        print(f"ELELEM_GPU_MEMORY_LIMIT: each GPU counts at most {table['memory_limit_bytes'] / 2**20:,.0f} MiB free")
     return 0

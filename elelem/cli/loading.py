@@ -20,10 +20,27 @@ def model_path(name_or_path: str | None) -> str:
     return name
 
 
+def gpu_options(args: argparse.Namespace) -> dict:
+    """The LLM() keywords of the GPU options (--n-gpu-layers, --main-gpu, --tensor-split), those given only."""
+    options = {}
+    if getattr(args, "n_gpu_layers", None) is not None:
+        options["n_gpu_layers"] = args.n_gpu_layers
+    if getattr(args, "main_gpu", 0):
+        options["main_gpu"] = args.main_gpu
+    if getattr(args, "tensor_split", None) is not None:
+        options["tensor_split"] = args.tensor_split
+    return options
+
+
+def flash_attn_option(args: argparse.Namespace):
+    """--flash-attn on/off/auto as LLM's flash_attn."""
+    return {"on": True, "off": False}.get(getattr(args, "flash_attn", "auto"), "auto")
+
+
 def open_llm(args: argparse.Namespace, *, n_ctx: int | None = None):
     from ..api.llm import LLM  # the native core loads here, not at startup
     draft = None if args.draft_model is None else model_path(args.draft_model)
     return LLM(model_path(args.model), n_ctx=args.ctx if n_ctx is None else n_ctx, n_threads=args.threads,
                use_mmap=args.use_mmap, repack=args.repack, amx=args.amx, speculative=args.speculative,
                draft_model=draft, prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_size,
-               rpc_servers=args.rpc)
+               rpc_servers=args.rpc, flash_attn=flash_attn_option(args), **gpu_options(args))

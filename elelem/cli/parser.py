@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="never use AMX matmuls, on CPUs that have them")
     model.add_argument("--rpc", default=None, metavar="HOST:PORT,...", type=_rpc_servers,
                        help="split the layers over these 'elelem rpc-server's and this CPU")
+    model.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto",
+                       help="ggml's fused attention kernel (default auto, as llama.cpp: on where every device "
+                            "holding K/V runs it; off: mul_mat + softmax, llama-cpp-python's default)")
+    _add_gpu_options(model)
 
     speculation = argparse.ArgumentParser(add_help=False)
     speculation.add_argument("--no-speculative", dest="speculative", action="store_false",
@@ -130,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="unload a model after this long without requests (default 5m; -1: never)")
     serve.add_argument("--rpc", default=None, metavar="HOST:PORT,...", type=_rpc_servers,
                        help="split each model's layers over these 'elelem rpc-server's and this CPU")
+    _add_gpu_options(serve)
     serve.add_argument("--no-flash-attn", dest="flash_attn", action="store_false",
                        help="attend with mul_mat + softmax, llama-cpp-python's default, instead of ggml's "
                             "fused kernel (on by default, as in llama.cpp's server: it skips the cells of "
@@ -224,6 +229,29 @@ def _port(text: str) -> int:
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port in 1..65535, got {value}")
     return value
+
+
+def _add_gpu_options(parser: argparse.ArgumentParser) -> None:
+    gpu = parser.add_argument_group("GPU offload (llama.cpp's names)")
+    gpu.add_argument("-ngl", "--n-gpu-layers", type=int, default=None, metavar="N",
+                     help="layers on the GPU, counted from the last (default: every layer and the output head "
+                          "when a GPU is present, else the CPU, logged; -1: all; 0: the CPU only). Asked for "
+                          "with no GPU present, it is an error")
+    gpu.add_argument("-mg", "--main-gpu", type=_non_negative_int, default=0, metavar="I",
+                     help="the GPU that takes the layers (default 0: the best, CUDA before Vulkan); "
+                          "'elelem info --devices' lists them")
+    gpu.add_argument("-ts", "--tensor-split", type=_tensor_split, default=None, metavar="W,W,...",
+                     help="split the layers over every GPU in these proportions (e.g. 3,1)")
+
+
+def _tensor_split(text: str) -> list[float]:
+    try:
+        weights = [float(w) for w in text.replace("/", ",").split(",") if w.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of numbers such as 3,1") from None
+    if not weights or any(not (w >= 0 and math.isfinite(w)) for w in weights) or sum(weights) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give non-negative weights, not all 0")
+    return weights
 
 
 def _rpc_servers(text: str) -> list[str]:

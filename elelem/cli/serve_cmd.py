@@ -28,6 +28,7 @@ def main(args: argparse.Namespace) -> int:
     config = ServerConfig(models=models, api_key=args.api_key, parallel=args.parallel, n_ctx=args.ctx,
                           n_threads=args.threads, keep_alive=parse_duration(args.keep_alive),
                           speculative=args.speculative, flash_attn=args.flash_attn,
+                          n_gpu_layers=args.n_gpu_layers, main_gpu=args.main_gpu, tensor_split=args.tensor_split,
                           prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_size,
                           draft_model=None if args.draft_model is None else model_path(args.draft_model),
                           llm_options=_llm_options(args))

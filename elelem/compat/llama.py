@@ -15,7 +15,10 @@ stays as strict as it is.  What it adapts:
   ``n_threads``, ``use_mmap``, ``flash_attn``, ``type_k``/``type_v`` (ggml
   type ids or names), ``seed``, ``last_n_tokens_size`` (the penalties'
   window), ``logits_all`` (``eval`` keeps every row in ``scores``),
-  ``spm_infill``, ``embedding``/``pooling_type``; the rest are accepted and,
+  ``spm_infill``, ``embedding``/``pooling_type``, ``n_gpu_layers`` (default
+  0), ``main_gpu``, ``tensor_split`` and ``rpc_servers``; GPU layers asked
+  for on a machine without a GPU run on the CPU, as in llama-cpp-python, with a
+  warning that says why (``elelem.LLM`` raises ``DeviceError`` instead); the rest are accepted and,
   where they would change something in llama.cpp, logged once;
   ``elelem_options`` passes more keywords to ``elelem.LLM``;
 * ``max_tokens``: None or <= 0 means up to the end of the context, and a
@@ -46,6 +49,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from ..api.llm import LLM
+from ..api.offload import explicit_request, gpu_devices
 from ..api.states import LLMState
 from ..api.structured import output_constraint, output_grammar
 from ..errors import ContextLimitError, ElelemError, InvalidArgumentError
@@ -94,10 +98,12 @@ class Llama:
         ``tool_call_format`` (not one either) names the format the model writes tool calls in
         (``"hermes"``, ``"qwen3_coder"``, ``"harmony"``, ``"mistral"``, ``"llama3"``, ``"glm"``);
         by default it is read from the chat template, as llama.cpp does."""
-        # Layers on other devices (RPC servers): llama-cpp-python's names and meanings,
-        # its default n_gpu_layers=0 included (every layer stays on the CPU).
-        devices = {k: kwargs.pop(k) for k in ("rpc_servers", "n_gpu_layers", "tensor_split") if k in kwargs}
+        # Layers on GPUs or RPC servers: llama-cpp-python's names and meanings, its
+        # default n_gpu_layers=0 included (every layer stays on the CPU).
+        devices = {k: kwargs.pop(k) for k in ("rpc_servers", "n_gpu_layers", "main_gpu", "tensor_split")
+                   if k in kwargs}
         devices.setdefault("n_gpu_layers", 0)
+        _cpu_when_no_gpu(devices)
         options.check_ignored({"chat_format": chat_format, **kwargs})
         self.model_path = str(model_path)
         self.verbose = verbose      # elelem never prints: it logs to logging.getLogger("elelem")
@@ -117,12 +123,14 @@ class Llama:
             log.info("n_ctx=%d clamped to this model's %d learned positions", n_ctx, n_ctx_train)
             n_ctx = n_ctx_train
         self.n_batch = min(n_ctx, n_batch) if isinstance(n_ctx, int) and isinstance(n_batch, int) else n_batch
-        self._llm = LLM(path, n_ctx=n_ctx, n_batch=self.n_batch, n_threads=n_threads, use_mmap=use_mmap,
-                        flash_attn=flash_attn, type_k=options.kv_type_name("type_k", type_k),
-                        type_v=options.kv_type_name("type_v", type_v),
-                        **options.embedding_options(LLM, embedding, pooling_type), **devices,
-                        **({"tool_call_format": tool_call_format} if tool_call_format is not None else {}),
-                        **(elelem_options or {}))
+        # elelem_options come last: they may override what the shim derives (flash_attn, ...).
+        self._llm = LLM(path, **{**dict(n_ctx=n_ctx, n_batch=self.n_batch, n_threads=n_threads, use_mmap=use_mmap,
+                                        flash_attn=bool(flash_attn), type_k=options.kv_type_name("type_k", type_k),
+                                        type_v=options.kv_type_name("type_v", type_v),
+                                        **options.embedding_options(LLM, embedding, pooling_type), **devices,
+                                        **({"tool_call_format": tool_call_format}
+                                           if tool_call_format is not None else {})),
+                                 **(elelem_options or {})})
         self.n_threads = self._llm.n_threads
         self.n_threads_batch = self.n_threads
         if n_threads_batch is not None and n_threads_batch != self.n_threads:
@@ -534,3 +542,17 @@ def _no_hooks(logits_processor, stopping_criteria) -> None:
         if value is not None:
             raise InvalidArgumentError(f"{name} is not supported in the create_* calls; "
                                        f"generate() takes it, token by token")
+
+
+def _cpu_when_no_gpu(devices: dict) -> None:
+    """llama-cpp-python scripts pass n_gpu_layers=-1 whether or not there is a GPU, and
+    llama.cpp then runs on the CPU; LLM would raise DeviceError.  The shim keeps
+    llama-cpp-python's behaviour, but says so in a warning with the reason."""
+    if devices.get("rpc_servers") or not explicit_request(devices.get("n_gpu_layers"), devices.get("main_gpu", 0),
+                                                          devices.get("tensor_split")):
+        return
+    gpus, modules = gpu_devices()
+    if not gpus:
+        why = "; ".join(m.reason for m in modules if m.reason) or "no GPU backend module"
+        log.warning("n_gpu_layers=%s: no GPU (%s), so every layer runs on the CPU", devices.get("n_gpu_layers"), why)
+        devices.update(n_gpu_layers=0, main_gpu=0, tensor_split=None)

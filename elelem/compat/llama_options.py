@@ -26,14 +26,13 @@ GGML_TYPE_NAMES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1
 #: llama.cpp's enum llama_pooling_type; -1 (unspecified) follows the model.
 POOLING_NAMES = {-1: None, 0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
-_CPU_ONLY = "elelem runs on the CPU"
+_CPU_ONLY = "elelem splits by layer, each layer's K/V on its device, and lets ggml's scheduler offload ops"
 _FROM_GGUF = "elelem reads the model's settings from its GGUF metadata as they are"
 _NO_LORA = "LoRA adapters are not supported"
 
 #: keyword -> (llama-cpp-python's default, why it changes nothing here).
 NO_EFFECT: dict[str, tuple[Any, str]] = {
     "split_mode": (1, _CPU_ONLY),
-    "main_gpu": (0, _CPU_ONLY),
     "offload_kqv": (True, _CPU_ONLY),
     "op_offload": (None, _CPU_ONLY),
     "numa": (False, "elelem sets no NUMA policy"),

@@ -127,7 +127,9 @@ async def _page(state: ServerState, request: Request) -> Response:
 async def _health(state: ServerState, request: Request) -> Response:
     if not state.ready:
         return JSONResponse({"status": "loading"}, status_code=503)
-    return JSONResponse({"status": "ok"})
+    # Where each loaded model runs: a GPU run that fell back to the CPU shows here, not only in the log.
+    offload = {m.id: o["summary"] for m in state.registry.models if (o := m.offload) is not None}
+    return JSONResponse({"status": "ok", "offload": offload})
 
 
 async def _metrics(state: ServerState, request: Request) -> Response:

@@ -27,6 +27,10 @@ class ServerConfig:
     fused kernel skips them.  With 8 requests of 100 cells each, a step of
     their 8 tokens took 76 ms without it and 45 with it (Qwen2.5-Coder-0.5B,
     2 threads).  The text is then llama.cpp's with flash attention.
+    ``n_gpu_layers``, ``main_gpu`` and ``tensor_split`` are ``LLM``'s GPU
+    offload options (None: ``LLM``'s defaults, every layer on the best GPU
+    when there is one); the offload shows in the log, ``/health`` and
+    ``/metrics``.
     """
 
     models: list[str]
@@ -37,6 +41,9 @@ class ServerConfig:
     keep_alive: Optional[float] = 300.0
     speculative: bool = True
     flash_attn: bool = True
+    n_gpu_layers: Optional[int] = None
+    main_gpu: int = 0
+    tensor_split: Optional[list] = None
     draft_model: Optional[str] = None   # a path or known name, for every model served
     prompt_cache: Optional[str] = None  # a folder: LLM(prompt_cache=...), shared by every model served
     prompt_cache_bytes: Optional[int] = None

@@ -104,6 +104,10 @@ def _engine_lines(models: list) -> list[str]:
          [(m, e.shared_steps) for m, e in engines]),
         ("elelem_kv_cells_used", "gauge", "KV cache cells in use", [(m, e.context.cache.n_used) for m, e in engines]),
         ("elelem_kv_cells", "gauge", "KV cache cells", [(m, e.kv_size) for m, e in engines]),
+        ("elelem_model_layers", "gauge", "the model's layers",
+         [(m, o["n_layer"]) for m in models if (o := m.offload) is not None]),
+        ("elelem_model_gpu_layers", "gauge", "of those, the layers on a GPU (0: the model runs on the CPU)",
+         [(m, o["n_gpu_layers"]) for m in models if (o := m.offload) is not None]),
     ]
     lines = []
     for name, kind, help_text, values in per_model:

@@ -95,11 +95,25 @@ class ServedModel:
                     kv_size=padded_cells(n_ctx * self._config.parallel), speculative=self._config.speculative,
                     draft_model=self._config.draft_model, prompt_cache=self._config.prompt_cache,
                     prompt_cache_bytes=self._config.prompt_cache_bytes,
-                    **{"flash_attn": self._config.flash_attn, **self._config.llm_options})
+                    **{"flash_attn": self._config.flash_attn, **self._gpu_options(), **self._config.llm_options})
                 self._llm.tokenizer, self._llm.chat_template  # built now, not in the first request
                 self.loaded_at = time.monotonic()
-                log.info("loaded %s in %.2f s", self.id, time.perf_counter() - t0)
+                offload = getattr(self._llm, "offload", None)
+                log.info("loaded %s in %.2f s: %s", self.id, time.perf_counter() - t0,
+                         offload.summary if offload is not None else "offload unknown")
             return self._llm
+
+    def _gpu_options(self) -> dict:
+        c = self._config
+        options = {"n_gpu_layers": c.n_gpu_layers, "main_gpu": c.main_gpu or None, "tensor_split": c.tensor_split}
+        return {k: v for k, v in options.items() if v is not None}
+
+    @property
+    def offload(self) -> Optional[dict]:
+        """Where the loaded model's layers run (LLM.offload), None while it is not loaded."""
+        llm = self._llm
+        offload = getattr(llm, "offload", None) if llm is not None and not llm.closed else None
+        return offload.as_dict() if offload is not None else None
 
     @contextmanager
     def session(self) -> Iterator[object]:
