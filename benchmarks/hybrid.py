@@ -193,16 +193,7 @@ def print_costs(name: str, c: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="+", choices=["qwen35", "qwen35moe"], default=["qwen35", "qwen35moe"])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--layers", type=int, help="layers of each model (default: 12 and 4)")
-    build = ap.add_mutually_exclusive_group()
-    build.add_argument("--skip-build", action="store_true", help="use the cached model files; fail if absent")
-    build.add_argument("--rebuild", action="store_true", help="write the model files even if cached")
-    ap.add_argument("--streams", nargs="+", type=int, default=[1, 4])
-    ap.add_argument("--no-streams", dest="streams", action="store_const", const=[])
-    ap.add_argument("--stream-tokens", type=int, default=64)
+    moe.common_arguments(ap, ["qwen35", "qwen35moe"], "layers of each model (default: 12 and 4)", [1, 4])
     ap.add_argument("--no-costs", dest="costs", action="store_false")
     ap.add_argument("--generate-tokens", type=int, default=N_GENERATE,
                     help="greedy tokens of each prompt-lookup run (default 128)")
@@ -219,17 +210,7 @@ def main() -> None:
     # moe.measure's switches that this benchmark does not vary
     args.compare, args.profile, args.amx_variant, args.streams_no_flash = True, False, True, False
 
-    sys.path.insert(0, str(REPO))
-    llama_python = args.llama_python
-    if not llama_python:
-        out = subprocess.run([sys.executable, str(REPO / "scripts" / "reference_llamacpp.py"), "--check"],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            raise SystemExit("no llama.cpp reference: run scripts/reference_llamacpp.py, or pass --llama-python")
-        llama_python = out.stdout.strip()
-    print("command: " + " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]))
-    print(f"reference: {llama_python}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
-          f"{os.cpu_count()} CPUs")
+    llama_python = moe.reference_and_header(args.llama_python)
     table = shapes(args.smoke)
     rows = []
     for name in args.only:
@@ -276,12 +257,8 @@ def print_summary(rows: list[dict], args) -> None:
         l = med["llama.cpp"]
         for label in (k for k in med if k != "llama.cpp"):
             e = med[label]
-            agg = ""
-            if row.get("streams") and label == "elelem":
-                top = str(max(int(n) for n in row["streams"][0]))
-                agg = statistics.median(r[top]["wall_tok_s"] for r in row["streams"]) / statistics.median(
-                    r["1"]["wall_tok_s"] for r in row["streams"])
-                agg = f"; {top} streams {agg:.2f}x one"
+            gain = moe.stream_gain(row) if label == "elelem" else None
+            agg = f"; {gain[0]} streams {gain[1]:.2f}x one" if gain else ""
             print(f"  {row['model']:<10} {label:<17} prefill {e['prefill_tok_s'] / l['prefill_tok_s']:.3f}, decode "
                   f"{e['decode_tok_s'] / l['decode_tok_s']:.3f}, RSS {e['peak_rss_mb'] / l['peak_rss_mb']:.3f}{agg}; "
                   f"greedy tokens {row['same_tokens'][label]}/{len(row['tokens']['llama.cpp'])} the same")

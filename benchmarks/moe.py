@@ -312,6 +312,15 @@ def build_model(name: str, layers: int, smoke: bool, llama_python: str, threads:
     return dst
 
 
+def stream_gain(row: dict):
+    """(N, aggregate wall tok/s of the most streams over one stream's), medians; None without streams."""
+    if not row.get("streams"):
+        return None
+    top = str(max(int(n) for n in row["streams"][0]))
+    return int(top), statistics.median(r[top]["wall_tok_s"] for r in row["streams"]) / statistics.median(
+        r["1"]["wall_tok_s"] for r in row["streams"])
+
+
 def stream_bound(facts: dict, n_streams: int) -> float:
     """The most N streams can gain over one, aggregate, where a step is bound
     by the weights it reads: a step of N tokens reads the dense weights once
@@ -797,30 +806,48 @@ def print_summary(rows: list[dict], args) -> None:
         l = med["llama.cpp"]
         for label in (k for k in med if k != "llama.cpp"):
             e = med[label]
-            agg = ""
-            if row.get("streams") and label == "elelem":
-                top = str(max(int(n) for n in row["streams"][0]))
-                agg = statistics.median(r[top]["wall_tok_s"] for r in row["streams"]) / statistics.median(
-                    r["1"]["wall_tok_s"] for r in row["streams"])
-                agg = f"{agg:.2f}x"
+            gain = stream_gain(row) if label == "elelem" else None
+            agg = f"{gain[1]:.2f}x" if gain else ""
             print(f"  {row['model']:<10}{label:<18}{e['prefill_tok_s'] / l['prefill_tok_s']:>9.3f}"
                   f"{e['decode_tok_s'] / l['decode_tok_s']:>9.3f}{e['peak_rss_mb'] / l['peak_rss_mb']:>7.3f}"
                   f"{agg:>11}  {row['same_tokens'][label]}/{len(row['tokens']['llama.cpp'])}")
     print("  issue 40: decode and prefill at least 1.0x (goal 1.15x), RSS within 10%, 8 streams goal 3x one")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="+", choices=["qwen3moe", "gpt-oss"], default=["qwen3moe", "gpt-oss"])
+def reference_and_header(llama_python) -> str:
+    """The llama.cpp reference's python (``--llama-python``, else scripts/reference_llamacpp.py's),
+    after printing the command line and the machine's load."""
+    sys.path.insert(0, str(REPO))
+    if not llama_python:
+        out = subprocess.run([sys.executable, str(REPO / "scripts" / "reference_llamacpp.py"), "--check"],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit("no llama.cpp reference: run scripts/reference_llamacpp.py, or pass --llama-python")
+        llama_python = out.stdout.strip()
+    print("command: " + " ".join([os.path.relpath(sys.argv[0], REPO) if sys.argv[0].endswith(".py") else sys.argv[0]]
+                                 + sys.argv[1:]))
+    print(f"reference: {llama_python}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
+          f"{os.cpu_count()} CPUs")
+    return llama_python
+
+
+def common_arguments(ap: argparse.ArgumentParser, models: list[str], layers_help: str, streams: list[int]) -> None:
+    """The options this script and benchmarks/hybrid.py share."""
+    ap.add_argument("--only", nargs="+", choices=models, default=models)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--layers", type=int, help="layers of each model (default: 4: 1.65 and 2.1 GB)")
+    ap.add_argument("--layers", type=int, help=layers_help)
     build = ap.add_mutually_exclusive_group()
     build.add_argument("--skip-build", action="store_true", help="use the cached model files; fail if absent")
     build.add_argument("--rebuild", action="store_true", help="write the model files even if cached")
-    ap.add_argument("--streams", nargs="+", type=int, default=[1, 8])
+    ap.add_argument("--streams", nargs="+", type=int, default=streams)
     ap.add_argument("--no-streams", dest="streams", action="store_const", const=[])
     ap.add_argument("--stream-tokens", type=int, default=64)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common_arguments(ap, ["qwen3moe", "gpt-oss"], "layers of each model (default: 4: 1.65 and 2.1 GB)", [1, 8])
     ap.add_argument("--streams-no-flash", action="store_true", help="streams without flash attention")
     ap.add_argument("--no-profile", dest="profile", action="store_false")
     ap.add_argument("--no-compare", dest="compare", action="store_false",
@@ -845,18 +872,7 @@ def main() -> None:
             print(json.dumps(worker_profile(rest[0], rest[1], int(rest[2]), rest[3], rest[4], rest[5], rest[6])))
         return
 
-    sys.path.insert(0, str(REPO))
-    llama_python = args.llama_python
-    if not llama_python:
-        out = subprocess.run([sys.executable, str(REPO / "scripts" / "reference_llamacpp.py"), "--check"],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            raise SystemExit("no llama.cpp reference: run scripts/reference_llamacpp.py, or pass --llama-python")
-        llama_python = out.stdout.strip()
-    print("command: " + " ".join([os.path.relpath(sys.argv[0], REPO) if sys.argv[0].endswith(".py") else sys.argv[0]]
-                                 + sys.argv[1:]))
-    print(f"reference: {llama_python}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
-          f"{os.cpu_count()} CPUs")
+    llama_python = reference_and_header(args.llama_python)
     shapes = _shapes(args.smoke)
     rows = []
     for name in args.only:
