@@ -328,6 +328,8 @@ def stream_bound(facts: dict, n_streams: int) -> float:
     (random weights route so; real models' choices correlate, which reads
     fewer), an expert goes unread with probability (1 - k/E)^N."""
     e, k = facts["n_expert"], facts["n_expert_used"]
+    if not e or not k:
+        return float(n_streams)   # no experts: every step reads the same weights
     dense = facts["active_bytes_per_token"] - facts["expert_bytes"] * k / e
     read = dense + facts["expert_bytes"] * (1 - (1 - k / e) ** n_streams)
     return n_streams * facts["active_bytes_per_token"] / read
