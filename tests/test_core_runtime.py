@@ -33,6 +33,31 @@ def test_prefix_reuse_evaluates_only_new_tokens(tiny_model):
         assert llm.n_evaluated - before == 2 + 3
 
 
+
+@pytest.mark.parametrize("flash_attn", [True, False])
+def test_a_repeated_prompt_gets_the_logits_of_its_first_evaluation(tiny_model, flash_attn):
+    # A prompt asked again after its answer: the cache holds it, and the engine
+    # evaluates again only as many of its last tokens as put them in a step of
+    # the class of the first evaluation's (flash attention's tiled kernel from
+    # 64 rows, ggml's tiled Q6_K matmul from 8 columns, tinyBLAS from 2), so
+    # that a repeated greedy request gets the same answer.  With a tail of 2-5
+    # tokens, as before, these logits differed.
+    path, _ = tiny_model(TinyConfig(n_embd=256, n_ff=512, n_vocab=300, wtype="q8_0",
+                                    wtypes=(("ffn_down.weight", "q6_k"),)))
+    rng = np.random.default_rng(1)
+    with elelem.LLM(path, n_ctx=1024, n_batch=256, flash_attn=flash_attn, n_threads=2) as llm:
+        session = llm.new_session()
+        widths = llm.engine.context.width_thresholds
+        assert widths[0] == 2 and (64 in widths) == flash_attn
+        for n in (5, 30, 100, 300, 515):  # 300 and 515: a last step of 44 and of 3 after full ones of 256
+            prompt = [int(t) for t in rng.integers(3, 300, n)]
+            first = session.prefill(prompt).copy()
+            session.generate_tokens(prompt, 3)
+            before = llm.engine.context.n_evaluated
+            again = session.prefill(prompt)
+            assert np.array_equal(again, first), (n, float(np.abs(again - first).max()))
+            assert llm.engine.context.n_evaluated - before < n or n <= 8
+
 def test_steps_from_other_threads_and_other_thread_counts_give_the_same_logits(tiny_model):
     # Every step runs on the context's own pool of ggml worker threads, whatever
     # Python thread calls it (cpu_backend.pxi, _new_cpu_threadpool); set_n_threads

@@ -130,6 +130,23 @@ cdef class Context:
         return self.cache.n_seq_max if self.cache is not None else 0
 
     @property
+    def width_thresholds(self):
+        """The widths of a prompt step at which a CPU kernel this context runs
+        changes, ascending: a row's numbers differ between a step narrower
+        than one of these and a step at least as wide.  2: one column takes
+        the one-token kernels, not tinyBLAS; ggml's tiled K-quant matmul from
+        _cpu_tiled_min_columns columns; flash attention's tiled kernel from
+        FA_TILE_ROWS query rows (an F16 or F32 cache).  The engine
+        re-evaluates a reused prompt's tail in a step of its fresh
+        evaluation's class (engine.py, Engine.exact_tail)."""
+        widths = {2}
+        if _cpu_tiled_min_columns != INT64_MAX:
+            widths.add(<int> _cpu_tiled_min_columns)
+        if self.flash_attn and self.cache is not None and self.cache.type_k in ("f16", "f32"):
+            widths.add(FA_TILE_ROWS)
+        return tuple(sorted(widths))
+
+    @property
     def backend_names(self):
         """The scheduler's backends, in priority order."""
         return [ggml_backend_name(self.backends[i]).decode() for i in range(self.n_backends)]

@@ -107,6 +107,11 @@ class Engine:
         self._free_seqs = list(range(context.n_seq_max))
         self._seq_request: dict[int, Request] = {}   # the request running on each sequence
         self._last_used: dict[int, float] = {}       # open sequences -> when last stepped
+        # Per sequence: its first positions that hold what evaluating them as a
+        # prompt afresh gives, bit for bit (not generated tokens': a step of
+        # one token rounds otherwise).  Only a prefix of these is worth
+        # re-evaluating a wider tail for (exact_tail).
+        self._fresh_rows: dict[int, int] = {}
         self._abort_for_cancel = False
         self._idle_waiters = 0              # callers waiting for a moment between two steps
         self._admissions = 0
@@ -166,6 +171,7 @@ class Engine:
                 return
             self._ctx.seq_rm(seq, 0)
             self._last_used.pop(seq, None)
+            self._fresh_rows.pop(seq, None)
             self._free_seqs.append(seq)
             self._free_seqs.sort()
             self._cv.notify_all()
@@ -189,6 +195,7 @@ class Engine:
             self._wait_idle()
             self._check_open()
             self._ctx.seq_rm(seq, n)
+            self._fresh_rows[seq] = min(self._fresh_rows.get(seq, 0), n)
 
     def read_state(self, seq: int) -> tuple[list[int], np.ndarray]:
         """The tokens ``seq`` holds and their K and V (see ``Context.seq_state``)."""
@@ -204,6 +211,7 @@ class Engine:
             self._wait_idle()
             self._check_open()
             self._ctx.seq_rm(seq, 0)
+            self._fresh_rows.pop(seq, None)
             self._make_room(len(tokens), {seq} | set(self._seq_request))
             self._ctx.seq_load(seq, tokens, state, stored)
 
@@ -235,6 +243,7 @@ class Engine:
                 if seq in self._seq_request:
                     raise InvalidArgumentError(f"sequence {seq} is running a request")
                 self._ctx.seq_rm(seq, 0)
+                self._fresh_rows.pop(seq, None)
                 if self._make_room(len(tokens), {seq} | set(self._seq_request)) < len(tokens):
                     raise KVCacheFullError(f"embedding {len(tokens)} tokens needs as many free KV cells; "
                                            f"{self._ctx.cache.n_free} of {self.kv_size} are free")
@@ -491,11 +500,20 @@ class Engine:
             loaded = self._load_cached_prefix(request, prompt, limit, shared)
             if loaded:
                 shared = loaded
-            elif donor is not None:  # a prefix another sequence holds: share its cells
-                self._ctx.seq_rm(request.seq, 0)
-                self._ctx.seq_cp(donor, request.seq, shared)
+                fresh = 0   # a state from disk: how its positions were evaluated is not kept
             else:
-                self._ctx.seq_rm(request.seq, own)
+                source = request.seq if donor is None else donor
+                fresh = min(self._fresh_rows.get(source, 0), shared)
+                if shared and shared == fresh and not cache.hybrid:
+                    shared = own = min(shared, _aligned(len(prompt) - self.exact_tail(len(prompt))))
+                    fresh = shared
+                if donor is not None:  # a prefix another sequence holds: share its cells
+                    self._ctx.seq_rm(request.seq, 0)
+                    self._ctx.seq_cp(donor, request.seq, shared)
+                else:
+                    self._ctx.seq_rm(request.seq, own)
+            # Evaluated here as a prompt: afresh, or after positions that were.
+            self._fresh_rows[request.seq] = len(prompt) if fresh == shared else fresh
             request.reused = shared
             request.pending = prompt[shared:]
         length = cache.seq_length_of(request.seq)
@@ -521,6 +539,18 @@ class Engine:
                 f"open the model with a larger kv_size, or ask for fewer tokens"))
             return
         request.admitted = False  # wait: cells come back as the others end
+
+    def exact_tail(self, n: int) -> int:
+        """The fewest last positions of an ``n``-token prompt to evaluate again
+        for its logits to be those of evaluating it afresh, when the cache
+        holds its other positions as a fresh evaluation left them: as many as
+        put the step in the same class as the fresh evaluation's last step of
+        n_batch or fewer (Context.width_thresholds).  A Qwen2.5-Coder prompt's
+        last two tokens alone, after 300 evaluated together, got logits 0.03
+        away with flash attention (its one-row kernel, not the tiled one of 64
+        rows); that once turned a repeated greedy request into another answer."""
+        last_step = n - (n - 1) // self._ctx.n_batch * self._ctx.n_batch
+        return max((w for w in self._ctx.width_thresholds if w <= last_step), default=1)
 
     def _prefix_in_memory(self, seq: int, prompt: list[int], limit: int) -> tuple[int, Optional[int], int]:
         """``(own, donor, shared)``: the prefix of ``prompt`` sequence ``seq``
@@ -628,6 +658,7 @@ class Engine:
             for _, seq in idle:
                 log.debug("KV cache full: dropping the cached prefix of idle sequence %d", seq)
                 self._ctx.seq_rm(seq, 0)
+                self._fresh_rows.pop(seq, None)
                 if cache.n_free >= need:
                     break
         return cache.n_free
