@@ -239,29 +239,43 @@ def test_a_request_that_cannot_fit_waits_for_the_running_one(smollm_path):
             llm.new_session().generate_tokens(list(range(1, 70)), 4)
 
 
-def test_a_sequences_new_cells_follow_the_cells_it_sees(tiny_model):
-    # Flash attention goes over the cells in order (an online softmax, one cell
-    # after another): a token placed in a free cell below its own prefix would
-    # sum in another order than alone.  So new cells go past the sequence's.
+def test_a_sequences_new_cells_follow_the_cells_it_sees_on_the_grid(tiny_model):
+    # Flash attention's one-row kernel goes over the cells in order (an online
+    # softmax, one cell after another): a token placed in a free cell below its
+    # own prefix would sum in another order than alone.  Its tiled kernel and
+    # the softmax without it go over them in blocks of 64 and SIMD lanes: a
+    # cell off its place in the block (index = position mod 64) would sum in
+    # another lane.  So new cells go past the sequence's, on that grid.
     path, _ = tiny_model(TinyConfig(wtype="q8_0"))
     llm = elelem.LLM(path, n_threads=1)
     rng = np.random.default_rng(5)
     first, second = rng.integers(0, 96, 10).tolist(), rng.integers(0, 96, 12).tolist()
+
+    def cells_of(context, seq):
+        pos, _, seqs = context.cache.cell_table()
+        mine = np.nonzero(seqs == 1 << seq)[0]
+        return mine[np.argsort(pos[mine])].tolist()
+
     try:
         context = elelem._core.new_context(llm._model, KV_SIZE, 64, 1, "f16", True, N_SEQ)
         context.decode(first, 0)        # cells 0-9
-        context.decode(second, 1)       # cells 10-21
+        context.decode(second, 1)       # cells 64-75: position 0 where it would be alone, mod 64
+        assert cells_of(context, 1) == list(range(64, 76))
         context.cache.seq_rm(0, 0)      # cells 0-9 free again
         got = context.decode([7], 1)[0]
-        pos, _, seqs = context.cache.cell_table()
-        assert np.nonzero((seqs == 2) & (pos == 12))[0].tolist() == [22]
+        assert cells_of(context, 1) == list(range(64, 77))
         context.close()
         context = elelem._core.new_context(llm._model, KV_SIZE, 64, 1, "f16", True, N_SEQ)
         context.decode(second, 0)
         np.testing.assert_array_equal(got, context.decode([7], 0)[0])
-        context.decode(first, 1)        # and a sequence alone still fills the lowest free cells
-        pos, _, seqs = context.cache.cell_table()
-        assert np.nonzero(seqs == 2)[0].tolist() == list(range(13, 23))
+        assert cells_of(context, 0) == list(range(13))  # a sequence alone fills 0, 1, 2, ... as llama.cpp does
+        context.decode(first, 1)
+        assert cells_of(context, 1) == list(range(64, 74))
+        # Past the last block (64-95) no cell is free past them, on the grid or
+        # off it: the lowest free one.  A grid too full is never a refusal.
+        context.decode(rng.integers(0, 96, 30).tolist(), 1)
+        cells = cells_of(context, 1)
+        assert cells[:33] == list(range(64, 96)) + [13] and len(set(cells)) == 40
         context.close()
     finally:
         llm.close()

@@ -147,6 +147,20 @@ cdef class Context:
         return tuple(sorted(widths))
 
     @property
+    def fork_alignment(self):
+        """A prefix shared with another sequence (seq_cp) is cut to a multiple
+        of this many positions for the rest to attend as it would alone.
+        Flash attention's tiled kernel (64 query rows or more) takes the
+        cells in tiles of CELL_ALIGN, an online softmax from tile to tile:
+        a sequence forked mid-tile has its next positions in another tile
+        than the ones before them (the donor's own continuation holds the
+        rest of theirs), and its sums group otherwise.  1 where that kernel
+        never runs."""
+        if self.flash_attn and self.cache is not None and self.cache.type_k in ("f16", "f32"):
+            return CELL_ALIGN
+        return 1
+
+    @property
     def backend_names(self):
         """The scheduler's backends, in priority order."""
         return [ggml_backend_name(self.backends[i]).decode() for i in range(self.n_backends)]

@@ -24,6 +24,10 @@ from libc.stdint cimport uint64_t
 
 DEF MAX_SEQ = 64           # sequences are bits of a uint64 mask
 DEF KV_PAD = 256
+# Cells are placed so that a sequence's cell index is its position modulo
+# this (see KVCache.place): flash attention's KV tile (GGML_FA_TILE_KV), a
+# multiple of every SIMD step of ggml's softmax and dot products.
+DEF CELL_ALIGN = 64
 
 
 DEF MAX_KV_BUFFERS = 8      # one per device that runs layers (Context's MAX_BACKENDS)
@@ -313,13 +317,22 @@ cdef class KVCache:
                    int32_t * positions) except -1:
         """Take ``n`` free cells for a batch; each token goes to the next
         position of its sequence, in the lowest free cell past the cells that
-        sequence already sees (so one sequence alone fills 0, 1, 2, ... as
-        llama.cpp does), else the lowest free one.  Past them, because
-        attention goes over the cells in order (flash attention's online
-        softmax, one cell after another): cells in the order of their
-        positions make a sequence's sums the ones it makes alone, whatever
-        its neighbours, and whichever cells a shared prefix came in.  Raises
-        when too few cells are free."""
+        sequence already sees whose index is its position modulo CELL_ALIGN
+        (so one sequence alone fills 0, 1, 2, ... as llama.cpp does), else
+        the lowest free one past them, else the lowest free one.
+
+        Past them, because attention goes over the cells in order (flash
+        attention's one-row kernel: an online softmax, one cell after
+        another).  On the grid, because the other kernels go over them in
+        blocks: flash attention's tiled kernel (64 query rows or more) in
+        tiles of 64 cells, ggml's softmax and products without flash
+        attention in SIMD lanes.  A cell's place in its block is where its
+        term goes into a sum, so a sequence whose cells sit where they would
+        alone makes the sums it makes alone, whatever its neighbours and
+        whichever cells a shared prefix came in (a 100-token prompt placed
+        right after another's got logits 0.26 away, with flash attention).
+        A cell off the grid (the cache too full to keep it) only costs that.
+        Raises when too few cells are free."""
         if n > self.kv_size - self.n_used:
             raise errors.KVCacheFullError(
                 f"the KV cache has {self.kv_size - self.n_used} free cells of {self.kv_size}; "
@@ -332,9 +345,13 @@ cdef class KVCache:
             s = seqs[i]
             if after[s] == -2:
                 after[s] = self._last_cell(s) + 1
-            c = after[s]
+            c = after[s] + ((self.seq_length[s] - after[s]) % CELL_ALIGN + CELL_ALIGN) % CELL_ALIGN
             while c < self.kv_size and self.cell_seqs[c] != 0:
-                c += 1
+                c += CELL_ALIGN
+            if c >= self.kv_size:   # no free cell on the grid past them: the lowest free one past them
+                c = after[s]
+                while c < self.kv_size and self.cell_seqs[c] != 0:
+                    c += 1
             if c == self.kv_size:   # nothing free past them: the lowest free cell
                 c = 0
                 while self.cell_seqs[c] != 0:

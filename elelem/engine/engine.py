@@ -505,8 +505,9 @@ class Engine:
                 source = request.seq if donor is None else donor
                 fresh = min(self._fresh_rows.get(source, 0), shared)
                 if shared and shared == fresh and not cache.hybrid:
-                    shared = own = min(shared, _aligned(len(prompt) - self.exact_tail(len(prompt))))
-                    fresh = shared
+                    own, donor, shared = self._cut_for_fresh_logits(len(prompt), own, donor, shared)
+                    source = request.seq if donor is None else donor
+                    fresh = min(self._fresh_rows.get(source, 0), shared)
                 if donor is not None:  # a prefix another sequence holds: share its cells
                     self._ctx.seq_rm(request.seq, 0)
                     self._ctx.seq_cp(donor, request.seq, shared)
@@ -539,6 +540,21 @@ class Engine:
                 f"open the model with a larger kv_size, or ask for fewer tokens"))
             return
         request.admitted = False  # wait: cells come back as the others end
+
+    def _cut_for_fresh_logits(self, n: int, own: int, donor: Optional[int], shared: int):
+        """``(own, donor, shared)`` cut so that an ``n``-token prompt whose
+        reused positions were all evaluated as a prompt gets the logits of its
+        fresh evaluation: its last exact_tail(n) tokens evaluated again, and a
+        prefix forked from a donor cut to Context.fork_alignment."""
+        tail = self.exact_tail(n)
+        own = min(own, _aligned(n - tail))
+        if donor is not None:
+            shared = min(shared, _aligned(n - tail))
+            if tail >= self._ctx.fork_alignment:
+                shared -= shared % self._ctx.fork_alignment
+            if shared <= own:
+                donor = None
+        return own, donor, (shared if donor is not None else own)
 
     def exact_tail(self, n: int) -> int:
         """The fewest last positions of an ``n``-token prompt to evaluate again
