@@ -6,6 +6,8 @@ Their logits against llama.cpp are tests/test_arch_llamacpp.py's."""
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -59,6 +61,32 @@ def test_the_state_lives_in_slots_beside_the_cells(hybrid):
         llm.engine.context.seq_rm(0, 0)
         assert not np.any(cache.recurrent_state(0))
 
+
+def _rss_bytes() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the RSS from /proc")
+def test_the_store_takes_memory_for_the_sequences_used_not_for_n_seq_max(tiny_model):
+    # Two slots of state are reserved for each of n_seq_max sequences, but a
+    # slot's pages are touched only when its sequence first steps
+    # (KVCache.ready_state): Qwen3.5-4B's 16 default sequences would otherwise
+    # hold 1.6 GB of zeros, where llama.cpp's context holds its one sequence's.
+    cfg = TinyConfig(arch="qwen35", head_dim=32, n_rot=16, n_layer=4, wtype="q8_0", seed=11,
+                     ssm_d_state=128, ssm_dt_rank=16)
+    path, _ = tiny_model(cfg)
+    before = _rss_bytes()
+    with elelem.LLM(path, n_threads=2, n_seq_max=32, kv_size=256, amx=False) as llm:
+        ctx = llm.engine.context
+        store = 2 * 32 * ctx.cache.state_bytes
+        assert store > 150e6
+        ctx.decode([1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 1, 1])
+        ctx.decode([7, 8], [0, 1], decode_kernels=True)
+        grown = _rss_bytes() - before
+        assert grown < store / 4, (grown, store)
+        # a sequence never stepped reads as zeros; a stepped one as its state
+        assert not np.any(ctx.cache.recurrent_state(5)) and np.any(ctx.cache.recurrent_state(1))
 
 @pytest.mark.parametrize("amx", [False, None], ids=["no-amx", "amx-where-the-cpu-has-it"])
 def test_sequences_stepping_together_get_their_solo_logits(hybrid, amx):

@@ -36,8 +36,8 @@ DEF MAX_KV_BUFFERS = 8      # one per device that runs layers (Context's MAX_BAC
 cdef class KVCache:
     # Each layer's K and V live in the buffer of the device that runs the
     # layer: one ggml context and buffer per device, in the order first met.
-    cdef ggml_context * ctxs[MAX_KV_BUFFERS]
-    cdef ggml_backend_buffer_t bufs[MAX_KV_BUFFERS]
+    cdef ggml_context * ctxs[2 * MAX_KV_BUFFERS]   # K and V per device, then the recurrent store's
+    cdef ggml_backend_buffer_t bufs[2 * MAX_KV_BUFFERS]
     cdef int n_bufs
     cdef bint leak_buffers      # their server was lost: freeing them would wait on it forever,
                                 # and a call given up on may still use their tensors
@@ -68,6 +68,13 @@ cdef class KVCache:
     cdef ggml_tensor ** r       # n_layer entries: F32 (n_embd_r, 2 * n_seq_max)
     cdef ggml_tensor ** s       # n_layer entries: F32 (n_embd_s, 2 * n_seq_max)
     cdef int32_t * rs_slot      # MAX_SEQ: each sequence's current slot, s or s + n_seq_max
+    # The store's buffers are not cleared when made (only the K/V ones are):
+    # a slot's pages are touched when its sequence first steps, so the memory
+    # in use grows with the sequences used, not with n_seq_max (16 by default,
+    # two slots each: 1.6 GB of Qwen3.5-4B states, if zeroed up front).  Bit q:
+    # sequence q's current slot holds its state (zeros at the least).
+    cdef uint64_t rs_ready
+    cdef int n_kv_bufs          # bufs[:n_kv_bufs] hold K and V (cleared), the rest the recurrent store
     cdef readonly bint hybrid
     cdef readonly size_t state_bytes   # one sequence's recurrent state, over every layer
 
@@ -188,6 +195,7 @@ cdef class KVCache:
         """Sequence ``seq``'s recurrent state back to zeros (a sequence with no positions)."""
         cdef int il
         cdef int slot = self.rs_slot[seq]
+        self.rs_ready |= (<uint64_t> 1) << seq
         for il in range(self.n_layer):
             if self.r[il] != NULL:
                 ggml_backend_tensor_memset(self.r[il], 0, <size_t> slot * self.r[il].nb[1], self.r[il].nb[1])
@@ -200,6 +208,10 @@ cdef class KVCache:
         cdef size_t at = 0
         cdef ggml_tensor * t
         cdef int j
+        if write:
+            self.rs_ready |= (<uint64_t> 1) << seq
+        else:
+            self.ready_state(seq)
         for il in range(self.n_layer):
             if self.r[il] == NULL:
                 continue
@@ -227,6 +239,11 @@ cdef class KVCache:
                                               f"got {state.shape[0]:,}")
         if self.state_bytes:
             self._state_copy(q, <char *> &state[0], True)
+
+    cdef void ready_state(self, int seq) noexcept:
+        """Zero sequence ``seq``'s current slot if it was never written (see rs_ready)."""
+        if not (self.rs_ready >> seq) & 1:
+            self._clear_state(seq)
 
     cdef void flip_slots(self, int n, const int32_t * seqs) noexcept:
         """After a successful step: the slots it wrote become its sequences' current ones."""
@@ -426,7 +443,7 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
     p.mem_size = ggml_tensor_overhead() * (4 * m.hp.n_layer + 1)
     p.mem_buffer = NULL
     p.no_alloc = True
-    cdef ggml_backend_buffer_type_t buf_types[MAX_KV_BUFFERS]
+    cdef ggml_backend_buffer_type_t buf_types[2 * MAX_KV_BUFFERS]
     cdef int il, ib
     c.v_row = 0
     c.n_layer_kv = 0
@@ -455,16 +472,35 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
             # layer has them (a cell's bytes stay a sum over layers).
             c.k[il] = ggml_new_tensor_2d(c.ctxs[ib], type_k, ggml_blck_size(type_k), kv_size)
             c.v[il] = ggml_new_tensor_2d(c.ctxs[ib], type_v, ggml_blck_size(type_v), kv_size)
-            c.r[il] = ggml_new_tensor_2d(c.ctxs[ib], GGML_TYPE_F32, _n_embd_r(&m.hp), 2 * n_seq_max)
-            c.s[il] = ggml_new_tensor_2d(c.ctxs[ib], GGML_TYPE_F32, _n_embd_s(&m.hp), 2 * n_seq_max)
-            c.state_bytes += c.r[il].nb[1] + c.s[il].nb[1]
             continue
         c.k[il] = ggml_new_tensor_2d(c.ctxs[ib], type_k, m.shapes[il].head_dim_k * m.shapes[il].n_head_kv, kv_size)
         c.v[il] = ggml_new_tensor_2d(c.ctxs[ib], type_v, c.v_row if v_trans else
                                      m.shapes[il].head_dim_v * m.shapes[il].n_head_kv, kv_size)
+    c.n_kv_bufs = c.n_bufs
+    for il in range(m.hp.n_layer):   # the recurrent store: buffers of its own, per device
+        if not m.recurrent_layers[il]:
+            continue
+        ib = c.n_kv_bufs
+        while ib < c.n_bufs and buf_types[ib] != layer_buft[il]:
+            ib += 1
+        if ib == c.n_bufs:
+            if ib == 2 * MAX_KV_BUFFERS:
+                raise errors.InvalidArgumentError(f"layers on more than {MAX_KV_BUFFERS} devices")
+            c.ctxs[ib] = ggml_init(p)
+            c.bufs[ib] = NULL
+            if c.ctxs[ib] == NULL:
+                raise MemoryError()
+            buf_types[ib] = layer_buft[il]
+            c.n_bufs += 1
+        c.r[il] = ggml_new_tensor_2d(c.ctxs[ib], GGML_TYPE_F32, _n_embd_r(&m.hp), 2 * n_seq_max)
+        c.s[il] = ggml_new_tensor_2d(c.ctxs[ib], GGML_TYPE_F32, _n_embd_s(&m.hp), 2 * n_seq_max)
+        c.state_bytes += c.r[il].nb[1] + c.s[il].nb[1]
     for ib in range(c.n_bufs):
-        # Zeroed: flash attention reads whole views, and masked garbage could be NaN.
-        c.bufs[ib] = _alloc_tensors(c.ctxs[ib], buf_types[ib], GGML_BACKEND_BUFFER_USAGE_ANY, True, rpc_timeout)
+        # K and V zeroed: flash attention reads whole views, and masked garbage
+        # could be NaN.  The recurrent store not: a slot is zeroed when its
+        # sequence first needs it (KVCache.ready_state).
+        c.bufs[ib] = _alloc_tensors(c.ctxs[ib], buf_types[ib], GGML_BACKEND_BUFFER_USAGE_ANY, ib < c.n_kv_bufs,
+                                    rpc_timeout)
         if c.bufs[ib] == NULL:
             raise MemoryError(f"cannot allocate a KV cache of {kv_size} cells in "
                               f"{ggml_backend_buft_name(buf_types[ib]).decode()}")

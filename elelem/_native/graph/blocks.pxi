@@ -155,6 +155,7 @@ cdef void _set_recurrent_slots(Step * st, KVCache cache, const int32_t * seqs) e
     cdef int j, q, per = st.n_tokens // st.n_seqs
     for j in range(st.n_seqs):
         q = seqs[j * per]
+        cache.ready_state(q)
         read[j] = cache.rs_slot[q]
         write[j] = q + cache.n_seq_max if cache.rs_slot[q] == q else q
     _set_input(st.inp_rs_read, read, st.n_seqs * sizeof(int32_t))
