@@ -546,15 +546,22 @@ class Engine:
         reused positions were all evaluated as a prompt gets the logits of its
         fresh evaluation: its last exact_tail(n) tokens evaluated again, and a
         prefix forked from a donor cut to Context.fork_alignment."""
-        tail = self.exact_tail(n)
-        own = min(own, _aligned(n - tail))
+        own = min(own, _aligned(n - self.exact_tail(n)))
         if donor is not None:
-            shared = min(shared, _aligned(n - tail))
-            if tail >= self._ctx.fork_alignment:
-                shared -= shared % self._ctx.fork_alignment
+            shared = self._forkable(n, shared)
             if shared <= own:
                 donor = None
         return own, donor, (shared if donor is not None else own)
+
+    def _forkable(self, n: int, shared: int) -> int:
+        """The positions of a prefix of ``shared`` positions that an ``n``-token
+        prompt forks from a sequence that evaluated them as a prompt, for the
+        logits of its fresh evaluation (_cut_for_fresh_logits)."""
+        tail = self.exact_tail(n)
+        shared = min(shared, _aligned(n - tail))
+        if tail >= self._ctx.fork_alignment:
+            shared -= shared % self._ctx.fork_alignment
+        return shared
 
     def exact_tail(self, n: int) -> int:
         """The fewest last positions of an ``n``-token prompt to evaluate again
@@ -594,6 +601,8 @@ class Engine:
             if other is request or not other.admitted or other.done or other.prompt is None:
                 continue
             n = _aligned(min(_common_prefix(other.prompt, request.prompt), limit))
+            if not cache.hybrid:  # what the fork will take of it (_admit): a prompt's positions
+                n = self._forkable(len(request.prompt), n)
             if n - held >= MIN_SHARED_WAIT and cache.seq_length_of(other.seq) < n:
                 return True
         return False
