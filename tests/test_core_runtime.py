@@ -168,6 +168,19 @@ def test_a_step_of_generated_tokens_gives_each_row_the_logits_of_one_token_steps
         _generated_steps_against_one_token_steps(llm, cfg.n_vocab, widths)
 
 
+@pytest.mark.skipif("amx_int8" not in open("/proc/cpuinfo").read(), reason="AMX: this CPU has none")
+@pytest.mark.parametrize("wtype", ["q8_0", "q4_k"])
+def test_a_step_of_generated_tokens_with_weights_in_amx_tiles_gives_one_token_logits(tiny_model, wtype):
+    # ggml's AMX kernel multiplies one column with VNNI and more with tiles;
+    # both sum a row's integer block products in the same order, so steps of
+    # generated tokens keep one-token numbers with AMX too (gpt-oss's 8
+    # streams: 8 of 8 solo answers).
+    cfg = _batched_config(wtype)
+    path, _ = tiny_model(cfg)
+    with elelem.LLM(path, n_threads=2, n_seq_max=2, amx=True) as llm:
+        assert llm.repacked.get("AMX", 0) > 0
+        _generated_steps_against_one_token_steps(llm, cfg.n_vocab, (1, 2, 3, 5, 8))
+
 @pytest.mark.parametrize("wtype", ["q8_0", "q5_0", "q4_1", "q6_k", "q4_k"])
 def test_wide_steps_of_generated_tokens_give_one_token_logits_with_flash_attention(tiny_model, wtype,
                                                                                    small_batch_isa):

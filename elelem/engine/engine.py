@@ -115,6 +115,7 @@ class Engine:
         self._abort_for_cancel = False
         self._idle_waiters = 0              # callers waiting for a moment between two steps
         self._admissions = 0
+        self._prompt_turn = False           # _plan: whether prompts or generated tokens step next
         self._closed = False
         self.steps = 0                      # statistics: steps run, tokens evaluated in them,
         self.batched_tokens = 0             # and steps that carried more than one sequence
@@ -398,6 +399,16 @@ class Engine:
         if not runnable:
             return None
         runnable.sort(key=lambda r: len(r.pending) > 1)  # decoding requests first, stable otherwise
+        prompting = [r for r in runnable if not r.decoding]
+        if prompting and len(prompting) < len(runnable):
+            # Streams' generated tokens take the one-token kernels, prompts the
+            # batch ones (Context.decode's decode_kernels); in one step every row
+            # would take the prompt's, and a running stream whose step a new
+            # prompt joined would part from its solo tokens at a near-tie.  So
+            # steps of the two kinds alternate (a prompt chunk waits one step of
+            # generated tokens, which then reads the weights once more).
+            self._prompt_turn = not self._prompt_turn
+            runnable = prompting if self._prompt_turn else [r for r in runnable if r.decoding]
         budget = min(budget, self._make_room(len(runnable), {r.seq for r in runnable}))
         if budget == 0:
             # Generations grew past the cells kept for them and nothing idle is
