@@ -40,7 +40,7 @@ def test_a_prompt_arriving_while_a_stream_generates_steps_apart_from_it(tiny_mod
     # kernels, Q8_0 here), a prompt's step the batch ones (tinyBLAS), which round
     # otherwise.  A stream whose step a new prompt joined would get the prompt's:
     # at a near-tie another token than alone (gpt-oss's 8 streams: 7 of 8 kept
-    # their solo answers, its F32 router through sgemm).  So the two kinds of
+    # their solo answers).  So the two kinds of
     # steps alternate.  This tiny model's numbers happen to come out alike in a
     # joined step, so the steps themselves are checked too.
     path, _ = tiny_model(TinyConfig(arch="qwen3moe", wtype="q8_0", n_embd=128, n_ff=256))
