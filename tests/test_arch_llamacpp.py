@@ -28,7 +28,8 @@ from synthetic import write_model
 from vocab_metadata import vocab_size, vocab_writer
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from make_arch_fixtures import CONFIGS, FLASH_ATTN, N_GREEDY, N_PROMPT, token_ids  # noqa: E402  (importable without llama_cpp)
+# importable without llama_cpp
+from make_arch_fixtures import CONFIGS, FLASH_ATTN, N_GREEDY, N_PROMPT, token_ids  # noqa: E402
 
 TOKEN_IDS = token_ids()
 
