@@ -1,6 +1,24 @@
 # The ISA extensions of the build machine's CPU, as ggml's GGML_<FEATURE>
 # options.  The compiler itself answers: the macros it predefines under
 # -march=native are exactly what a -march=native build would use.
+#
+# The options name the features for ggml's run-time check (the module's
+# ggml_backend_score); the CPU module is then compiled with -march=native as
+# well (elelem_compile_cpu_module_native below), as llama.cpp's GGML_NATIVE
+# build compiles it.  The -m flags alone leave out the rest of what
+# -march=native means, and that changes ggml's numbers:
+# - the tuning: under GCC's generic tuning the vectorizer prefers 512-bit
+#   vectors where the native one (Intel's AVX-512 CPUs) prefers 256, and
+#   ggml_ssm_conv's dot of 4 taps (d_conv 4: every Gated DeltaNet and Mamba
+#   model) then falls to the scalar tail, which fuses the products into FMAs,
+#   where llama.cpp's build takes a 4-wide vector loop of rounded products:
+#   1 ulp on the convolution from the second token on, 7.7e-5 on a tiny F32
+#   qwen35 file's logits, 7-12 on Qwen3.5-4B-shaped random weights;
+# - features without a ggml option: AVX512-FP16 gives the F16 vector ops
+#   (simd-mappings.h) half-precision arithmetic, which flash attention's V
+#   accumulation uses for heads of 128 or more (the same 4B-shaped file, one
+#   token a step, parted by 6-8 with -mtune=native alone); GFNI
+#   (ggml-cpu/tiled) gives the same integers either way.
 
 function(elelem_set_native_cpu_features)
     if (NOT CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
@@ -33,6 +51,7 @@ function(elelem_set_native_cpu_features)
         "AMX_TILE:__AMX_TILE__"
         "AMX_INT8:__AMX_INT8__"
         "AMX_BF16:__AMX_BF16__")
+    set(ELELEM_NATIVE_ARCH_FLAGS "-march=native" PARENT_SCOPE)
     set(found "")
     foreach (entry ${features})
         string(REPLACE ":" ";" parts "${entry}")
@@ -51,4 +70,15 @@ function(elelem_set_native_cpu_features)
         endif()
     endforeach()
     message(STATUS "elelem: native CPU module with: ${found}")
+endfunction()
+
+
+# After ggml's targets exist: the CPU module compiled for and tuned to this
+# machine, as GGML_NATIVE would (the feature options above add nothing that
+# -march=native leaves out).  Only the CPU module: llama.cpp compiles ggml-base
+# without machine flags too.
+function(elelem_compile_cpu_module_native)
+    if (ELELEM_NATIVE_ARCH_FLAGS)
+        target_compile_options(ggml-cpu PRIVATE ${ELELEM_NATIVE_ARCH_FLAGS})
+    endif()
 endfunction()

@@ -28,9 +28,15 @@ from synthetic import write_model
 from vocab_metadata import vocab_size, vocab_writer
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from make_arch_fixtures import CONFIGS, N_GREEDY, N_PROMPT, token_ids  # noqa: E402  (importable without llama_cpp)
+# importable without llama_cpp
+from make_arch_fixtures import CONFIGS, FLASH_ATTN, N_GREEDY, N_PROMPT, token_ids  # noqa: E402
 
 TOKEN_IDS = token_ids()
+
+
+def kernel_options(name: str) -> dict:
+    """LLM(...) options for config ``name``: the reference's kernels, and its flash attention setting."""
+    return {**elelem_kernel_options(), "flash_attn": name in FLASH_ATTN}
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +68,7 @@ def elelem_logits(arch_models):
     def get(name: str) -> np.ndarray:
         if name not in out:
             with elelem.LLM(arch_models / f"{name}.gguf", kv_type="f16", n_ctx=256, n_threads=THREADS,
-                            **elelem_kernel_options()) as llm:
+                            **kernel_options(name)) as llm:
                 assert llm.n_vocab == CONFIGS[name].n_vocab
                 out[name] = np.asarray(llm.eval(TOKEN_IDS, all_logits=True), dtype=np.float32)
         return out[name]
@@ -100,7 +106,7 @@ def test_greedy_decoding_follows_llamacpp(arch_models, llamacpp_arch, name):
     path = llamacpp_arch[name]["greedy"]
     assert len(path) == N_GREEDY
     with elelem.LLM(arch_models / f"{name}.gguf", kv_type="f16", n_ctx=256, n_threads=THREADS,
-                    speculative=False, **elelem_kernel_options()) as llm:
+                    speculative=False, **kernel_options(name)) as llm:
         row = llm.eval(TOKEN_IDS[:N_PROMPT])
         for step, token in enumerate(path):
             assert int(np.argmax(row)) == token, f"{name}: step {step}"
