@@ -42,6 +42,7 @@ LIB_DIR_NAME = "_lib"               # elelem/_lib: ggml's shared libraries and b
 LINKED_LIBS = ("libggml.so", "libggml-base.so")
 BACKEND_MODULE_GLOB = "libggml-cpu*.so"
 RPC_MODULE = "libggml-rpc.so"      # ggml's RPC backend, a module loaded on first use
+NATIVE_ISA_FILE = "libggml-cpu.isa"  # the macros -march=native predefined for the native module
 CUDA_MODULE = "libggml-cuda.so"
 VULKAN_MODULE = "libggml-vulkan.so"
 
@@ -171,6 +172,8 @@ def install_libraries(built: Path, lib_dir: Path) -> list[Path]:
         modules.append(built / VULKAN_MODULE)
     for module in modules:
         shutil.copyfile(module, lib_dir / module.name)
+    if (built / NATIVE_ISA_FILE).is_file():  # a native module's instruction sets (cmake/native_cpu_features.cmake)
+        shutil.copyfile(built / NATIVE_ISA_FILE, lib_dir / NATIVE_ISA_FILE)
     shutil.copyfile(GGML / "LICENSE", lib_dir / "LICENSE-ggml")  # ggml's MIT licence travels with its binaries
     return linked
 

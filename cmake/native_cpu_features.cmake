@@ -70,6 +70,16 @@ function(elelem_set_native_cpu_features)
         endif()
     endforeach()
     message(STATUS "elelem: native CPU module with: ${found}")
+    # -march=native may use any extension the build machine has, also ones no
+    # ggml option names (AVX512-FP16, GFNI, ...), which ggml's run-time check
+    # does not test: every macro it predefines goes beside the module, and the
+    # core checks the running CPU for those it knows (cpu_backend.pxi,
+    # NATIVE_ISA_FILE), so that a native build moved to another CPU is an
+    # ImportError, never a SIGILL.
+    string(REGEX MATCHALL "#define __[A-Z0-9_]+__ 1\n" defined "${macros}")
+    string(REGEX REPLACE "#define (__[A-Z0-9_]+__) 1\n" "\\1" defined "${defined}")
+    string(REPLACE ";" "\n" defined "${defined}")
+    file(WRITE "${CMAKE_LIBRARY_OUTPUT_DIRECTORY}/libggml-cpu.isa" "${defined}\n")
 endfunction()
 
 

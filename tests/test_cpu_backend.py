@@ -100,6 +100,33 @@ def _import_core_with(env_extra: dict) -> subprocess.CompletedProcess:
     return _python("-c", "import elelem._core as c; print(c.cpu_backend_info()['variant'])", env_extra=env_extra)
 
 
+
+def test_a_native_modules_instruction_sets_are_checked_by_name():
+    # -march=native may use extensions no ggml option names (ggml_backend_score
+    # does not test them): the macros beside the module, by their cpuinfo flags.
+    assert _core.missing_native_isa(["__AVX512FP16__", "__GFNI__", "__GNUC__"], ["gfni", "avx2"]) == ["avx512_fp16"]
+    assert _core.missing_native_isa(["__AVX2__", "__SSE_MATH__"], ["avx2"]) == []
+
+
+def test_a_native_build_on_a_cpu_lacking_one_of_its_instruction_sets_is_an_import_error(tmp_path):
+    package = Path(elelem.__file__).parent
+    isa = package / "_lib" / "libggml-cpu.isa"
+    if _core.cpu_backend_info()["variant"] != "native":
+        assert not isa.exists()  # the portable build: ggml's variants check themselves
+        return
+    macros = isa.read_text().split()
+    assert "__AVX2__" in macros or "avx2" not in cpu_flags()
+    lacking = [m for m, flag in _core.ISA_MACRO_CPU_FLAGS.items() if flag not in cpu_flags()]
+    if not lacking:
+        return   # a CPU with every instruction set the table knows: nothing to pretend
+    copy = tmp_path / "elelem"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (copy / "_lib" / "libggml-cpu.isa").write_text("\n".join(macros + [lacking[0]]) + "\n")
+    r = subprocess.run([sys.executable, "-c", "import elelem._core"], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    assert r.returncode == 1 and "ImportError" in r.stderr, r.stderr
+    assert "built for another CPU" in r.stderr and _core.ISA_MACRO_CPU_FLAGS[lacking[0]] in r.stderr
+
 def test_forcing_a_variant_that_is_not_shipped_is_a_clear_import_error():
     r = _import_core_with({"ELELEM_CPU_VARIANT": "no-such-cpu"})
     assert r.returncode == 1

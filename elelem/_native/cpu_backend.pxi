@@ -59,6 +59,60 @@ def _env_int(str name, int default):
     return int(match.group()) if match else 0
 
 
+# A native module is compiled with -march=native: it may use any extension of
+# the build machine, beyond the ones ggml_backend_score checks.  Beside it,
+# the macros the compiler predefined (cmake/native_cpu_features.cmake); each
+# one below names the /proc/cpuinfo flag of its instructions.  A CPU lacking
+# one is refused at import (an ImportError, not a SIGILL mid-step).
+NATIVE_ISA_FILE = "libggml-cpu.isa"
+ISA_MACRO_CPU_FLAGS = {
+    "__SSE3__": "pni", "__SSSE3__": "ssse3", "__SSE4_1__": "sse4_1", "__SSE4_2__": "sse4_2",
+    "__POPCNT__": "popcnt", "__AVX__": "avx", "__AVX2__": "avx2", "__F16C__": "f16c", "__FMA__": "fma",
+    "__BMI__": "bmi1", "__BMI2__": "bmi2", "__LZCNT__": "abm", "__MOVBE__": "movbe", "__ADX__": "adx",
+    "__AES__": "aes", "__PCLMUL__": "pclmulqdq", "__SHA__": "sha_ni", "__GFNI__": "gfni", "__VAES__": "vaes",
+    "__VPCLMULQDQ__": "vpclmulqdq", "__AVXVNNI__": "avx_vnni", "__AVX512F__": "avx512f",
+    "__AVX512CD__": "avx512cd", "__AVX512VL__": "avx512vl", "__AVX512DQ__": "avx512dq",
+    "__AVX512BW__": "avx512bw", "__AVX512IFMA__": "avx512ifma", "__AVX512VBMI__": "avx512vbmi",
+    "__AVX512VBMI2__": "avx512_vbmi2", "__AVX512VNNI__": "avx512_vnni", "__AVX512BITALG__": "avx512_bitalg",
+    "__AVX512VPOPCNTDQ__": "avx512_vpopcntdq", "__AVX512BF16__": "avx512_bf16",
+    "__AVX512FP16__": "avx512_fp16", "__AVX512VP2INTERSECT__": "avx512_vp2intersect",
+    "__AMX_TILE__": "amx_tile", "__AMX_INT8__": "amx_int8", "__AMX_BF16__": "amx_bf16",
+}
+
+
+def missing_native_isa(macros, cpu_flags):
+    """The cpuinfo flags of ``macros`` (a native module's) that ``cpu_flags``
+    lacks, sorted; macros of no known instruction set are not checked."""
+    wanted = {ISA_MACRO_CPU_FLAGS[m] for m in macros if m in ISA_MACRO_CPU_FLAGS}
+    return sorted(wanted - set(cpu_flags))
+
+
+def _cpuinfo_flags():
+    """This CPU's flags from /proc/cpuinfo; None where there is no such file."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line.partition(":")[2].split()
+    except OSError:
+        return None
+    return None
+
+
+cdef void _check_native_isa() except *:
+    path = os.path.join(LIB_DIR, NATIVE_ISA_FILE)
+    flags = _cpuinfo_flags()
+    if flags is None or not os.path.exists(path):
+        return
+    with open(path) as f:
+        missing = missing_native_isa(f.read().split(), flags)
+    if missing:
+        raise ImportError(
+            f"this elelem was built for another CPU: its native CPU backend uses instructions this one "
+            f"lacks ({', '.join(missing)}). Rebuild it here (pip install --force-reinstall --no-binary "
+            "elelem elelem), or install the portable build (ELELEM_PORTABLE=1 pip install .)")
+
+
 def _variant_name(str path):
     stem = os.path.basename(path)[len(CPU_MODULE_PREFIX):-len(".so")]
     return stem.lstrip("-") or "native"
@@ -100,6 +154,8 @@ cdef void _load_cpu_backend() except *:
                 f"({', '.join(sorted(scores))}) runs on this one. Rebuild it here "
                 "(pip install --force-reinstall --no-binary elelem elelem), or install the portable "
                 "build (ELELEM_PORTABLE=1 pip install .)")
+    if chosen == "native":
+        _check_native_isa()
     cdef bytes bpath = os.fsencode(paths[chosen])
     cdef const char * cpath = bpath
     with nogil:
