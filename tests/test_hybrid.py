@@ -117,6 +117,31 @@ def test_sequences_stepping_together_get_their_solo_logits(hybrid, amx):
         np.testing.assert_array_equal(out[1::2], alone[1][5:7])
 
 
+@pytest.mark.parametrize("order", [[2, 0, 3, 1], [3, 1, 2, 0], [1, 2, 0]])
+def test_a_steps_rows_come_back_in_the_batchs_order_whatever_the_sequences_order(hybrid, order):
+    # The recurrent layers take a step sequence after sequence, so the batch is
+    # sorted by sequence and its rows put back.  A permutation that is not its
+    # own inverse (a 3-cycle) once came back permuted: streams got each other's
+    # logits (an engine lists its streams in the order they were admitted).
+    with _open(hybrid) as llm:
+        ctx = llm.engine.context
+        prompts = {s: _prompt(20 + s, 5 + s) for s in order}
+        tails = {s: _prompt(30 + s, 3) for s in order}
+        alone = {}
+        for s in order:
+            alone[s] = [ctx.decode(prompts[s], [s] * len(prompts[s]))[0]]
+            alone[s] += [ctx.decode([t], [s], decode_kernels=True)[0] for t in tails[s]]
+            ctx.seq_rm(s, 0)
+        # prompts of several counts in one call, listed in that order
+        out = ctx.decode([t for s in order for t in prompts[s]], [s for s in order for _ in prompts[s]])
+        for row, s in zip(out, order):
+            np.testing.assert_array_equal(row, alone[s][0])
+        for i in range(3):  # then one generated token each, a step at a time
+            out = ctx.decode([tails[s][i] for s in order], order, decode_kernels=True)
+            for row, s in zip(out, order):
+                np.testing.assert_array_equal(row, alone[s][1 + i])
+
+
 def test_a_rewind_restores_a_snapshot_or_evaluates_again_and_says_so(hybrid, caplog):
     with _open(hybrid) as llm:
         ctx = llm.engine.context
@@ -167,6 +192,32 @@ def test_a_failed_step_leaves_every_state_as_it_was(hybrid):
         np.testing.assert_array_equal(ctx.cache.recurrent_state(0), state)
         assert ctx.cache.seq_length_of(0) == 5 and ctx.cache.seq_length_of(1) == 0
         assert not np.any(ctx.cache.recurrent_state(1))
+
+
+def test_the_engine_reuses_a_prefix_only_as_far_as_a_snapshot_holds_its_state(hybrid):
+    """A prefix is reused up to the sequence's latest snapshot at or before it
+    (the end of a prompt, here) and the rest evaluated with the prompt, in its
+    step: never replayed in a step of its own, whose other rounding would part
+    the request from its fresh logits."""
+    first = _prompt(40, 20)
+    with _open(hybrid, speculative=False) as fresh:
+        other = first[:10] + _prompt(41, 10)
+        want_other = fresh.generate_tokens(other, 4)
+    with _open(hybrid, speculative=False) as llm:
+        ctx = llm.engine.context
+        chat = llm.new_session()
+        answer = chat.generate_tokens(first, 4)
+        # another session sharing 10 positions, with no snapshot there: evaluated
+        # whole, as a fresh one, not forked and replayed
+        evaluated, replayed = ctx.n_evaluated, ctx.n_replayed
+        assert llm.new_session().generate_tokens(other, 4) == want_other
+        assert ctx.n_replayed == replayed and ctx.n_evaluated - evaluated == len(other) + 3
+        # the chat's next turn resumes at the end of its first prompt: the answer
+        # and the new turn are evaluated together
+        evaluated = ctx.n_evaluated
+        turn = first + answer + _prompt(42, 8)
+        chat.generate_tokens(turn, 2)
+        assert ctx.n_replayed == replayed and ctx.n_evaluated - evaluated == len(turn) - len(first) + 1
 
 
 def test_greedy_output_is_unchanged_by_prompt_lookup(hybrid):

@@ -318,7 +318,7 @@ cdef class Context:
             if not decode_kernels:   # and at the end of a prompt, where a new turn or a retry rewinds to
                 self._snapshot_before(present, counts, False)
             kept = order[flags[order]]                 # the original row of each output, in output order
-            return out[np.argsort(np.argsort(kept))] if len(kept) else out
+            return out[np.argsort(kept)]
         # Sequences of several counts: one step for each; a failure undoes the ones before it.
         saved = {int(q): (self.cache.seq_length_of(int(q)), self.cache.recurrent_state(int(q))) for q in present}
         outs, done = [], []
@@ -475,6 +475,20 @@ cdef class Context:
             _log.info("sequence %d forks %d positions of sequence %d; evaluating positions %d..%d again from "
                       "the nearest snapshot of its recurrent state", b, count, a, pos, count - 1)
             self._replay(b, tokens[pos:count], generated)
+
+    def resume_point(self, seq, p):
+        """The furthest position at or before ``p`` to which :meth:`seq_rm`
+        trims, or :meth:`seq_cp` forks, sequence ``seq`` without evaluating
+        tokens again: ``p`` itself, but on a hybrid model below the
+        sequence's length, where it is the latest snapshot at or before
+        ``p`` (0 without one).  The engine reuses prefixes only up to it and
+        evaluates the rest with the prompt: in the prompt's step, as a fresh
+        evaluation would, where a replay would be a step of its own."""
+        cdef int s = self.cache._check_seq(seq)
+        p = _as_integer("the position", p)
+        if not self.cache.hybrid or p >= self.cache.seq_length[s]:
+            return p
+        return max((snap[0] for snap in self.snapshots.get(s, []) if snap[0] <= p), default=0)
 
     def _replay(self, int s, tokens, bint generated):
         """Evaluate ``tokens`` again on sequence ``s`` (its logits are not wanted)."""

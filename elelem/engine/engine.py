@@ -515,10 +515,13 @@ class Engine:
             else:
                 source = request.seq if donor is None else donor
                 fresh = min(self._fresh_rows.get(source, 0), shared)
-                if shared and shared == fresh and not cache.hybrid:
+                exact = bool(shared) and shared == fresh
+                if exact:
                     own, donor, shared = self._cut_for_fresh_logits(len(prompt), own, donor, shared)
-                    source = request.seq if donor is None else donor
-                    fresh = min(self._fresh_rows.get(source, 0), shared)
+                if cache.hybrid:
+                    own, donor, shared = self._at_resume_points(request.seq, own, donor, shared, exact)
+                source = request.seq if donor is None else donor
+                fresh = min(self._fresh_rows.get(source, 0), shared)
                 if donor is not None:  # a prefix another sequence holds: share its cells
                     self._ctx.seq_rm(request.seq, 0)
                     self._ctx.seq_cp(donor, request.seq, shared)
@@ -564,6 +567,27 @@ class Engine:
                 donor = None
         return own, donor, (shared if donor is not None else own)
 
+    def _at_resume_points(self, seq: int, own: int, donor: Optional[int], shared: int,
+                          aligned: bool) -> tuple[int, Optional[int], int]:
+        """``(own, donor, shared)`` of a hybrid model cut to where the
+        sequences' recurrent states can be set without evaluating tokens
+        again (Context.resume_point): the positions past it are evaluated
+        with the rest of the prompt, in its steps, as a fresh evaluation
+        would -- a replay of them in a step of its own would round them
+        otherwise.  With ``aligned``, on REUSE_ALIGNMENT's grid too."""
+        own = self._resume_point(seq, own, aligned)
+        if donor is not None:
+            shared = self._resume_point(donor, shared, aligned)
+            if shared <= own:
+                donor = None
+        return own, donor, (shared if donor is not None else own)
+
+    def _resume_point(self, seq: int, p: int, aligned: bool) -> int:
+        point = self._ctx.resume_point(seq, p)
+        while aligned and point != _aligned(point):
+            point = self._ctx.resume_point(seq, _aligned(point))
+        return point
+
     def _forkable(self, n: int, shared: int) -> int:
         """The positions of a prefix of ``shared`` positions that an ``n``-token
         prompt forks from a sequence that evaluated them as a prompt, for the
@@ -593,11 +617,14 @@ class Engine:
         cache = self._ctx.cache
         own = _aligned(min(_common_prefix(cache.seq_tokens(seq), prompt), limit))
         donor, shared = None, own
+        # A hybrid model's donor is worth the positions its state can be forked at.
+        worth = self._ctx.resume_point if cache.hybrid else (lambda _, n: n)
+        best = worth(seq, own)
         for other in self._last_used:
             if other != seq:
                 n = _aligned(min(_common_prefix(cache.seq_tokens(other), prompt), limit))
-                if n > shared:
-                    donor, shared = other, n
+                if worth(other, n) > best:
+                    donor, shared, best = other, n, worth(other, n)
         return own, donor, shared
 
     def _prefix_coming(self, request: Request, limit: int, held: int) -> bool:
@@ -614,6 +641,8 @@ class Engine:
             n = _aligned(min(_common_prefix(other.prompt, request.prompt), limit))
             if not cache.hybrid:  # what the fork will take of it (_admit): a prompt's positions
                 n = self._forkable(len(request.prompt), n)
+            elif n < len(other.prompt):  # a recurrent state forks where it has a snapshot: its prompt's end
+                n = 0
             if n - held >= MIN_SHARED_WAIT and cache.seq_length_of(other.seq) < n:
                 return True
         return False
