@@ -221,10 +221,14 @@ def test_small_batch_kernels_serve_the_weights_of_their_types_where_the_cpu_has_
             assert ops["CUSTOM"] == matmuls + ops["CPY"] and ops["CPY"] == 4 * cfg.n_layer + 1
         else:   # repacked q4_0: ggml's gemv, one column each
             assert "CUSTOM" not in ops and ops["MUL_MAT"] == matmuls + 2 * cfg.n_layer
-        ctx.decode([9], [0], True, decode_kernels=True)   # one generated token: ggml's gemv for repacked
-        plain_kernels = "CUSTOM" in ops and not repacked   # weights, the same kernels with AVX-512's
-        # where the CPU gains from them (elelem_small_batch_one_token_pays: AMD's)
-        assert ("CUSTOM" in ctx.step_ops()) == (plain_kernels and backend["small_batch_one_token"])
+        ctx.decode([9], [0], True, decode_kernels=True)   # one generated token
+        plain_kernels = "CUSTOM" in ops and not repacked
+        # elelem's kernels where the CPU gains from them (elelem_small_batch_one_token_pays:
+        # AMD's), and the one-column K-quant ones on every CPU that has them: repacked
+        # Q4_K (AVX2), Q6_K (AVX-512); else ggml's gemv or vec_dot
+        one_column = backend["one_column_k_quants"] and (
+            (wtype == "q4_k" and repacked) or (wtype == "q6_k" and backend["small_batch_isa"] == "avx512"))
+        assert ("CUSTOM" in ctx.step_ops()) == ((plain_kernels and backend["small_batch_one_token"]) or one_column)
         assert backend["small_batch_one_token"] <= (backend["small_batch_isa"] == "avx512")
         # A prompt keeps ggml's batch kernels (tinyBLAS, tiled K-quants, repacked
         # gemm), but where ggml would run its one-column kernel on every column:
@@ -234,6 +238,39 @@ def test_small_batch_kernels_serve_the_weights_of_their_types_where_the_cpu_has_
             ctx.cache.seq_rm(0, 0)
             ctx.decode(list(range(5, 5 + n)), [0] * n, True)
             assert ("CUSTOM" in ctx.step_ops()) == (n in one_column_prompts), f"a prompt of {n}"
+
+
+@pytest.mark.parametrize("wtype", ["q6_k", "q4_k"])
+def test_one_token_steps_through_the_one_column_kernels_get_ggml_s_logits_bit_for_bit(tiny_model, wtype,
+                                                                                      small_batch_isa):
+    # A one-token step's Q6_K products (AVX-512: two rows a zmm, each half
+    # ggml's AVX2 vec_dot) and repacked Q4_K ones (AVX2: ggml's gemv) run
+    # through elelem's kernels, which read the weight ahead; ggml's numbers.
+    # Three threads split the rows unevenly: a thread's odd last row.
+    cfg = _batched_config(wtype)
+    path, _ = tiny_model(cfg)
+    rng = np.random.default_rng(9)
+    prompt, tokens = rng.integers(0, cfg.n_vocab, 7).tolist(), rng.integers(0, cfg.n_vocab, 6).tolist()
+
+    def rows():
+        with elelem.LLM(path, n_threads=3, amx=False) as llm:
+            ctx = llm.engine.context
+            ctx.decode(prompt, [0] * len(prompt))
+            got = [ctx.decode([t], [0], True, decode_kernels=bool(i % 2)) for i, t in enumerate(tokens)]
+            return np.concatenate(got), ctx.step_ops()
+
+    kernels, ops = rows()
+    backend = cpu_backend_info()
+    served = backend["one_column_k_quants"] and (
+        (wtype == "q4_k" and "CPU_REPACK" in backend["extra_buffer_types"]) or backend["small_batch_isa"] == "avx512")
+    assert ("CUSTOM" in ops) == served
+    before = _core._set_small_batch_isa("")    # ggml's own mul_mat for every product
+    try:
+        ggml_rows, ggml_ops = rows()
+    finally:
+        _core._set_small_batch_isa(before)
+    assert "CUSTOM" not in ggml_ops
+    np.testing.assert_array_equal(kernels, ggml_rows)
 
 
 @pytest.mark.parametrize("wtype", ["q4_1", "q6_k"])

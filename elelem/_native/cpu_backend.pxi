@@ -45,6 +45,12 @@ SMALL_BATCH_ENV = "ELELEM_SMALL_BATCH"
 # (kernels/small_batch.c, elelem_small_batch_one_token_pays); "0"/"1" in
 # ONE_TOKEN_ENV overrides the choice, for benchmarks.
 cdef bint _small_batch_one_token = False
+# Whether one-token steps take elelem's one-column kernels of the K-quants
+# where it has them: repacked Q4_K (kernels/small_batch_q4_k.c, AVX2) and
+# Q6_K (kernels/small_batch_avx512_q6_k.c, two rows a zmm), ggml's numbers
+# with the weight read ahead; on every CPU with those instruction sets (and
+# the small-batch kernels on), unless ONE_TOKEN_ENV is "0".
+cdef bint _one_column_k_quants = False
 ONE_TOKEN_ENV = "ELELEM_SMALL_BATCH_ONE_TOKEN"
 SMALL_BATCH_ISAS = {"": ELELEM_SMALL_BATCH_NONE, "avx2": ELELEM_SMALL_BATCH_AVX2,
                     "avx512": ELELEM_SMALL_BATCH_AVX512}
@@ -176,6 +182,7 @@ cdef void _load_cpu_backend() except *:
         raise ImportError(f"{paths[chosen]} is not a ggml CPU backend elelem can drive")
     _cpu_choice.update(variant=chosen, path=paths[chosen], scores=scores, forced=bool(forced))
     global _cpu_tinyblas_quantized, _cpu_tiled_min_columns, _small_batch_isa, _small_batch_one_token
+    global _one_column_k_quants
     compiled = {name for name, value in _cpu_features() if value == "1"}
     _cpu_tinyblas_quantized = "LLAMAFILE" in compiled and "AVX" in compiled
     _cpu_tiled_min_columns = INT64_MAX if "AVX" not in compiled or _env_int("GGML_CPU_TILED_MM", 1) == 0 \
@@ -191,6 +198,7 @@ cdef void _load_cpu_backend() except *:
     _small_batch_isa = ELELEM_SMALL_BATCH_NONE if requested == "0" or not {"AVX2", "FMA", "F16C"} <= compiled \
         else min(cpu_isa, wanted)
     _small_batch_one_token = _one_token_choice(_small_batch_isa)
+    _one_column_k_quants = os.environ.get(ONE_TOKEN_ENV, "").strip() != "0"
     _log.debug("CPU backend: %s (scores %s)", chosen, scores)
 
 
@@ -270,6 +278,7 @@ def cpu_backend_info():
         "small_batch_isa": _isa_name(_small_batch_isa),
         "small_batch_kernels": _small_batch_isa != ELELEM_SMALL_BATCH_NONE,
         "small_batch_one_token": _small_batch_one_token,
+        "one_column_k_quants": _one_column_k_quants and _small_batch_isa != ELELEM_SMALL_BATCH_NONE,
     }
 
 

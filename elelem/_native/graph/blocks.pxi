@@ -359,6 +359,8 @@ cdef inline bint _small_batch_takes(Step * st, ggml_tensor * w, ggml_tensor * x)
     if (_small_batch_isa == ELELEM_SMALL_BATCH_NONE or x.type != GGML_TYPE_F32 or x.ne[2] != 1 or x.ne[3] != 1
             or not ggml_is_contiguous(x) or not _plain_quantized(w) or not elelem_small_batch_serves(w.type)):
         return False
+    if n == 1 and w.type == GGML_TYPE_Q6_K and _one_column_k_quants and _small_batch_isa == ELELEM_SMALL_BATCH_AVX512:
+        return True
     if st.decode_kernels:
         return n >= 2 or _small_batch_one_token
     if _cpu_tinyblas_quantized and _tinyblas_type(w.type):
@@ -382,6 +384,9 @@ cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) no
         # ggml's sgemm over the step would round otherwise -- and a router
         # logit rounded otherwise may choose another expert.
         return _one_column_each(st, w, x)
+    if (n == 1 and _one_column_k_quants and _small_batch_isa != ELELEM_SMALL_BATCH_NONE and x.type == GGML_TYPE_F32
+            and x.ne[2] == 1 and x.ne[3] == 1 and ggml_is_contiguous(x) and _repacked_q4_k(w)):
+        return _small_batch_q4_k(st, w, x)   # a one-token step too: _small_batch_takes
     if (not st.decode_kernels or x.ne[2] != 1 or x.ne[3] != 1 or not ggml_is_contiguous(x)
             or not (_plain_quantized(w) or _repacked(w))):
         return ggml_mul_mat(st.ctx, widened_weight(st.widened, w, x), x)

@@ -22,6 +22,12 @@
 
 #define TARGET SMALL_BATCH_AVX2_TARGET
 #define ROWS 8   /* rows interleaved in a block_q4_Kx8 */
+/* The weight is read a whole interleaved block (1152 bytes) ahead of the one
+ * multiplied: the hardware prefetcher alone left a one-token step short of
+ * what a core streams (Sapphire Rapids, 2 threads, the Qwen3.5-4B shape's
+ * decode: +10% against ggml's gemv, the same kernel otherwise; 1 and 3
+ * blocks ahead +4%, 4 +6%).  A prefetch past the weight's end is harmless. */
+#define PREFETCH_BLOCKS 2
 
 typedef struct {
     half_bits d[ROWS];
@@ -72,6 +78,9 @@ static inline __attribute__((always_inline)) TARGET void q4_k_groups(
         }
         for (int64_t ib = 0; ib < nb; ib++) {
             const block_q4_Kx8_t * b = &wg[ib];
+            for (int line = 0; line < (int) sizeof(block_q4_Kx8_t); line += 64) {
+                _mm_prefetch((const char *) (b + PREFETCH_BLOCKS) + line, _MM_HINT_T0);
+            }
             __m256i sums[8], min_sums[8];
             int32_t pair_sums[8][4];   /* a column's sub-block sums, two int16 a sub-block pair */
             _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
