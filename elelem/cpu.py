@@ -133,8 +133,13 @@ def small_batch_status(backend: dict) -> tuple[bool, str]:
     module's one-column kernels only where those are ggml's AVX2 ones."""
     if backend["small_batch_kernels"]:
         isa = "AVX-512 VNNI" if backend["small_batch_isa"] == "avx512" else "AVX2"
-        one_token = ("one-token steps too" if backend.get("small_batch_one_token")
-                     else "one-token steps keep ggml's kernels")
+        if backend.get("small_batch_one_token"):
+            one_token = "one-token steps too"
+        elif backend.get("one_column_k_quants"):
+            one_token = ("one-token steps too for repacked Q4_K" + (" and Q6_K" if isa != "AVX2" else "")
+                         + ", reading the weight ahead")
+        else:
+            one_token = "one-token steps keep ggml's kernels"
         return True, (f"{isa}: Q8_0, Q5_0, Q4_0, Q4_1 and Q6_K matmuls (and AVX2: repacked Q4_K) of 2-8 "
                       f"generated tokens decode each weight once for all of them ({one_token}); "
                       "ELELEM_SMALL_BATCH=0 turns them off")

@@ -240,7 +240,10 @@ cdef inline ggml_tensor * norm_layer(Step * st, ggml_tensor * x, ggml_tensor * w
 # elelem's kernel for that layout (kernels/small_batch_q4_k.c, AVX2, with
 # the numbers of ggml's gemv), not a gemv per column: Qwen's 12 Q4_K
 # ffn_down, on Zen 3, 8 tokens 63-79 -> 60-66 ms a step, 4 tokens 39-41 ->
-# 36-40.  One token keeps ggml's gemv.
+# 36-40.  One token takes it too, and Q6_K's one column an AVX-512 kernel of
+# two rows a zmm (kernels/small_batch_avx512_q6_k.c): both read the weight
+# ahead, which ggml's gemv and vec_dot do not (Qwen3.5-4B shape decode on
+# Sapphire Rapids, 2 threads: 13.5-13.7 -> 15.8-16.0 tok/s), ggml's numbers.
 DEF DECODE_KERNEL_COLUMNS = 8
 DEF PADDED_COLUMNS = 16
 
@@ -345,7 +348,9 @@ cdef inline bint _small_batch_takes(Step * st, ggml_tensor * w, ggml_tensor * x)
       token only with AVX-512, and only on the CPUs where that is faster
       than ggml's mul_mat (AMD's: kernels/small_batch.c), same numbers; the
       AVX2 kernels are only even with it (Zen 3, step_widths.py:
-      0.90-1.05x).  A Q5_0 weight stays narrow: its blocks are unpacked once
+      0.90-1.05x).  One Q6_K column takes the AVX-512 kernel of two rows
+      a zmm on every CPU that has it (faster, reading ahead; same numbers),
+      prompt or not.  A Q5_0 weight stays narrow: its blocks are unpacked once
       for all the columns, so its Q8_0 copy would only be more bytes to read
       (Qwen, 8 tokens on Zen 3: 86-96 ms against 95-105 with the copies).
     - Any other product of 2 or more columns (a prompt, a step of 9 or more

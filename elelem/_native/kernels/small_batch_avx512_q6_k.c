@@ -88,10 +88,12 @@ static inline __attribute__((always_inline)) SMALL_BATCH_AVX512_TARGET __m512i t
                               _mm256_loadu_si256((const __m256i *) b), 1);
 }
 
-/* How far ahead of the block being read a row's next bytes are asked for:
- * the hardware prefetcher alone left a one-token step's weight reads short
- * of what a core streams (Sapphire Rapids, 2 threads: Qwen3.5-4B shape
- * decode +6-10% with this and small_batch_q4_k.c's). */
+/* How far ahead of the block being multiplied each row's bytes are asked
+ * for: the hardware prefetcher alone left a one-token step's weight reads
+ * short of what a core streams (Sapphire Rapids, 2 threads: with
+ * small_batch_q4_k.c's read-ahead, the Qwen3.5-4B shape's decode went from
+ * 13.5-13.7 to 15.8-16.0 tok/s; with AMX, where only Q6_K's is used,
+ * +4-6%).  A prefetch past the weight's end is harmless (a hint). */
 #define PREFETCH_BYTES 1024
 
 /* One column (a one-token step): two rows a zmm, the column in both halves,

@@ -2,10 +2,11 @@
  * backend repacked (its CPU_REPACK buffer on x86 with AVX2: block_q4_Kx8,
  * eight rows' super-blocks interleaved).
  *
- * A one-token step multiplies such a weight by its column with ggml's
+ * ggml multiplies such a weight by one column with its
  * ggml_gemv_q4_K_8x8_q8_K, whose x86 code is AVX2 (with AVX-512 too); a step
  * of N tokens ran that once per column (graph/blocks.pxi), unpacking every
- * block N times.  This kernel unpacks each block once for all the columns
+ * block N times.  A one-token step runs this kernel too, for its read-ahead
+ * (PREFETCH_BLOCKS).  This kernel unpacks each block once for all the columns
  * and gives each column, bit for bit, what that gemv gives it:
  * - the same unsigned-nibble x signed-byte maddubs, summed in int16 lanes
  *   (wrapping adds, so their order cannot change the sum), times the
@@ -22,11 +23,12 @@
 
 #define TARGET SMALL_BATCH_AVX2_TARGET
 #define ROWS 8   /* rows interleaved in a block_q4_Kx8 */
-/* The weight is read a whole interleaved block (1152 bytes) ahead of the one
- * multiplied: the hardware prefetcher alone left a one-token step short of
- * what a core streams (Sapphire Rapids, 2 threads, the Qwen3.5-4B shape's
- * decode: +10% against ggml's gemv, the same kernel otherwise; 1 and 3
- * blocks ahead +4%, 4 +6%).  A prefetch past the weight's end is harmless. */
+/* The weight is asked for two interleaved blocks (2 x 1152 bytes) ahead of
+ * the one multiplied: the hardware prefetcher alone left a one-token step
+ * short of what a core streams (Sapphire Rapids, 2 threads, the Qwen3.5-4B
+ * shape's decode: +10% against ggml's gemv; 1 and 3 blocks ahead +4%, 4
+ * +6%).  A prefetch past the weight's end is harmless (a hint, never a
+ * fault). */
 #define PREFETCH_BLOCKS 2
 
 typedef struct {
