@@ -264,13 +264,19 @@ def test_one_token_steps_through_the_one_column_kernels_get_ggml_s_logits_bit_fo
     served = backend["one_column_k_quants"] and (
         (wtype == "q4_k" and "CPU_REPACK" in backend["extra_buffer_types"]) or backend["small_batch_isa"] == "avx512")
     assert ("CUSTOM" in ops) == served
-    before = _core._set_small_batch_isa("")    # ggml's own mul_mat for every product
+    np.testing.assert_array_equal(kernels, _through_ggml_alone(rows))
+
+
+def _through_ggml_alone(rows):
+    """What ``rows() -> (result, step ops)`` gives with ggml's own mul_mat for
+    every product (elelem's kernels off)."""
+    before = _core._set_small_batch_isa("")
     try:
-        ggml_rows, ggml_ops = rows()
+        result, ops = rows()
     finally:
         _core._set_small_batch_isa(before)
-    assert "CUSTOM" not in ggml_ops
-    np.testing.assert_array_equal(kernels, ggml_rows)
+    assert "CUSTOM" not in ops
+    return result
 
 
 @pytest.mark.parametrize("wtype", ["q4_1", "q6_k"])
@@ -294,12 +300,7 @@ def test_prompts_through_elelem_kernels_get_ggml_s_logits_bit_for_bit(tiny_model
             return rows, ctx.step_ops()
 
     kernels, ops = all_rows()
-    before = _core._set_small_batch_isa("")    # ggml's own mul_mat for every product
-    try:
-        ggml_rows, ggml_ops = all_rows()
-    finally:
-        _core._set_small_batch_isa(before)
-    assert "CUSTOM" not in ggml_ops
+    ggml_rows = _through_ggml_alone(all_rows)
     if wtype == "q4_1":
         assert "CUSTOM" in ops                    # the 33-token prompt ran the kernels
     for prompt, got, want in zip(prompts, kernels, ggml_rows):
@@ -368,6 +369,28 @@ def test_qwen_steps_of_generated_tokens_are_one_token_steps_bit_for_bit(qwen_pat
         _generated_steps_against_one_token_steps(llm, llm.n_vocab, (1, 2, 4, 7, 8))
     with elelem.LLM(qwen_path, n_ctx=256, n_threads=2, n_seq_max=2, amx=False, flash_attn=True) as llm:
         _generated_steps_against_one_token_steps(llm, llm.n_vocab, (12, 20), exact=True)  # groups of 8
+
+
+@pytest.mark.real_model
+def test_steps_of_generated_tokens_past_512_cells_are_one_token_steps_with_flash_attention(qwen_path):
+    # A one-token step over 512 cells or more takes ggml's split-KV flash
+    # attention (the cells split between the threads); a step of several rows
+    # summed them in one pass, 0.3-0.5 away at position 256, which once turned
+    # a verified draft of a repeated tool call into another answer.  Each such
+    # row now takes a one-row op over its one-token step's cells.
+    rng = np.random.default_rng(3)
+    with elelem.LLM(qwen_path, n_ctx=1024, n_threads=2, flash_attn=True) as llm:   # AMX where the CPU has it
+        ctx = llm.engine.context
+        for prompt_length in (253, 509):
+            ctx.seq_rm(0, 0)
+            ctx.decode(rng.integers(100, 20000, prompt_length).tolist(), [0] * prompt_length)
+            for n in (2, 5, 8, 12):
+                tokens = rng.integers(100, 20000, n).tolist()
+                one_by_one = np.concatenate([ctx.decode([t], [0], True, decode_kernels=True) for t in tokens])
+                ctx.seq_rm(0, prompt_length)
+                got = ctx.decode(tokens, [0] * n, True, decode_kernels=True)
+                ctx.seq_rm(0, prompt_length)
+                np.testing.assert_array_equal(got, one_by_one, err_msg=f"{n} tokens after {prompt_length}")
 
 
 def test_generation_stops_at_stop_ids(tiny_model):

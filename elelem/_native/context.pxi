@@ -262,16 +262,19 @@ cdef class Context:
 
     cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs, bint embeddings,
                            bint decode_kernels, const int32_t * seqs, int n_seqs=0,
-                           bint pair_lone_row=False) except NULL:
+                           bint pair_lone_row=False, const int * split_kv=NULL) except NULL:
         cdef Step * st = &self.graph_step
         cdef int n_runs = 0
         cdef int run_length[MAX_RUNS]
+        cdef bint split_rows = split_kv != NULL
         if not decode_kernels:
             n_runs = _sequence_runs(n_tokens, seqs, run_length)
         if self.graph_ready and st.n_tokens == n_tokens and st.n_kv == n_kv and st.n_outputs == n_outputs \
                 and st.embeddings == embeddings and st.decode_kernels == decode_kernels and st.n_runs == n_runs \
                 and st.n_seqs == n_seqs and st.pair_lone_row == pair_lone_row \
-                and memcmp(st.run_length, run_length, n_runs * sizeof(int)) == 0:
+                and memcmp(st.run_length, run_length, n_runs * sizeof(int)) == 0 \
+                and st.split_rows == split_rows \
+                and (not split_rows or memcmp(st.split_kv, split_kv, n_tokens * sizeof(int)) == 0):
             return st
         self._drop_graph()
         memset(st, 0, sizeof(Step))
@@ -284,6 +287,9 @@ cdef class Context:
         st.n_seqs = n_seqs
         st.pair_lone_row = pair_lone_row
         memcpy(st.run_length, run_length, n_runs * sizeof(int))
+        st.split_rows = split_rows
+        if split_rows:
+            memcpy(st.split_kv, split_kv, n_tokens * sizeof(int))
         self._build(st)
         if not self._sched_call(st.gf, 1, "allocating a step's graph"):
             self._drop_graph()
@@ -376,6 +382,7 @@ cdef class Context:
         cdef int n_outputs = rows.shape[0]
         cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] cells = np.empty(n, dtype=np.int32)
         cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] positions = np.empty(n, dtype=np.int32)
+        cdef int used_before = self.cache.used_end
         self.cache.place(n, &ids[0], &seqs[0], &cells[0], &positions[0])
         if self.model.pos_embd != NULL and positions.max() >= self.model.hp.n_ctx_train:
             # A learned position table (BERT) has a row per trained position and no more.
@@ -389,9 +396,13 @@ cdef class Context:
         # blocks.pxi, _flash_attention_lone_row.
         cdef bint pair_lone_row = (self.flash_attn and n == 1 and n_kv >= FA_SPLIT_CELLS
                                    and ((positions[0] + KV_PAD) // KV_PAD) * KV_PAD < FA_SPLIT_CELLS)
+        cdef int split_kv[MAX_SPLIT_ROWS]
+        cdef bint split_rows = (self.flash_attn and decode_kernels and 2 <= n < FA_TILE_ROWS
+                                and _one_token_splits(self.cache, n, used_before, &cells[0], &positions[0], split_kv))
         self.busy = True
         try:
-            st = self._graph_for(n, n_kv, n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs, pair_lone_row)
+            st = self._graph_for(n, n_kv, n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs, pair_lone_row,
+                                 <const int *> split_kv if split_rows else <const int *> NULL)
             _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0])
             self._compute()
         except BaseException:
@@ -760,6 +771,26 @@ cdef void _init_device_backends(Context c, list devices) except *:
         c.backends[c.n_backends] = job.backend
         c.bufts[c.n_backends] = job.buft
         c.n_backends += 1
+
+
+cdef bint _one_token_splits(KVCache cache, int n, int used_before, const int32_t * cells,
+                            const int32_t * positions, int * split_kv) noexcept:
+    """For a step of n generated tokens: whether any would, decoded in a step
+    of its own, have ggml's flash attention split its cells between the
+    threads (one query row, FA_SPLIT_CELLS cells or more, and no
+    pair_lone_row); split_kv[i] gets that step's n_kv (0 where it would not
+    split).  Its step would have seen the cells used before this one and
+    those of the rows before it."""
+    cdef int i, used = used_before, n_kv
+    cdef bint any_split = False
+    for i in range(n):
+        used = max(used, cells[i] + 1)
+        n_kv = min(cache.kv_size, ((used + KV_PAD - 1) // KV_PAD) * KV_PAD)
+        split_kv[i] = 0
+        if n_kv >= FA_SPLIT_CELLS and ((positions[i] + KV_PAD) // KV_PAD) * KV_PAD >= FA_SPLIT_CELLS:
+            split_kv[i] = n_kv
+            any_split = True
+    return any_split
 
 
 cdef int _sequence_runs(int n, const int32_t * seqs, int * run_length) noexcept:

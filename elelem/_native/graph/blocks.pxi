@@ -8,6 +8,9 @@ DEF FA_TILE_ROWS = 64
 # ... and with a single query row it splits the cells between its threads
 # from this many cells on (its split-KV path), summing them otherwise.
 DEF FA_SPLIT_CELLS = 512
+# A step of generated tokens below FA_TILE_ROWS rows whose rows' one-token
+# steps would split their cells: Step.split_kv (_flash_attention_as_one_token_steps).
+DEF MAX_SPLIT_ROWS = 64
 DEF MAX_RUNS = 8           # runs of sequences in a prompt step split as above, at most
 
 
@@ -25,6 +28,12 @@ cdef struct Step:
     bint embeddings         # the output is the final normed hidden state (n_embd rows), not logits
     bint decode_kernels     # every token is a generated one: small matmuls as one-token steps run them
     bint pair_lone_row      # flash attention takes the step's one row twice (_flash_attention_lone_row)
+    # Flash attention in a step of generated tokens, some of whose rows would
+    # take ggml's split-KV path as one-token steps: per row, the n_kv of its
+    # one-token step where that step would split the cells, 0 where not
+    # (Context._decode; _flash_attention_as_one_token_steps).
+    bint split_rows
+    int split_kv[MAX_SPLIT_ROWS]
     ggml_tensor * paired_of     # the activations last prepared for elelem's small-batch kernels ...
     ggml_tensor * paired        # ... and that preparation, reused by the matmuls that share them (q/k/v, gate/up)
     ggml_type paired_type       # its quantized type (Q8_0, Q8_1 or Q8_K)
@@ -481,6 +490,9 @@ cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, 
     if st.flash_attn:
         values = ggml_view_3d(ctx, vc, head_dim_v, st.n_kv, n_head_kv,
                               vc.nb[1], ggml_row_size(vc.type, head_dim_v), 0)
+        if st.split_rows:
+            return _flash_attention_as_one_token_steps(st, q, kc, vc, head_dim_k, head_dim_v, n_head_kv, mask,
+                                                       kq_scale, sinks)
         if st.n_runs > 1 and st.n_tokens >= FA_TILE_ROWS:
             return _flash_attention_per_run(st, q, keys, values, mask, kq_scale, sinks)
         if st.pair_lone_row:
@@ -532,6 +544,49 @@ cdef ggml_tensor * _flash_attention_per_run(Step * st, ggml_tensor * q, ggml_ten
             part = ggml_view_2d(ctx, part, part.ne[0], 1, part.nb[1], <size_t> (start - first) * part.nb[1])
         out = part if out == NULL else ggml_concat(ctx, out, part, 1)
         start += n
+    return out
+
+
+cdef ggml_tensor * _flash_attention_as_one_token_steps(Step * st, ggml_tensor * q, ggml_tensor * kc, ggml_tensor * vc,
+                                                      int64_t head_dim_k, int64_t head_dim_v, int64_t n_head_kv,
+                                                      ggml_tensor * mask, float kq_scale,
+                                                      ggml_tensor * sinks) noexcept:
+    """attention()'s flash attention for a step of generated tokens (drafts
+    being verified, streams) in which some rows, each decoded in a step of
+    its own, would have one query row over FA_SPLIT_CELLS cells or more: ggml
+    then splits the cells between its threads (its split-KV path, in chunks
+    of n_kv / threads, the partial sums reduced after), while a step of
+    several rows sums every row's cells in one pass, and the two round
+    otherwise (0.3-0.5 apart on Qwen2.5-Coder's logits at position 256; a
+    verified draft then parted from the one-token answer).  Each such row
+    takes an op of its own over the n_kv its one-token step would have seen
+    (Step.split_kv); the others take the one-row kernel as a pair (as
+    _flash_attention_lone_row), whose sum skips the masked cells and so does
+    not depend on n_kv.  q: (head_dim_k, n_tokens, n_head), permuted."""
+    cdef ggml_context * ctx = st.ctx
+    cdef int64_t n_head = q.ne[2]
+    cdef ggml_tensor * out = NULL
+    cdef ggml_tensor * part
+    cdef ggml_tensor * row_q
+    cdef ggml_tensor * row_mask
+    cdef int i, cells, rows
+    for i in range(st.n_tokens):
+        cells = st.split_kv[i] if st.split_kv[i] else st.n_kv
+        rows = 1 if st.split_kv[i] else 2
+        row_q = ggml_view_3d(ctx, q, q.ne[0], 1, q.ne[2], q.nb[1], q.nb[2], <size_t> i * q.nb[1])
+        row_mask = ggml_view_2d(ctx, mask, mask.ne[0], 1, mask.nb[1], <size_t> i * mask.nb[1])
+        if rows == 2:
+            row_q = ggml_concat(ctx, row_q, row_q, 1)
+            row_mask = ggml_concat(ctx, row_mask, row_mask, 1)
+        part = ggml_flash_attn_ext(
+            ctx, row_q,
+            ggml_view_3d(ctx, kc, head_dim_k, cells, n_head_kv, kc.nb[1], ggml_row_size(kc.type, head_dim_k), 0),
+            ggml_view_3d(ctx, vc, head_dim_v, cells, n_head_kv, vc.nb[1], ggml_row_size(vc.type, head_dim_v), 0),
+            row_mask, kq_scale, 0.0, 0.0)
+        ggml_flash_attn_ext_add_sinks(part, sinks)
+        part = ggml_view_2d(ctx, ggml_reshape_2d(ctx, part, head_dim_v * n_head, rows), head_dim_v * n_head, 1,
+                            ggml_row_size(part.type, head_dim_v * n_head), 0)
+        out = part if out == NULL else ggml_concat(ctx, out, part, 1)
     return out
 
 
