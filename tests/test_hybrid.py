@@ -212,10 +212,16 @@ def test_the_engine_reuses_a_prefix_only_as_far_as_a_snapshot_holds_its_state(hy
         evaluated, replayed = ctx.n_evaluated, ctx.n_replayed
         assert llm.new_session().generate_tokens(other, 4) == want_other
         assert ctx.n_replayed == replayed and ctx.n_evaluated - evaluated == len(other) + 3
-        # the chat's next turn resumes at the end of its first prompt: the answer
-        # and the new turn are evaluated together
+        # the chat's next turn, which keeps the answer, resumes where the sequence ends:
+        # the answer's last token (picked, never evaluated) and the new turn are evaluated
         evaluated = ctx.n_evaluated
         turn = first + answer + _prompt(42, 8)
+        chat.generate_tokens(turn, 2)
+        held = len(first) + len(answer) - 1
+        assert ctx.n_replayed == replayed and ctx.n_evaluated - evaluated == len(turn) - held + 1
+        # one that rewrites the answer resumes where its first prompt ended, kept for it
+        evaluated = ctx.n_evaluated
+        turn = first + [answer[0] % 7 + 1] + _prompt(43, 8)
         chat.generate_tokens(turn, 2)
         assert ctx.n_replayed == replayed and ctx.n_evaluated - evaluated == len(turn) - len(first) + 1
 

@@ -42,10 +42,14 @@ cdef class Context:
     cdef readonly double rpc_timeout
     cdef bint lost                      # a server was lost mid-call: the context is unusable
     # A hybrid model's snapshots of recurrent states (see seq_rm): per
-    # sequence, a list of (position, state bytes, taken before a step of
-    # generated tokens), oldest first, at most max_snapshots.
+    # sequence, a list of [position, state bytes, taken before a step of
+    # generated tokens, kept, last used], by position.  The ones taken before
+    # steps are at most max_snapshots a sequence; the kept ones (keep_snapshot:
+    # where prompts and generations ended, which the next turn resumes from)
+    # stay until the engine drops them (drop_snapshot), within its budget.
     cdef dict snapshots
     cdef public int max_snapshots
+    cdef long snapshot_clock
     cdef readonly long n_replayed       # tokens evaluated again to rewind a recurrent state
 
     def __cinit__(self):
@@ -63,6 +67,7 @@ cdef class Context:
         self.rpc_timeout = 0
         self.snapshots = {}
         self.max_snapshots = 4
+        self.snapshot_clock = 0
         self.n_replayed = 0
         self.lost = False
 
@@ -442,8 +447,7 @@ cdef class Context:
             self.snapshots.pop(s, None)
             return cache.seq_rm(s, 0)
         tokens = cache.seq_tokens(s)
-        usable = [snap for snap in self.snapshots.get(s, []) if snap[0] <= p]
-        pos, state, generated = max(usable, key=lambda snap: snap[0]) if usable else (0, None, False)
+        pos, state, generated = self._latest_snapshot(s, p)
         self.snapshots[s] = [snap for snap in self.snapshots.get(s, []) if snap[0] <= pos]
         cache._seq_rm(s, pos)
         if state is None:
@@ -468,20 +472,19 @@ cdef class Context:
         if not cache.hybrid or count == cache.seq_length[a]:
             cache.seq_cp(src, dst, count)
             if cache.hybrid:
-                self.snapshots[cache._check_seq(dst)] = list(self.snapshots.get(a, []))
+                self.snapshots[cache._check_seq(dst)] = [list(snap) for snap in self.snapshots.get(a, [])]
             return
         cdef int b = cache._check_seq(dst)
         if a == b or cache.seq_length[b] != 0 or not 0 <= count <= cache.seq_length[a]:
             return cache.seq_cp(src, dst, count)   # its error
         tokens = cache.seq_tokens(a)
-        usable = [snap for snap in self.snapshots.get(a, []) if snap[0] <= count]
-        pos, state, generated = max(usable, key=lambda snap: snap[0]) if usable else (0, None, False)
+        pos, state, generated = self._latest_snapshot(a, count)
         cache._fork_cells(a, b, pos)
         if state is None:
             cache._clear_state(b)
         else:
             cache.set_recurrent_state(b, state)
-        self.snapshots[b] = [snap for snap in usable if snap[0] <= pos]
+        self.snapshots[b] = [list(snap) for snap in self.snapshots.get(a, []) if snap[0] <= pos]
         if pos < count:
             _log.info("sequence %d forks %d positions of sequence %d; evaluating positions %d..%d again from "
                       "the nearest snapshot of its recurrent state", b, count, a, pos, count - 1)
@@ -509,24 +512,87 @@ cdef class Context:
             self.decode(chunk, [s] * len(chunk), None, False, generated)
         self.n_replayed += len(tokens)
 
+    def _latest_snapshot(self, int s, p):
+        """``(position, state, generated)`` of sequence ``s``'s latest snapshot
+        at or before ``p`` (marked used), or ``(0, None, False)``: the empty state."""
+        usable = [snap for snap in self.snapshots.get(s, []) if snap[0] <= p]
+        if not usable:
+            return 0, None, False
+        snap = max(usable, key=lambda snap: snap[0])
+        self.snapshot_clock += 1
+        snap[4] = self.snapshot_clock
+        return snap[0], snap[1], snap[2]
+
     def _snapshot_before(self, present, counts, bint generated):
         """Keep sequences' recurrent states before a step gives them several
         tokens (a prompt, or generated guesses to verify), which a rewind
-        into them restores; at most max_snapshots a sequence, the oldest
-        dropped."""
+        into them restores; at most max_snapshots a sequence besides the
+        kept ones, the oldest dropped."""
         if self.max_snapshots <= 0:
             return
         for q, c in zip(present, counts):
-            if c < 2:
-                continue
-            q = int(q)
-            kept = self.snapshots.setdefault(q, [])
-            at = self.cache.seq_length[q]
-            if kept and kept[len(kept) - 1][0] == at:
-                continue
-            kept.append((at, self.cache.recurrent_state(q), generated))
-            if len(kept) > self.max_snapshots:
-                del kept[:len(kept) - self.max_snapshots]
+            if c >= 2:
+                self._take_snapshot(int(q), generated, False)
+
+    cdef list _take_snapshot(self, int s, bint generated, bint keep):
+        at = self.cache.seq_length[s]
+        kept = self.snapshots.setdefault(s, [])
+        self.snapshot_clock += 1
+        for snap in kept:
+            if snap[0] == at:
+                snap[3] = snap[3] or keep
+                snap[4] = self.snapshot_clock
+                return snap
+        snap = [at, self.cache.recurrent_state(s), generated, keep, self.snapshot_clock]
+        kept.append(snap)
+        kept.sort(key=lambda snap: snap[0])
+        transient = [snap for snap in kept if not snap[3]]
+        for old in transient[:max(0, len(transient) - self.max_snapshots)]:
+            kept.remove(old)
+        return snap
+
+    def keep_snapshot(self, seq):
+        """Keep sequence ``seq``'s recurrent state where it ends now (the end of
+        a prompt or of a generation) until :meth:`drop_snapshot`: a later
+        prompt that parts from the sequence after this point resumes here."""
+        self._check_idle()
+        cdef int s = self.cache._check_seq(seq)
+        if self.cache.hybrid and self.cache.seq_length[s] > 0:
+            self._take_snapshot(s, False, True)
+
+    def kept_snapshots(self):
+        """``[(last used, seq, position, bytes), ...]`` of every kept snapshot;
+        states shared by forked sequences count once, under the first."""
+        seen, out = set(), []
+        for s, kept in self.snapshots.items():
+            for snap in kept:
+                if snap[3]:
+                    fresh = id(snap[1]) not in seen
+                    seen.add(id(snap[1]))
+                    out.append((snap[4], s, snap[0], len(snap[1]) if fresh else 0))
+        return out
+
+    def drop_snapshot(self, seq, p):
+        """Forget sequence ``seq``'s snapshot at position ``p``, if any."""
+        cdef int s = self.cache._check_seq(seq)
+        self.snapshots[s] = [snap for snap in self.snapshots.get(s, []) if snap[0] != p]
+
+    def snapshot_state(self, seq, p):
+        """The state of sequence ``seq``'s first ``p`` positions, as
+        :meth:`seq_state` would have given it when the sequence ended at
+        ``p``: their K and V, and the recurrent state of the kept snapshot
+        at ``p`` (None when there is none)."""
+        self._check_idle()
+        cdef int s = self.cache._check_seq(seq)
+        p = _as_integer("the position", p)
+        if not self.cache.hybrid or not 0 < p <= self.cache.seq_length[s]:
+            return None
+        if p == self.cache.seq_length[s]:
+            return self.seq_state(s)
+        snap = next((snap for snap in self.snapshots.get(s, []) if snap[0] == p), None)
+        if snap is None:
+            return None
+        return np.concatenate([_read_seq_state(self.cache, s, p), snap[1]])
 
     @property
     def snapshot_bytes(self):

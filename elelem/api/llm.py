@@ -26,6 +26,7 @@ from .._core import (DEFAULT_RPC_TIMEOUT, flash_attn_supported, new_context, ope
                      place_layers, unsupported_weights)
 from ..cpu import amx_types, widen_q5_0
 from ..engine.engine import Engine
+from ..engine.state_cache import DEFAULT_STATE_CACHE_MB
 from ..errors import ClosedError, ContextLimitError, InvalidArgumentError
 from ..gguf.reader import GGUFFile, read_gguf
 from ..model.architectures import ModelSpec, model_spec
@@ -68,6 +69,14 @@ def _checked_n_ctx(value) -> int:
     if not 1 <= n <= MAX_N_CTX:
         raise InvalidArgumentError(f"n_ctx must be between 1 and {MAX_N_CTX:,}, got {n:,}")
     return n
+
+
+def _checked_state_cache_mb(value) -> int:
+    if value is None:
+        return DEFAULT_STATE_CACHE_MB
+    if isinstance(value, bool) or not hasattr(type(value), "__index__") or operator.index(value) < 0:
+        raise InvalidArgumentError(f"state_cache_mb must be a non-negative integer (MiB), got {value!r}")
+    return operator.index(value)
 
 
 def default_n_threads() -> int:
@@ -175,6 +184,13 @@ class LLM:
     evaluating it (:mod:`elelem.engine.prompt_cache`).  ``save_state()`` and
     ``load_state()`` do the same in memory, for the default session.
 
+    ``state_cache_mb`` (default 2048) bounds what a hybrid model (Gated
+    DeltaNet, Mamba: a recurrent state that cannot be cut back) keeps in
+    memory so that a conversation's next turn evaluates only its new tokens:
+    the recurrent state where each prompt ended, and the whole state of a
+    conversation whose sequence another one took, least recently used
+    evicted first (:mod:`elelem.engine.state_cache`); 0 keeps none.
+
     ``tool_call_format`` names the format the model writes tool calls in
     (``"hermes"``, ``"qwen3_coder"``, ``"harmony"``, ``"mistral"``,
     ``"llama3"``, ``"glm"``; see :mod:`elelem.api.tools.parsers`) for a chat
@@ -197,8 +213,9 @@ class LLM:
                  embedding: bool = False, pooling: Optional[str] = None, rpc_servers=None,
                  n_gpu_layers: Optional[int] = None, main_gpu: int = 0, tensor_split=None,
                  rpc_timeout: float = DEFAULT_RPC_TIMEOUT, widen: Optional[bool] = None,
-                 tool_call_format: Optional[str] = None):
+                 tool_call_format: Optional[str] = None, state_cache_mb: Optional[int] = None):
         t0 = time.perf_counter()
+        state_cache_bytes = _checked_state_cache_mb(state_cache_mb) << 20
         if tool_call_format is not None:
             format_named(tool_call_format)  # an unknown name fails before the model loads
         self._engine: Optional[Engine] = None
@@ -256,7 +273,8 @@ class LLM:
                 prompt_cache, self.path, context, prompt_cache_bytes)
             self._log_compute_buffers(context)
             self._engine = Engine(context, n_ctx=n_ctx if kv_size is None else min(n_ctx, context.kv_size),
-                                  speculative=bool(speculative), draft=draft, prompt_cache=disk_cache)
+                                  speculative=bool(speculative), draft=draft, prompt_cache=disk_cache,
+                                  state_cache_bytes=state_cache_bytes)
             self.assets = ModelAssets(self.path, self.gguf, self.spec)
             self.assets.tool_call_format = tool_call_format  # None: read from the chat template
             # embedding=True is llama-cpp-python's switch; here embeddings always work.

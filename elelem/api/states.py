@@ -81,7 +81,8 @@ def open_prompt_cache(directory, model_path: Path, context, max_bytes: Optional[
     folder = Path(directory).expanduser()
     identity = "sha256:" + _model_sha256(folder, Path(model_path))
     return PromptCache(folder, cache_settings(context, identity),
-                       max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes)
+                       max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
+                       whole_states=context.cache.hybrid)
 
 
 def _model_sha256(folder: Path, model_path: Path) -> str:

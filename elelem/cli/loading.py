@@ -43,4 +43,5 @@ def open_llm(args: argparse.Namespace, *, n_ctx: int | None = None):
     return LLM(model_path(args.model), n_ctx=args.ctx if n_ctx is None else n_ctx, n_threads=args.threads,
                use_mmap=args.use_mmap, repack=args.repack, amx=args.amx, speculative=args.speculative,
                draft_model=draft, prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_size,
+               state_cache_mb=args.state_cache_mb,
                rpc_servers=args.rpc, flash_attn=flash_attn_option(args), **gpu_options(args))

@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     caching.add_argument("--prompt-cache-size", type=_byte_size, default=None, metavar="SIZE",
                          help="most bytes the prompt cache keeps, least recently used evicted first "
                               "(e.g. 500M, 4G; default 2G)")
+    caching.add_argument("--state-cache-mb", type=_non_negative_int, default=None, metavar="MB",
+                         help="memory a hybrid model (Qwen3.5, Qwen3-Next) keeps for conversations to resume "
+                              "from without evaluating their history again: the recurrent state where each "
+                              "prompt ended, least recently used evicted first (default 2048; 0: none)")
 
     generation = argparse.ArgumentParser(add_help=False)
     generation.add_argument("-n", "--max-tokens", type=_non_negative_int, default=None, metavar="N",

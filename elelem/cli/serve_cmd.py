@@ -30,6 +30,7 @@ def main(args: argparse.Namespace) -> int:
                           speculative=args.speculative, flash_attn=args.flash_attn,
                           n_gpu_layers=args.n_gpu_layers, main_gpu=args.main_gpu, tensor_split=args.tensor_split,
                           prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_size,
+                          state_cache_mb=args.state_cache_mb,
                           draft_model=None if args.draft_model is None else model_path(args.draft_model),
                           llm_options=_llm_options(args))
     if not _is_loopback(args.host) and args.api_key is None:

@@ -41,6 +41,7 @@ from ..errors import CapacityError, ClosedError, ContextLimitError, InvalidArgum
 from .prompt_cache import PromptCache
 from .request import Request
 from .speculative import PromptLookup
+from .state_cache import DEFAULT_STATE_CACHE_MB, MIN_PARKED_TOKENS, StateCache
 from .step_costs import StepCosts, plan_drafts
 
 log = logging.getLogger("elelem")
@@ -87,8 +88,11 @@ class Engine:
     """Sequences and continuous batching over one native context."""
 
     def __init__(self, context, *, n_ctx: int, speculative: bool = False, draft=None,
-                 prompt_cache: Optional[PromptCache] = None):
+                 prompt_cache: Optional[PromptCache] = None, state_cache_bytes: int = DEFAULT_STATE_CACHE_MB << 20):
         self._ctx = context
+        # A hybrid model's kept snapshots and parked states, within one budget (state_cache.py).
+        self.states = StateCache()
+        self.state_cache_bytes = state_cache_bytes
         # States of finished sequences on disk, loaded for prompts that share their prefix.
         self.prompt_cache = prompt_cache
         self._finished_seqs: list[int] = []  # retired in this step: offered to the prompt cache after it
@@ -121,6 +125,8 @@ class Engine:
         self.batched_tokens = 0             # and steps that carried more than one sequence
         self.shared_steps = 0
         self.step_seconds = 0.0             # wall time of the steps run (compute and settling)
+        self.prompt_tokens = 0              # prompt tokens admitted, and the ones evaluated
+        self.prompt_tokens_evaluated = 0    # (not found in a cache)
         self.drafted_tokens = 0             # speculative decoding: draft tokens verified,
         self.accepted_tokens = 0            # and the ones kept
         # What steps of each width cost here: how many drafts a step verifies.
@@ -143,6 +149,13 @@ class Engine:
     @property
     def context(self):
         return self._ctx
+
+    @property
+    def state_cache_used(self) -> int:
+        """Bytes of the kept snapshots and parked states (state_cache.py)."""
+        if not self._ctx.cache.hybrid:
+            return 0
+        return self.states.nbytes + sum(size for *_, size in self._ctx.kept_snapshots())
 
     @property
     def closed(self) -> bool:
@@ -425,6 +438,10 @@ class Engine:
             if budget == 0:
                 break
             n = min(len(request.pending), budget)
+            if request.checkpoint and not request.decoding:   # a step ends there, for its snapshot
+                before = request.checkpoint - self._ctx.cache.seq_length_of(request.seq)
+                if 0 < before < n:
+                    n = before
             budget -= n
             chunk = _Chunk(request, n)
             ends = n == len(request.pending)
@@ -508,29 +525,35 @@ class Engine:
             if self._prefix_coming(request, limit, shared):
                 request.admitted = False  # admitted at a later step, forking it
                 return
-            loaded = self._load_cached_prefix(request, prompt, limit, shared)
+            loaded = self._load_parked(request, prompt, limit, own, donor, shared)
+            loaded = loaded or self._load_cached_prefix(request, prompt, limit, shared)
+            if not loaded and cache.seq_length_of(request.seq) < own:   # cut for a load that found no room
+                own, donor, shared = self._prefix_in_memory(request.seq, prompt, limit)
             if loaded:
                 shared = loaded
                 fresh = 0   # a state from disk: how its positions were evaluated is not kept
             else:
                 source = request.seq if donor is None else donor
                 fresh = min(self._fresh_rows.get(source, 0), shared)
-                exact = bool(shared) and shared == fresh
-                if exact:
+                if cache.hybrid:   # where a state was kept: the exact tail's cut would go back turns
+                    own, donor, shared = self._at_resume_points(request.seq, own, donor, shared)
+                elif shared and shared == fresh:
                     own, donor, shared = self._cut_for_fresh_logits(len(prompt), own, donor, shared)
-                if cache.hybrid:
-                    own, donor, shared = self._at_resume_points(request.seq, own, donor, shared, exact)
                 source = request.seq if donor is None else donor
                 fresh = min(self._fresh_rows.get(source, 0), shared)
                 if donor is not None:  # a prefix another sequence holds: share its cells
-                    self._ctx.seq_rm(request.seq, 0)
+                    self._cut(request.seq, 0)
                     self._ctx.seq_cp(donor, request.seq, shared)
                 else:
-                    self._ctx.seq_rm(request.seq, own)
+                    self._cut(request.seq, own)
             # Evaluated here as a prompt: afresh, or after positions that were.
             self._fresh_rows[request.seq] = len(prompt) if fresh == shared else fresh
             request.reused = shared
             request.pending = prompt[shared:]
+            self.prompt_tokens += len(prompt)
+            self.prompt_tokens_evaluated += len(request.pending)
+            if cache.hybrid:
+                request.checkpoint = self._checkpoint(len(prompt), shared)
         length = cache.seq_length_of(request.seq)
         limit = request.n_ctx if request.n_ctx is not None else self.n_ctx
         if length + len(request.pending) > limit:
@@ -567,26 +590,24 @@ class Engine:
                 donor = None
         return own, donor, (shared if donor is not None else own)
 
-    def _at_resume_points(self, seq: int, own: int, donor: Optional[int], shared: int,
-                          aligned: bool) -> tuple[int, Optional[int], int]:
+    def _at_resume_points(self, seq: int, own: int, donor: Optional[int],
+                          shared: int) -> tuple[int, Optional[int], int]:
         """``(own, donor, shared)`` of a hybrid model cut to where the
         sequences' recurrent states can be set without evaluating tokens
         again (Context.resume_point): the positions past it are evaluated
-        with the rest of the prompt, in its steps, as a fresh evaluation
-        would -- a replay of them in a step of its own would round them
-        otherwise.  With ``aligned``, on REUSE_ALIGNMENT's grid too."""
-        own = self._resume_point(seq, own, aligned)
+        with the rest of the prompt, in its steps -- a replay of them in a
+        step of its own would round them otherwise.  A resume point off
+        REUSE_ALIGNMENT's grid (a prompt's end, mostly) is taken as it is:
+        the step after it groups its columns from there, where a fresh
+        evaluation would group them from the grid, which may round its last
+        digits otherwise; the one alternative, an earlier snapshot, would
+        evaluate hundreds of positions again on each turn of a chat."""
+        own = self._ctx.resume_point(seq, own)
         if donor is not None:
-            shared = self._resume_point(donor, shared, aligned)
+            shared = self._ctx.resume_point(donor, shared)
             if shared <= own:
                 donor = None
         return own, donor, (shared if donor is not None else own)
-
-    def _resume_point(self, seq: int, p: int, aligned: bool) -> int:
-        point = self._ctx.resume_point(seq, p)
-        while aligned and point != _aligned(point):
-            point = self._ctx.resume_point(seq, _aligned(point))
-        return point
 
     def _forkable(self, n: int, shared: int) -> int:
         """The positions of a prefix of ``shared`` positions that an ``n``-token
@@ -615,14 +636,16 @@ class Engine:
         holds, and the longest one any sequence holds (``donor``: which other
         one, or None), at most ``limit`` positions.  Under the lock."""
         cache = self._ctx.cache
-        own = _aligned(min(_common_prefix(cache.seq_tokens(seq), prompt), limit))
+        # A hybrid model's prefix ends where a snapshot is (_at_resume_points), on the grid or not.
+        grid = (lambda n: n) if cache.hybrid else _aligned
+        own = grid(min(_common_prefix(cache.seq_tokens(seq), prompt), limit))
         donor, shared = None, own
         # A hybrid model's donor is worth the positions its state can be forked at.
         worth = self._ctx.resume_point if cache.hybrid else (lambda _, n: n)
         best = worth(seq, own)
         for other in self._last_used:
             if other != seq:
-                n = _aligned(min(_common_prefix(cache.seq_tokens(other), prompt), limit))
+                n = grid(min(_common_prefix(cache.seq_tokens(other), prompt), limit))
                 if worth(other, n) > best:
                     donor, shared, best = other, n, worth(other, n)
         return own, donor, shared
@@ -688,8 +711,7 @@ class Engine:
         entry = entry if entry is not None else disk.read(hit)
         if entry is None:
             return 0
-        cache = self._ctx.cache
-        self._ctx.seq_rm(request.seq, 0)
+        self._cut(request.seq, 0)
         running = {r.seq for r in self._active if r.admitted} | {request.seq}
         if self._make_room(n, running) < n:
             return 0
@@ -712,6 +734,99 @@ class Engine:
             tokens = cache.seq_tokens(seq)
             if not disk.holds(tokens):
                 disk.store(tokens, self._ctx.seq_state(seq))
+            # A hybrid state loads whole: its prompt's end too, where the next turn resumes.
+            for end in self._kept_ends(seq, len(tokens)):
+                if end >= disk.min_tokens and not disk.holds(tokens[:end]):
+                    state = self._ctx.snapshot_state(seq, end)
+                    if state is not None:
+                        disk.store(tokens[:end], state)
+
+    # -- a hybrid model's kept states (state_cache.py) ---------------------------
+
+    def _keep_prompt_end(self, seq: int) -> None:
+        """Keep the recurrent state where a prompt ended: a later prompt that
+        parts from this sequence's answer (a chat template that drops the
+        reasoning) resumes there."""
+        if self.state_cache_bytes <= 0:
+            return
+        self._ctx.keep_snapshot(seq)
+        self._fit_state_budget()
+
+    def _checkpoint(self, n: int, start: int) -> int:
+        """Where an ``n``-token prompt evaluated from ``start`` ends a step of
+        its own to keep a snapshot (0: nowhere): the last point before its
+        end from which its tail is evaluated as the step class and tiles of
+        its unsplit evaluation would (_forkable), so that its logits do not
+        change.  A later prompt that parts from this one within its last
+        tokens -- a chat template's next turn that re-renders the
+        generation prompt (Qwen3.5's opens ``<think>`` there, and drops it
+        from history) -- resumes there rather than turns back."""
+        if self.state_cache_bytes <= 0:
+            return 0
+        point = self._forkable(n, n)
+        return point if point - start >= self.exact_tail(n) else 0
+
+    def _kept_ends(self, seq: int, before: int) -> list[int]:
+        """The positions of the last prompt's kept snapshots of ``seq`` before
+        position ``before`` (its end and its checkpoint), latest first."""
+        kept = sorted((pos for _, s, pos, _ in self._ctx.kept_snapshots() if s == seq and pos < before), reverse=True)
+        return kept[:2]
+
+    def _cut(self, seq: int, keep: int) -> None:
+        """Trim ``seq`` to ``keep`` positions for another prompt.  A hybrid
+        sequence about to lose a kept prompt end parks its state there and
+        its whole state (the generation's end), for its conversation to
+        resume from when it comes back."""
+        cache = self._ctx.cache
+        length = cache.seq_length_of(seq)
+        if cache.hybrid and self.state_cache_bytes > 0 and keep < length:
+            ends = [n for n in self._kept_ends(seq, length) if n > keep]
+            if ends:
+                tokens = cache.seq_tokens(seq)
+                for n in [length] + ends:
+                    state = self._ctx.snapshot_state(seq, n)
+                    if n >= MIN_PARKED_TOKENS and state is not None:
+                        self.states.park(tokens[:n], state)
+                log.debug("sequence %d: parked its states at positions %s", seq, [length] + ends)
+        self._ctx.seq_rm(seq, keep)
+        if cache.hybrid and self.states.nbytes:
+            self._fit_state_budget()
+
+    def _load_parked(self, request: Request, prompt: list[int], limit: int, own: int,
+                     donor: Optional[int], shared: int) -> int:
+        """Load the longest parked state that ``prompt`` extends, when it
+        beats what the sequences in memory offer; returns its positions (0: none)."""
+        if not self._ctx.cache.hybrid or not len(self.states):
+            return 0
+        key = self.states.lookup(prompt, limit)
+        if key is None:
+            return 0
+        held = max(self._ctx.resume_point(request.seq, own),
+                   self._ctx.resume_point(donor, shared) if donor is not None else 0)
+        if len(key) <= held:
+            return 0
+        state = self.states.take(key)
+        self._cut(request.seq, 0)
+        running = {r.seq for r in self._active if r.admitted} | {request.seq}
+        if self._make_room(len(key), running) < len(key):
+            return 0
+        self._ctx.seq_load(request.seq, list(key), state)
+        self._ctx.keep_snapshot(request.seq)
+        log.debug("state cache: resumed %d of %d prompt tokens from a parked state", len(key), len(prompt))
+        return len(key)
+
+    def _fit_state_budget(self) -> None:
+        """Parked states, then kept snapshots, least recently used first,
+        until both fit state_cache_bytes."""
+        kept = sorted(self._ctx.kept_snapshots())
+        total = self.states.nbytes + sum(size for *_, size in kept)
+        while total > self.state_cache_bytes and self.states.evict_oldest():
+            total = self.states.nbytes + sum(size for *_, size in kept)
+        for _, seq, pos, size in kept:
+            if total <= self.state_cache_bytes:
+                break
+            self._ctx.drop_snapshot(seq, pos)
+            total -= size
 
     def _make_room(self, need: int, running: set[int]) -> int:
         """Free cells for ``need`` tokens, dropping idle sequences' cells
@@ -722,7 +837,7 @@ class Engine:
                           if s not in running and s not in self._seq_request and cache.seq_length_of(s) > 0)
             for _, seq in idle:
                 log.debug("KV cache full: dropping the cached prefix of idle sequence %d", seq)
-                self._ctx.seq_rm(seq, 0)
+                self._cut(seq, 0)
                 self._fresh_rows.pop(seq, None)
                 if cache.n_free >= need:
                     break
@@ -744,6 +859,9 @@ class Engine:
             self._last_used[request.seq] = now
             del request.pending[:chunk.n]
             request.evaluated += chunk.n
+            if not request.decoding and self._ctx.cache.hybrid and (
+                    not request.pending or self._ctx.cache.seq_length_of(request.seq) == request.checkpoint):
+                self._keep_prompt_end(request.seq)
             if request.cancelled:
                 self._keep_drafts(chunk, 0)
                 self._drop(request, request.cancel_error)

@@ -17,7 +17,11 @@ so other processes' entries are seen.
 Bounded: after each write the least recently used files (by modification
 time, which a hit refreshes) are removed until the folder is within
 ``max_bytes``; a stored sequence that a newer one extends is removed at
-once, since the newer one serves every prompt the older one could.
+once, since the newer one serves every prompt the older one could -- except
+for a hybrid model (``whole_states``), whose recurrent state is that of an
+entry's last position: its entries load whole or not at all, so a prompt
+finds only the ones it extends, and a conversation's prompt end is kept
+beside the whole answer that extends it.
 
 Everything read is checked (see :mod:`.state_file`): a damaged, cut-short
 or foreign file is skipped with a warning, and removed if it is one of ours.
@@ -63,7 +67,7 @@ class PromptCache:
     """KV states of token sequences under ``directory``, for one namespace."""
 
     def __init__(self, directory, namespace: Mapping[str, Any], *, max_bytes: int = DEFAULT_MAX_BYTES,
-                 min_tokens: int = DEFAULT_MIN_TOKENS):
+                 min_tokens: int = DEFAULT_MIN_TOKENS, whole_states: bool = False):
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise InvalidArgumentError(f"the prompt cache's max_bytes must be a positive integer, got {max_bytes!r}")
         if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 1:
@@ -77,6 +81,7 @@ class PromptCache:
             raise InvalidArgumentError(f"cannot use {directory} as a prompt cache: {exc}") from exc
         self.max_bytes = max_bytes
         self.min_tokens = min_tokens
+        self.whole_states = whole_states
         self._index: dict[Path, np.ndarray] = {}
         self._index_stamp: Optional[int] = None
         self._lock = threading.Lock()           # the index, shared by the engine and the writer
@@ -97,6 +102,8 @@ class PromptCache:
             self._refresh_index()
             for path, tokens in self._index.items():
                 n = _common_prefix(tokens, prompt)
+                if self.whole_states and n < len(tokens):
+                    continue
                 if n >= self.min_tokens and (best is None or n > best.n):
                     best = CacheHit(path, n, len(tokens))
         return best
@@ -175,6 +182,8 @@ class PromptCache:
             self._refresh_index()
             # An entry this one extends can serve no prompt better than this one.
             for other, other_tokens in list(self._index.items()):
+                if self.whole_states:
+                    break
                 if other != path and len(other_tokens) < len(tokens) and \
                         _common_prefix(other_tokens, tokens) == len(other_tokens):
                     _unlink(other)

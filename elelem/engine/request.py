@@ -64,6 +64,7 @@ class Request:
         self.drafted = 0                          # draft tokens verified
         self.accepted = 0                         # of those, the ones kept
         self.reused = 0                           # prompt tokens found in the cache
+        self.checkpoint = 0                       # a hybrid prompt's position to keep a snapshot at (0: none)
         # The prompt cache's best entry for the prompt, read from disk by the
         # submitting thread before it takes the engine's lock: (hit, entry) or None.
         self.prefetched = None

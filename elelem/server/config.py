@@ -47,6 +47,7 @@ class ServerConfig:
     draft_model: Optional[str] = None   # a path or known name, for every model served
     prompt_cache: Optional[str] = None  # a folder: LLM(prompt_cache=...), shared by every model served
     prompt_cache_bytes: Optional[int] = None
+    state_cache_mb: Optional[int] = None   # LLM(state_cache_mb=...): None, its default
     max_body_bytes: int = 4 * 2**20
     max_messages: int = 512
     max_tokens_limit: Optional[int] = None   # None: n_ctx bounds it

@@ -102,6 +102,14 @@ def _engine_lines(models: list) -> list[str]:
          [(m, e.batched_tokens) for m, e in engines]),
         ("elelem_engine_shared_steps_total", "counter", "steps that carried more than one sequence",
          [(m, e.shared_steps) for m, e in engines]),
+        ("elelem_engine_prompt_tokens_total", "counter", "prompt tokens the engine received",
+         [(m, e.prompt_tokens) for m, e in engines]),
+        ("elelem_engine_prompt_tokens_evaluated_total", "counter", "of those, the ones it evaluated "
+         "(the rest came from a cached prefix, a kept recurrent state or the prompt cache)",
+         [(m, e.prompt_tokens_evaluated) for m, e in engines]),
+        ("elelem_engine_state_cache_bytes", "gauge", "recurrent states kept for conversations to resume from "
+         "(hybrid models; bounded by --state-cache-mb)",
+         [(m, e.state_cache_used) for m, e in engines]),
         ("elelem_kv_cells_used", "gauge", "KV cache cells in use", [(m, e.context.cache.n_used) for m, e in engines]),
         ("elelem_kv_cells", "gauge", "KV cache cells", [(m, e.kv_size) for m, e in engines]),
         ("elelem_model_layers", "gauge", "the model's layers",

@@ -94,7 +94,7 @@ class ServedModel:
                     n_seq_max=self._config.parallel + 1,  # + the LLM's own default session
                     kv_size=padded_cells(n_ctx * self._config.parallel), speculative=self._config.speculative,
                     draft_model=self._config.draft_model, prompt_cache=self._config.prompt_cache,
-                    prompt_cache_bytes=self._config.prompt_cache_bytes,
+                    prompt_cache_bytes=self._config.prompt_cache_bytes, state_cache_mb=self._config.state_cache_mb,
                     **{"flash_attn": self._config.flash_attn, **self._gpu_options(), **self._config.llm_options})
                 self._llm.tokenizer, self._llm.chat_template  # built now, not in the first request
                 self.loaded_at = time.monotonic()
