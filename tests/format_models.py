@@ -81,11 +81,14 @@ def family_models(tmp_path_factory, open_model: Optional[Callable] = None):
             opened.close()
 
 
-def write_format_model(path: Path, family: str, *, source: Optional[str] = None, seed: int = 7) -> FormatModel:
+def write_format_model(path: Path, family: str, *, source: Optional[str] = None, seed: int = 7,
+                       base: Optional[TinyConfig] = None) -> FormatModel:
+    """A tiny model with ``family``'s chat template and vocabulary; ``base``, when
+    given, is the architecture's config (its vocabulary size is set here)."""
     name, control, user_defined, eos = FAMILIES[family]
     source = template(name) if source is None else source
     tokens = BYTE_TO_CHAR + ["".join(pair) for pair in MERGES] + control + user_defined
-    cfg = TinyConfig(n_vocab=len(tokens), n_embd=64, n_layer=2, seed=seed)
+    cfg = (base or TinyConfig(n_embd=64, n_layer=2, seed=seed)).but(n_vocab=len(tokens))
 
     def vocabulary(writer):
         writer.add_tokenizer_model("gpt2")
