@@ -400,7 +400,9 @@ def quantize(arr: np.ndarray, wtype: str) -> np.ndarray:
     """(n_out, n_in) float32 -> (n_out, bytes per row) uint8, with gguf's quantizers
     where it has one, else tests/kquants.py's."""
     own = _OWN_QUANTIZERS.get(wtype)
-    return own(arr) if own is not None else gguf.quants.quantize(arr, QTYPES[wtype])
+    if own is None:
+        return gguf.quants.quantize(arr, QTYPES[wtype])
+    return own(arr.reshape(-1, arr.shape[-1])).reshape(arr.shape[:-1] + (-1,))  # experts: (n_expert, n_out, bytes)
 
 
 def write_model(path: Path, cfg: TinyConfig,

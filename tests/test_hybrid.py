@@ -178,6 +178,22 @@ def test_a_fork_copies_the_state_whole_or_from_a_snapshot(hybrid):
         np.testing.assert_array_equal(ctx.decode([tokens[7]], [2], True, decode_kernels=True), want[7:8])
 
 
+def test_a_step_of_several_counts_may_want_rows_of_one_sequence_only(hybrid):
+    # A prompt chunk short of its prompt's end wants no row: its sequence's
+    # own step (one per count) still runs, and returns nothing.
+    a, b = _prompt(50, 6), _prompt(51, 3)
+    with _open(hybrid) as llm:
+        ctx = llm.engine.context
+        want_a = ctx.decode(a, [0] * 6)
+        ctx.decode(b, [1] * 3)
+        want_b = ctx.decode([7], [1])
+        ctx.seq_rm(0, 0)
+        ctx.seq_rm(1, 0)
+        got_a = ctx.decode(a + b, [0] * 6 + [1] * 3, [False] * 5 + [True] + [False] * 3)
+        np.testing.assert_array_equal(got_a, want_a)
+        np.testing.assert_array_equal(ctx.decode([7], [1]), want_b)
+
+
 def test_a_failed_step_leaves_every_state_as_it_was(hybrid):
     from elelem.errors import KVCacheFullError
 

@@ -108,6 +108,58 @@ def test_sequences_routed_to_different_experts_in_one_step_get_their_solo_logits
         assert ctx.step_ops().get("MUL_MAT_ID", 0) >= 3
 
 
+# Q6_K (and other K-quant or IQ) experts stay plain, and ggml's mul_mat_id
+# takes an expert's rows through its tiled kernel once 8 of the step's rows
+# chose it, through vec_dot below: the final hidden state (before any
+# quantization rounds small differences away) shows it.  Every expert here
+# is chosen by every token.
+def test_k_quant_experts_give_every_row_its_solo_numbers_in_any_step(tiny_model):
+    cfg = QWEN3MOE.but(n_embd=256, n_ff_exp=256, n_expert=2, n_expert_used=2, wtype="q8_0", wtypes=(
+        ("output.weight", "q6_k"),) + tuple((f"{r}_exps.weight", "q6_k") for r in ("ffn_gate", "ffn_up", "ffn_down")))
+    path, _ = tiny_model(cfg)
+    with elelem.LLM(path, n_threads=2, n_seq_max=16, flash_attn=True, amx=False, kv_size=1024) as llm:
+        ctx = llm.engine.context
+        if 8 not in ctx.width_thresholds:
+            pytest.skip("ggml's tiled K-quant kernel does not run on this CPU")
+        rng = np.random.default_rng(4)
+        for seq in range(16):
+            prompt = rng.integers(0, cfg.n_vocab, 9 + seq).tolist()
+            ctx.decode(prompt, [seq] * len(prompt))
+        bases = [ctx.cache.seq_length_of(seq) for seq in range(16)]
+
+        def rewind():
+            for seq in range(16):
+                ctx.cache.seq_rm(seq, bases[seq])
+
+        for n in (7, 8, 9, 16):   # generated tokens of n sequences: one-token steps' numbers
+            tokens = rng.integers(0, cfg.n_vocab, n).tolist()
+            seqs = rng.permutation(16)[:n].tolist()
+            for embeddings in (True, False):
+                alone = np.concatenate([ctx.decode([t], [s], True, embeddings=embeddings)
+                                        for t, s in zip(tokens, seqs)])
+                rewind()
+                together = ctx.decode(tokens, seqs, True, embeddings=embeddings, decode_kernels=True)
+                rewind()
+                np.testing.assert_array_equal(together, alone, err_msg=f"a step of {n}, embeddings={embeddings}")
+        for seq in range(16):
+            ctx.cache.seq_rm(seq, 0)
+        for lengths in ((5, 6), (3, 3, 3), (11, 6, 17)):   # prompts arriving together: their own steps' numbers
+            prompts = [rng.integers(0, cfg.n_vocab, n).tolist() for n in lengths]
+            for outputs in (None, True):
+                for embeddings in (True, False):
+                    alone = []
+                    for prompt in prompts:
+                        alone.append(ctx.decode(prompt, [0] * len(prompt), outputs, embeddings=embeddings))
+                        ctx.cache.seq_rm(0, 0)
+                    together = ctx.decode([t for p in prompts for t in p],
+                                          [s for s, p in enumerate(prompts) for _ in p], outputs, embeddings=embeddings)
+                    for s in range(len(prompts)):
+                        ctx.cache.seq_rm(s, 0)
+                    alone = np.concatenate([a if outputs else a[-1:] for a in alone])
+                    np.testing.assert_array_equal(together, alone,
+                                                  err_msg=f"prompts {lengths}, outputs={outputs}, embeddings={embeddings}")
+
+
 # -- speculative decoding and the prompt cache -----------------------------------------
 
 LOOPY = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]

@@ -267,17 +267,33 @@ cdef class Context:
 
     cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs, bint embeddings,
                            bint decode_kernels, const int32_t * seqs, int n_seqs=0,
-                           bint pair_lone_row=False, const int * split_kv=NULL) except NULL:
+                           bint pair_lone_row=False, const int * split_kv=NULL,
+                           const int32_t * out_rows=NULL) except NULL:
         cdef Step * st = &self.graph_step
         cdef int n_runs = 0
         cdef int run_length[MAX_RUNS]
+        cdef int n_out_runs = 0
+        cdef int out_run_length[MAX_RUNS]
+        cdef int32_t * out_seqs
+        cdef int i
         cdef bint split_rows = split_kv != NULL
         if not decode_kernels:
             n_runs = _sequence_runs(n_tokens, seqs, run_length)
+            if n_runs > 1 and out_rows != NULL and n_outputs < n_tokens:
+                # the sequences of the output rows, in their order (graph/blocks.pxi: Step.out_run_length)
+                out_seqs = <int32_t *> malloc(n_outputs * sizeof(int32_t))
+                if out_seqs == NULL:
+                    raise MemoryError()
+                for i in range(n_outputs):
+                    out_seqs[i] = seqs[out_rows[i]]
+                n_out_runs = _sequence_runs(n_outputs, out_seqs, out_run_length)
+                free(out_seqs)
         if self.graph_ready and st.n_tokens == n_tokens and st.n_kv == n_kv and st.n_outputs == n_outputs \
                 and st.embeddings == embeddings and st.decode_kernels == decode_kernels and st.n_runs == n_runs \
                 and st.n_seqs == n_seqs and st.pair_lone_row == pair_lone_row \
                 and memcmp(st.run_length, run_length, n_runs * sizeof(int)) == 0 \
+                and st.n_out_runs == n_out_runs \
+                and memcmp(st.out_run_length, out_run_length, n_out_runs * sizeof(int)) == 0 \
                 and st.split_rows == split_rows \
                 and (not split_rows or memcmp(st.split_kv, split_kv, n_tokens * sizeof(int)) == 0):
             return st
@@ -292,6 +308,8 @@ cdef class Context:
         st.n_seqs = n_seqs
         st.pair_lone_row = pair_lone_row
         memcpy(st.run_length, run_length, n_runs * sizeof(int))
+        st.n_out_runs = n_out_runs
+        memcpy(st.out_run_length, out_run_length, n_out_runs * sizeof(int))
         st.split_rows = split_rows
         if split_rows:
             memcpy(st.split_kv, split_kv, n_tokens * sizeof(int))
@@ -336,9 +354,16 @@ cdef class Context:
         try:
             for group in groups:
                 mine = order[np.isin(seqs[order], group)]
-                out = self._decode(ids[mine], seqs[mine], flags[mine], embeddings, decode_kernels, len(group))
+                wanted = flags[mine]
+                if not wanted.any():   # a step returns some row: one to drop (a prompt chunk short of its end)
+                    wanted = wanted.copy()
+                    wanted[-1] = True
+                    self._decode(ids[mine], seqs[mine], wanted, embeddings, decode_kernels, len(group))
+                    done.append(group)
+                    continue
+                out = self._decode(ids[mine], seqs[mine], wanted, embeddings, decode_kernels, len(group))
                 done.append(group)
-                outs.append((mine[flags[mine]], out))
+                outs.append((mine[wanted], out))
         except BaseException:
             for group in done:
                 for q in group:
@@ -407,7 +432,7 @@ cdef class Context:
         self.busy = True
         try:
             st = self._graph_for(n, n_kv, n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs, pair_lone_row,
-                                 <const int *> split_kv if split_rows else <const int *> NULL)
+                                 <const int *> split_kv if split_rows else <const int *> NULL, &rows[0])
             _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0])
             self._compute()
         except BaseException:
@@ -489,6 +514,12 @@ cdef class Context:
             _log.info("sequence %d forks %d positions of sequence %d; evaluating positions %d..%d again from "
                       "the nearest snapshot of its recurrent state", b, count, a, pos, count - 1)
             self._replay(b, tokens[pos:count], generated)
+
+    @property
+    def max_prompt_runs(self):
+        """The most sequences a step of prompts may hold for each to get the
+        numbers of its own step (graph/blocks.pxi: Step.run_length)."""
+        return MAX_RUNS
 
     def resume_point(self, seq, p):
         """The furthest position at or before ``p`` to which :meth:`seq_rm`
@@ -804,14 +835,14 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
         free(layer_buft)
     # Graph metadata: a generous node budget per layer, and for a prompt step
     # split by sequence (graph/blocks.pxi) 5 more nodes a run for attention and
-    # 3 a run for each repacked matmul (7 a layer at most); the arena is reused
+    # 3 a run for each repacked matmul, 5 for one split as alone (7 a layer at most); the arena is reused
     # by every step.
     # An expert layer adds about 30 nodes and 2 per expert a token uses (graph/experts.pxi).
     cdef size_t moe_nodes = 0
-    if model.hp.n_expert > 0:
-        moe_nodes = 32 + 2 * model.hp.n_expert_used
+    if model.hp.n_expert > 0:   # ... and about 12 for each group of rows through the experts (graph/experts.pxi)
+        moe_nodes = 32 + 2 * model.hp.n_expert_used + 12 * MAX_EXPERT_GROUPS
     c.graph_size = max(<size_t> GGML_DEFAULT_GRAPH_SIZE,
-                       <size_t> model.hp.n_layer * (64 + (5 + 7 * 3) * MAX_RUNS + moe_nodes) + 256)
+                       <size_t> model.hp.n_layer * (64 + (5 + 7 * 5) * MAX_RUNS + moe_nodes) + 256)
     c.graph_meta_size = ggml_tensor_overhead() * c.graph_size + ggml_graph_overhead_custom(c.graph_size, False)
     c.graph_meta = malloc(c.graph_meta_size)
     if c.graph_meta == NULL:

@@ -20,8 +20,19 @@ cdef extern from "ggml.h" nogil:
         GGML_TYPE_Q4_0
         GGML_TYPE_Q5_0
         GGML_TYPE_Q8_0
+        GGML_TYPE_Q2_K
+        GGML_TYPE_Q3_K
         GGML_TYPE_Q4_K
+        GGML_TYPE_Q5_K
         GGML_TYPE_Q6_K
+        GGML_TYPE_IQ2_XXS
+        GGML_TYPE_IQ2_XS
+        GGML_TYPE_IQ2_S
+        GGML_TYPE_IQ3_XXS
+        GGML_TYPE_IQ3_S
+        GGML_TYPE_IQ1_S
+        GGML_TYPE_IQ1_M
+        GGML_TYPE_IQ4_XS
         GGML_TYPE_Q8_K
         GGML_TYPE_IQ4_NL
         GGML_TYPE_I8

@@ -422,6 +422,11 @@ class Engine:
             # generated tokens, which then reads the weights once more).
             self._prompt_turn = not self._prompt_turn
             runnable = prompting if self._prompt_turn else [r for r in runnable if r.decoding]
+        if not runnable[0].decoding:
+            # A prompt step is split by sequence where its kernels depend on its
+            # width (attention tiles, repacked and tiled matmuls) for at most
+            # Context.max_prompt_runs sequences: the others wait a step.
+            runnable = runnable[:self._ctx.max_prompt_runs]
         budget = min(budget, self._make_room(len(runnable), {r.seq for r in runnable}))
         if budget == 0:
             # Generations grew past the cells kept for them and nothing idle is

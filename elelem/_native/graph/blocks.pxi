@@ -60,6 +60,14 @@ cdef struct Step:
     # weights' matmuls then run once per run (see attention and matmul).
     int n_runs
     int run_length[MAX_RUNS]
+    # ... and the lengths of the runs of its output rows (one sequence's
+    # outputs each), where there are 2 to MAX_RUNS of them (0 otherwise): the
+    # last layer's FFN and the output head run on those rows alone
+    # (select_outputs), which width-dependent kernels then take a run at a
+    # time, as each sequence's own step would (matmul, ffn_moe).
+    int n_out_runs
+    int out_run_length[MAX_RUNS]
+    bint output_rows            # the graph being built is past select_outputs: its rows are the output rows
 
 
 cdef void _make_inputs(Step * st) except *:
@@ -274,6 +282,14 @@ cdef inline bint _tinyblas_type(ggml_type t) noexcept:
     return t == GGML_TYPE_Q8_0 or t == GGML_TYPE_Q4_0 or t == GGML_TYPE_Q5_0 or t == GGML_TYPE_IQ4_NL
 
 
+cdef inline bint _tiled_type(ggml_type t) noexcept:
+    """The weight types ggml's tiled CPU matmul takes (tiled.cpp: ggml_tiled_supported)."""
+    return (t == GGML_TYPE_Q6_K or t == GGML_TYPE_Q5_K or t == GGML_TYPE_Q4_K or t == GGML_TYPE_Q3_K
+            or t == GGML_TYPE_Q2_K or t == GGML_TYPE_IQ4_XS or t == GGML_TYPE_IQ2_XXS or t == GGML_TYPE_IQ2_XS
+            or t == GGML_TYPE_IQ2_S or t == GGML_TYPE_IQ3_XXS or t == GGML_TYPE_IQ3_S or t == GGML_TYPE_IQ1_S
+            or t == GGML_TYPE_IQ1_M)
+
+
 cdef inline bint _ggml_tiled_type(ggml_type t) noexcept:
     """A weight type of ggml's tiled CPU matmul (ggml-cpu/tiled) that elelem's kernels serve."""
     return t == GGML_TYPE_Q6_K
@@ -325,6 +341,40 @@ cdef inline ggml_tensor * _small_batch_q4_k(Step * st, ggml_tensor * w, ggml_ten
                           elelem_small_batch_q4_k_matmul, GGML_N_TASKS_MAX, <void *> w)
 
 
+cdef inline bint _width_dependent(const ggml_tensor * w) noexcept:
+    """A weight whose CPU kernel, and so a column's numbers, changes with the
+    number of columns in a prompt step: F32/F16 (ggml's vec_dot for one
+    column, tinyBLAS from two), repacked (gemv, gemm from 4), or a K-quant or
+    IQ type of ggml's tiled kernel (from _cpu_tiled_min_columns)."""
+    if w.buffer == NULL or not ggml_backend_buffer_is_host(w.buffer):
+        return False
+    if _repacked(w):
+        return True
+    if w.extra != NULL:
+        return False
+    if w.type == GGML_TYPE_F32 or w.type == GGML_TYPE_F16:
+        return True
+    return _cpu_tiled_min_columns > 1 and _cpu_tiled_min_columns != INT64_MAX and _tiled_type(w.type)
+
+
+cdef ggml_tensor * _matmul_per_out_run(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
+    """x @ w for the output rows of a prompt step of several sequences
+    (Step.out_run_length): one product per sequence's run of output rows,
+    each through matmul as in that sequence's own step, where one product
+    over all the rows would take another kernel (a router's F32 rows: vec_dot
+    for one row, tinyBLAS for several; a Q6_K output head: elelem's
+    one-column kernel, ggml's tiled one from 8 rows)."""
+    cdef ggml_tensor * out = NULL
+    cdef ggml_tensor * part
+    cdef int r, start = 0, n
+    for r in range(st.n_out_runs):
+        n = st.out_run_length[r]
+        part = matmul(st, w, ggml_view_2d(st.ctx, x, x.ne[0], n, x.nb[1], <size_t> start * x.nb[1]))
+        out = part if out == NULL else ggml_concat(st.ctx, out, part, 1)
+        start += n
+    return out
+
+
 cdef ggml_tensor * _matmul_per_run(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
     """x @ w for a repacked weight in a prompt step of several sequences: one
     matmul per sequence's run of columns.  ggml's repacked matmul takes
@@ -342,6 +392,20 @@ cdef ggml_tensor * _matmul_per_run(Step * st, ggml_tensor * w, ggml_tensor * x) 
         n = st.run_length[r]
         columns = ggml_view_2d(st.ctx, x, x.ne[0], n, x.nb[1], <size_t> start * x.nb[1])
         part = ggml_mul_mat(st.ctx, widened_weight(st.widened, w, columns), columns)
+        out = part if out == NULL else ggml_concat(st.ctx, out, part, 1)
+        start += n
+    return out
+
+
+cdef ggml_tensor * _matmul_per_run_as_alone(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
+    """x @ w in a prompt step of several sequences, one product per run of a
+    sequence's columns, each through matmul (the kernel its own step takes)."""
+    cdef ggml_tensor * out = NULL
+    cdef ggml_tensor * part
+    cdef int r, start = 0, n
+    for r in range(st.n_runs):
+        n = st.run_length[r]
+        part = matmul(st, w, ggml_view_2d(st.ctx, x, x.ne[0], n, x.nb[1], <size_t> start * x.nb[1]))
         out = part if out == NULL else ggml_concat(st.ctx, out, part, 1)
         start += n
     return out
@@ -389,6 +453,16 @@ cdef inline ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) no
     if (st.n_runs > 1 and x.ne[1] == st.n_tokens and _repacked(w) and x.ne[2] == 1 and x.ne[3] == 1
             and ggml_is_contiguous(x)):  # not the output rows: they are no longer the step's runs
         return _matmul_per_run(st, w, x)
+    if (st.n_runs > 1 and not st.output_rows and x.ne[1] == st.n_tokens and n >= _cpu_tiled_min_columns and _cpu_tiled_min_columns > 1
+            and w.extra == NULL and _tiled_type(w.type) and _plain_quantized(w) and x.ne[2] == 1 and x.ne[3] == 1
+            and ggml_is_contiguous(x)):
+        # A K-quant weight over several sequences' prompts: ggml's tiled kernel
+        # from 8 columns, where a run of fewer, alone, takes the one-column
+        # numbers (_small_batch_takes); each run through matmul as alone.
+        return _matmul_per_run_as_alone(st, w, x)
+    if (st.output_rows and st.n_out_runs > 1 and x.ne[1] == st.n_outputs
+            and x.ne[2] == 1 and x.ne[3] == 1 and ggml_is_contiguous(x) and _width_dependent(w)):
+        return _matmul_per_out_run(st, w, x)
     if _small_batch_takes(st, w, x):
         return _small_batch(st, w, x)
     if (st.decode_kernels and n >= 2 and w.type == GGML_TYPE_F32 and w.extra == NULL and x.ne[2] == 1
@@ -647,7 +721,10 @@ cdef inline ggml_tensor * select_outputs(Step * st, ggml_tensor * x) noexcept:
     """(n, n_tokens) -> (n, n_outputs): before the last layer's FFN, keep only
     the rows whose logits are wanted (as llama.cpp's inp_out_ids), so the FFN
     and the output projection run for those alone."""
-    return ggml_get_rows(st.ctx, x, st.inp_out_ids) if st.inp_out_ids != NULL else x
+    if st.inp_out_ids == NULL:
+        return x
+    st.output_rows = True
+    return ggml_get_rows(st.ctx, x, st.inp_out_ids)
 
 
 cdef inline ggml_tensor * output_head(Step * st, Model m, ggml_tensor * x) noexcept:

@@ -4,19 +4,126 @@
 # choice, the chosen experts through ggml_mul_mat_id (biases through
 # ggml_add_id), each expert's output weighted, then summed in expert order.
 #
-# Batching.  ggml's CPU mul_mat_id, plain (vec_dot) or on repacked experts
-# (CPU_REPACK's forward_mul_mat_id: its gemv), computes each token's row of
-# each chosen expert with the one-column kernel, whatever else is in the
-# step, so a token gets the numbers it gets alone in any batch: the expert
-# products need no splitting by sequence (tests/test_moe.py checks it).
+# Batching.  ggml's CPU mul_mat_id on repacked experts (CPU_REPACK's
+# forward_mul_mat_id: its gemv) computes each token's row of each chosen
+# expert with the one-column kernel, whatever else is in the step; on plain
+# experts too (vec_dot) -- except K-quant and IQ experts (Q6_K, Q5_K, Q4_K
+# not repacked, Q3_K, Q2_K, IQ*: _tiled_experts), which ggml's tiled kernel
+# (ggml-cpu/tiled) takes over, expert by expert, once _cpu_tiled_min_columns
+# (8) of the step's rows chose that expert, and which rounds otherwise than
+# vec_dot (its int sums scaled once per block, vec_dot's lanes summed at the
+# end).  A token decoded alone is one row for each of its experts: vec_dot;
+# 8 streams in one step that all chose one expert: tiled for all 8 (Qwen3-
+# 30B-A3B Q4_K_M's Q6_K ffn_down_exps: streams parted from their solo tokens
+# after 9-56).  So for such experts the step's rows go through the experts
+# in groups (_expert_groups) in which an expert gets the rows it gets in the
+# rows' own steps: at most _cpu_tiled_min_columns - 1 rows a group where
+# each row stands for a one-token step (decode_kernels), and in a prompt
+# step of several sequences their runs (or runs of output rows), packed
+# together below that count, a longer run alone.  Within the tiled kernel a
+# row's numbers do not depend on the expert's other rows, nor within
+# vec_dot.  (tests/test_moe.py checks it.)
 
 DEF MAX_USED_EXPERTS = 64       # experts a token is routed to, at most (elelem.model.architectures checks)
+DEF MAX_EXPERT_GROUPS = 16      # groups of a step's rows through the experts, at most (else not split)
+
+
+cdef inline bint _tiled_experts(const ggml_tensor * w) noexcept:
+    """Experts whose mul_mat_id rows take vec_dot below _cpu_tiled_min_columns
+    rows an expert and ggml's tiled kernel from there (a plain CPU buffer:
+    repacked experts take their gemv for every row).  Not with the tiled
+    kernel off, nor forced for every count (GGML_CPU_TILED_MM_FORCE=1)."""
+    return (w != NULL and _cpu_tiled_min_columns > 1 and _cpu_tiled_min_columns != INT64_MAX
+            and w.extra == NULL and w.buffer != NULL and ggml_backend_buffer_is_host(w.buffer)
+            and _tiled_type(w.type))
+
+
+cdef int _pack_runs(int n_runs, const int * run_length, int64_t cap, int * start, int * length) noexcept:
+    """Runs of rows packed in order into groups of at most cap rows; a run
+    longer than cap is a group of its own.  Returns the number of groups."""
+    cdef int r, g = 0, at = 0
+    for r in range(n_runs):
+        if g > 0 and length[g - 1] <= cap and length[g - 1] + run_length[r] <= cap:
+            length[g - 1] += run_length[r]
+        else:
+            start[g] = at
+            length[g] = run_length[r]
+            g += 1
+        at += run_length[r]
+    return g
+
+
+cdef int _expert_groups(Step * st, LayerWeights * lw, int64_t n_rows, int * start, int * length) noexcept:
+    """The groups of the n_rows rows that go through the experts together
+    (the header above); 1 (every row at once) where no split is needed."""
+    start[0] = 0
+    length[0] = <int> n_rows
+    if not (_tiled_experts(lw.ffn_down_exps) or _tiled_experts(lw.ffn_up_exps) or _tiled_experts(lw.ffn_gate_exps)
+            or _tiled_experts(lw.ffn_gate_up_exps)):
+        return 1
+    cdef int64_t cap = _cpu_tiled_min_columns - 1
+    if n_rows <= cap:
+        return 1
+    cdef int g, n_groups
+    if st.decode_kernels:           # every row a one-token step's
+        n_groups = <int> ((n_rows + cap - 1) // cap)
+        if n_groups > MAX_EXPERT_GROUPS:
+            return 1
+        for g in range(n_groups):
+            start[g] = <int> (g * cap)
+            length[g] = <int> min(cap, n_rows - g * cap)
+        return n_groups
+    if st.output_rows:                                   # the last layer's FFN on the output rows
+        if st.n_out_runs > 1 and n_rows == st.n_outputs:
+            return _pack_runs(st.n_out_runs, st.out_run_length, cap, start, length)
+    elif st.n_runs > 1 and n_rows == st.n_tokens:        # a prompt step of several sequences
+        return _pack_runs(st.n_runs, st.run_length, cap, start, length)
+    return 1
 
 
 cdef inline ggml_tensor * matmul_id(Step * st, ggml_tensor * w, ggml_tensor * x, ggml_tensor * ids) noexcept:
     """The chosen experts of w (n_in, n_out, n_expert) times x (n_in, 1 or
     n_used, n_tokens): (n_out, n_used, n_tokens)."""
     return ggml_mul_mat_id(st.ctx, w, x, ids)
+
+
+cdef ggml_tensor * _expert_products(Step * st, LayerWeights * lw, ggml_tensor * x, ggml_tensor * chosen) noexcept:
+    """The chosen experts' outputs for x (n_embd, 1, n) and chosen (n_used, n):
+    (n_embd, n_used, n), before their routing weights."""
+    cdef const HParams * hp = st.hp
+    cdef ggml_context * ctx = st.ctx
+    cdef int64_t n_tokens = x.ne[2]
+    cdef ggml_tensor * up
+    cdef ggml_tensor * gate
+    cdef int64_t n_ff
+    if lw.ffn_gate_up_exps != NULL:
+        up = matmul_id(st, lw.ffn_gate_up_exps, x, chosen)                          # (2 n_ff_exp, n_used, n_tokens)
+        n_ff = up.ne[0] // 2
+        gate = ggml_view_3d(ctx, up, n_ff, up.ne[1], up.ne[2], up.nb[1], up.nb[2], 0)
+        up = ggml_view_3d(ctx, up, n_ff, up.ne[1], up.ne[2], up.nb[1], up.nb[2], n_ff * up.nb[0])
+    else:
+        up = matmul_id(st, lw.ffn_up_exps, x, chosen)                               # (n_ff_exp, n_used, n_tokens)
+        if lw.ffn_up_exps_b != NULL:
+            up = ggml_add_id(ctx, up, lw.ffn_up_exps_b, chosen)
+        gate = matmul_id(st, lw.ffn_gate_exps, x, chosen)
+        if lw.ffn_gate_exps_b != NULL:
+            gate = ggml_add_id(ctx, gate, lw.ffn_gate_exps_b, chosen)
+    cdef ggml_tensor * h
+    if hp.expert_swiglu_oai:
+        h = ggml_swiglu_oai(ctx, gate, up, 1.702, 7.0)   # llama.cpp's LLM_FFN_SWIGLU_OAI_MOE constants
+    elif hp.expert_gelu:
+        h = ggml_geglu_split(ctx, gate, up)
+    else:
+        h = ggml_swiglu_split(ctx, gate, up)
+    cdef ggml_tensor * experts = matmul_id(st, lw.ffn_down_exps, h, chosen)          # (n_embd, n_used, n_tokens)
+    cdef ggml_tensor * scale
+    if lw.ffn_down_exps_s != NULL:   # llama.cpp's build_lora_mm_id: each chosen expert's scale
+        scale = ggml_repeat_4d(ctx, ggml_reshape_3d(ctx, lw.ffn_down_exps_s, 1, hp.n_expert, 1),
+                               1, hp.n_expert, n_tokens, 1)
+        experts = ggml_mul(ctx, experts, ggml_get_rows(ctx, scale, chosen))
+    if lw.ffn_down_exps_b != NULL:
+        experts = ggml_add_id(ctx, experts, lw.ffn_down_exps_b, chosen)
+    return experts
 
 
 cdef ggml_tensor * ffn_moe(Step * st, LayerWeights * lw, ggml_tensor * x, ggml_tensor * logits=NULL) noexcept:
@@ -60,36 +167,22 @@ cdef ggml_tensor * ffn_moe(Step * st, LayerWeights * lw, ggml_tensor * x, ggml_t
     ggml_build_forward_expand(st.gf, weights)   # as llama.cpp: computed before the experts
 
     x = ggml_reshape_3d(ctx, x, n_embd, 1, n_tokens)
-    cdef ggml_tensor * up
-    cdef ggml_tensor * gate
-    cdef int64_t n_ff
-    if lw.ffn_gate_up_exps != NULL:
-        up = matmul_id(st, lw.ffn_gate_up_exps, x, chosen)                          # (2 n_ff_exp, n_used, n_tokens)
-        n_ff = up.ne[0] // 2
-        gate = ggml_view_3d(ctx, up, n_ff, up.ne[1], up.ne[2], up.nb[1], up.nb[2], 0)
-        up = ggml_view_3d(ctx, up, n_ff, up.ne[1], up.ne[2], up.nb[1], up.nb[2], n_ff * up.nb[0])
+    cdef int group_start[MAX_EXPERT_GROUPS]
+    cdef int group_length[MAX_EXPERT_GROUPS]
+    cdef int n_groups = _expert_groups(st, lw, n_tokens, group_start, group_length)
+    cdef ggml_tensor * experts = NULL
+    cdef ggml_tensor * part
+    cdef int g
+    if n_groups == 1:
+        experts = _expert_products(st, lw, x, chosen)
     else:
-        up = matmul_id(st, lw.ffn_up_exps, x, chosen)                               # (n_ff_exp, n_used, n_tokens)
-        if lw.ffn_up_exps_b != NULL:
-            up = ggml_add_id(ctx, up, lw.ffn_up_exps_b, chosen)
-        gate = matmul_id(st, lw.ffn_gate_exps, x, chosen)
-        if lw.ffn_gate_exps_b != NULL:
-            gate = ggml_add_id(ctx, gate, lw.ffn_gate_exps_b, chosen)
-    cdef ggml_tensor * h
-    if hp.expert_swiglu_oai:
-        h = ggml_swiglu_oai(ctx, gate, up, 1.702, 7.0)   # llama.cpp's LLM_FFN_SWIGLU_OAI_MOE constants
-    elif hp.expert_gelu:
-        h = ggml_geglu_split(ctx, gate, up)
-    else:
-        h = ggml_swiglu_split(ctx, gate, up)
-    cdef ggml_tensor * experts = matmul_id(st, lw.ffn_down_exps, h, chosen)          # (n_embd, n_used, n_tokens)
-    cdef ggml_tensor * scale
-    if lw.ffn_down_exps_s != NULL:   # llama.cpp's build_lora_mm_id: each chosen expert's scale
-        scale = ggml_repeat_4d(ctx, ggml_reshape_3d(ctx, lw.ffn_down_exps_s, 1, hp.n_expert, 1),
-                               1, hp.n_expert, n_tokens, 1)
-        experts = ggml_mul(ctx, experts, ggml_get_rows(ctx, scale, chosen))
-    if lw.ffn_down_exps_b != NULL:
-        experts = ggml_add_id(ctx, experts, lw.ffn_down_exps_b, chosen)
+        for g in range(n_groups):
+            part = _expert_products(
+                st, lw,
+                ggml_view_3d(ctx, x, n_embd, 1, group_length[g], x.nb[1], x.nb[2], <size_t> group_start[g] * x.nb[2]),
+                ggml_view_2d(ctx, chosen, n_used, group_length[g], chosen.nb[1],
+                             <size_t> group_start[g] * chosen.nb[1]))
+            experts = part if experts == NULL else ggml_concat(ctx, experts, part, 2)
     experts = ggml_mul(ctx, experts, weights)
     ggml_build_forward_expand(st.gf, experts)
 
