@@ -48,8 +48,9 @@ def _assert_bitwise_equal(path, expected_widened: int, **kw):
         assert narrow.widened == (0, 0)
         want = _step_logits(narrow, seed=3)
     with elelem.LLM(path, widen=True, n_ctx=256, n_threads=2, **kw) as wide:
-        n, nbytes = wide.widened
+        assert wide.widened[1] == 0   # chosen at load, made by the first prompt
         got = _step_logits(wide, seed=3)
+        n, nbytes = wide.widened
     if not _widening_possible():
         assert n == 0
         pytest.skip("this CPU module has no AVX2 tinyBLAS: nothing is widened")
@@ -83,6 +84,21 @@ def test_qwen_q4_k_m_is_bitwise_unchanged(qwen_path):
 def test_gemma3_q4_k_m_is_bitwise_unchanged(gemma_path):
     # 640 wide: 81 of its matmul weights are Q5_0; sliding-window layers too.
     _assert_bitwise_equal(gemma_path, 81)
+
+
+def test_the_copies_are_made_by_the_first_step_of_several_tokens(tiny_model):
+    path, _ = tiny_model(Q5_0)
+    if not _widening_possible():
+        pytest.skip("this CPU module has no AVX2 tinyBLAS: nothing is widened")
+    with elelem.LLM(path, widen=True, n_ctx=64, n_threads=2) as llm:
+        ctx = llm.engine.context
+        n = llm.widened[0]
+        assert n == 7 * Q5_0.n_layer + 1 and llm.widened[1] == 0
+        ctx.decode([5], [0])                                  # one token: the Q5_0 weights
+        ctx.decode([6, 7, 8], [0] * 3, decode_kernels=True)   # generated tokens: the Q5_0 weights too
+        assert llm.widened == (n, 0)
+        ctx.decode([9, 10], [0] * 2)                          # a prompt: tinyBLAS, which takes the copies
+        assert llm.widened[0] == n and llm.widened[1] > 0
 
 
 def test_the_switches(tiny_model, monkeypatch):

@@ -33,6 +33,7 @@ include "ggml.pxi"
 import logging
 import os
 import re
+import time as _time
 import warnings
 
 import numpy as np

@@ -206,6 +206,7 @@ cdef class Model:
     cdef ggml_context * widened_ctx
     cdef ggml_backend_buffer_t widened_buf
     cdef WidenedWeights widened
+    cdef int widen_pending             # copies chosen at load, made by the first step that uses them
     # Layers placed on other devices (placement.pxi): their weights' copies there.
     cdef ggml_context * device_ctx[MAX_DEVICES]
     cdef ggml_backend_buffer_t device_buf[MAX_DEVICES]
@@ -286,6 +287,7 @@ cdef class Model:
         free(self.widened.narrow)
         free(self.widened.wide)
         memset(&self.widened, 0, sizeof(WidenedWeights))
+        self.widen_pending = 0
         if self.files != NULL:
             for i in range(self.n_files):
                 _release_file(&self.files[i])
@@ -316,8 +318,9 @@ cdef class Model:
 
     @property
     def n_widened(self):
-        """Q5_0 weights with a Q8_0 copy for batched steps (widen.pxi)."""
-        return self.widened.n
+        """Q5_0 weights with a Q8_0 copy for batched steps (widen.pxi), made
+        or to be made by the first step that uses them."""
+        return self.widened.n or self.widen_pending
 
     @property
     def widened_bytes(self):

@@ -19,7 +19,10 @@
 #
 # Cost: the copies, 34 bytes a block, on top of the Q5_0 weights (22 bytes a
 # block), which one-token steps keep using: there ggml's vec_dot runs, and the
-# smaller weight reads faster.
+# smaller weight reads faster.  The copies are chosen at load and made by the
+# first step that uses them (a prompt of two or more tokens: _make_widened),
+# so that opening a model costs what llama.cpp's does and a model that only
+# ever steps one token at a time never holds them.
 
 DEF Q5_0_BLOCK_BYTES = 22    # f16 scale, 32 high bits, 16 bytes of low nibbles
 DEF Q8_0_BLOCK_BYTES = 34    # f16 scale, 32 int8 values
@@ -81,6 +84,16 @@ cdef void _widen_weights(Model m, list names, tied_from) except *:
         ggml_set_name(r, name)
         m.widened.narrow[i] = w
         m.widened.wide[i] = r
+    m.widen_pending = n   # made by the first step that uses them (_make_widened)
+
+
+cdef void _make_widened(Model m) except *:
+    """Make the Q8_0 copies chosen at load (once): the graph then uses them."""
+    if m.widen_pending == 0:
+        return
+    cdef int n = m.widen_pending
+    cdef int i
+    cdef double t0 = _time.perf_counter()
     m.widened_buf = ggml_backend_alloc_ctx_tensors_from_buft(m.widened_ctx, ggml_backend_cpu_buffer_type())
     if m.widened_buf == NULL:
         raise MemoryError("ggml could not allocate the widened (Q8_0) weights")
@@ -89,8 +102,10 @@ cdef void _widen_weights(Model m, list names, tied_from) except *:
         with nogil:
             _q5_0_to_q8_0(<const uint8_t *> m.widened.narrow[i].data, <uint8_t *> m.widened.wide[i].data,
                           ggml_nelements(m.widened.narrow[i]) // BLOCK_VALUES)
+    m.widen_pending = 0
     m.widened.n = n  # only now: the graph may use the copies
-    _log.debug("widened %d Q5_0 weights to Q8_0 (%d bytes)", n, ggml_backend_buffer_get_size(m.widened_buf))
+    _log.debug("widened %d Q5_0 weights to Q8_0 for the first step of several tokens (%.1f MiB, %.2f s)",
+               n, ggml_backend_buffer_get_size(m.widened_buf) / 1048576.0, _time.perf_counter() - t0)
 
 
 cdef inline ggml_tensor * widened_weight(const WidenedWeights * widened, ggml_tensor * w,

@@ -138,7 +138,8 @@ class LLM:
     tinyBLAS then skips unpacking 5-bit values: about 1.1-1.4x faster such
     steps, with llama.cpp's arithmetic bit for bit.  One-token steps keep
     the smaller Q5_0 weight, so the copies cost their own memory (34/22 of
-    the Q5_0 weights: 268 MB for Qwen2.5-0.5B's 173 MB).  None (default)
+    the Q5_0 weights: 268 MB for Qwen2.5-0.5B's 173 MB), made by the first
+    prompt of two or more tokens rather than at load.  None (default)
     widens on AVX2 CPU modules when ``repack`` is on and the copies take at most
     ``elelem.cpu.WIDEN_AUTO_LIMIT``; True lifts that limit; False never
     widens.  ``elelem info --system`` shows what this CPU has.
