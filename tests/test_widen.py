@@ -101,6 +101,21 @@ def test_the_copies_are_made_by_the_first_step_of_several_tokens(tiny_model):
         assert llm.widened[0] == n and llm.widened[1] > 0
 
 
+def test_by_default_the_copies_wait_until_prompts_have_paid_for_them(tiny_model, monkeypatch):
+    path, _ = tiny_model(Q5_0)
+    if not _widening_possible():
+        pytest.skip("this CPU module has no AVX2 tinyBLAS: nothing is widened")
+    monkeypatch.setattr(cpu, "WIDEN_AFTER_PROMPT_TOKENS", 40)
+    with elelem.LLM(path, n_ctx=128, n_threads=2) as llm:
+        ctx = llm.engine.context
+        n = llm.widened[0]
+        assert n > 0
+        ctx.decode(list(range(1, 31)), [0] * 30)       # 30 prompt tokens: not yet
+        assert llm.widened == (n, 0)
+        ctx.decode(list(range(1, 11)), [1] * 10)       # 40: now
+        assert llm.widened[1] > 0
+
+
 def test_the_switches(tiny_model, monkeypatch):
     path, _ = tiny_model(Q5_0)
     with elelem.LLM(path, repack=False, n_ctx=64) as llm:

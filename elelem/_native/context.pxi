@@ -413,7 +413,9 @@ cdef class Context:
         cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] cells = np.empty(n, dtype=np.int32)
         cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] positions = np.empty(n, dtype=np.int32)
         if n >= 2 and not decode_kernels and self.model.widen_pending:
-            _make_widened(self.model)   # the first prompt: the Q8_0 copies of Q5_0 weights pay from here
+            self.model.prompt_tokens_seen += n
+            if self.model.prompt_tokens_seen >= self.model.widen_after:
+                _make_widened(self.model)   # the Q8_0 copies of Q5_0 weights pay from here (widen.pxi)
         cdef int used_before = self.cache.used_end
         self.cache.place(n, &ids[0], &seqs[0], &cells[0], &positions[0])
         if self.model.pos_embd != NULL and positions.max() >= self.model.hp.n_ctx_train:

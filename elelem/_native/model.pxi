@@ -206,7 +206,9 @@ cdef class Model:
     cdef ggml_context * widened_ctx
     cdef ggml_backend_buffer_t widened_buf
     cdef WidenedWeights widened
-    cdef int widen_pending             # copies chosen at load, made by the first step that uses them
+    cdef int widen_pending             # copies chosen at load, made when they pay (_make_widened)
+    cdef public long widen_after       # ... once this many prompt tokens were evaluated (0: at the first prompt)
+    cdef long prompt_tokens_seen
     # Layers placed on other devices (placement.pxi): their weights' copies there.
     cdef ggml_context * device_ctx[MAX_DEVICES]
     cdef ggml_backend_buffer_t device_buf[MAX_DEVICES]

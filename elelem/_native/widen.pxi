@@ -19,10 +19,12 @@
 #
 # Cost: the copies, 34 bytes a block, on top of the Q5_0 weights (22 bytes a
 # block), which one-token steps keep using: there ggml's vec_dot runs, and the
-# smaller weight reads faster.  The copies are chosen at load and made by the
-# first step that uses them (a prompt of two or more tokens: _make_widened),
-# so that opening a model costs what llama.cpp's does and a model that only
-# ever steps one token at a time never holds them.
+# smaller weight reads faster.  The copies are chosen at load and made when
+# they pay (_make_widened): once the prompt steps have evaluated
+# Model.widen_after tokens (elelem.cpu.WIDEN_AFTER_PROMPT_TOKENS by default,
+# where the faster steps have saved about what making the copies costs; 0,
+# at the first prompt, with widen=True).  So opening a model costs what
+# llama.cpp's does, and a chat of short prompts never holds the copies.
 
 DEF Q5_0_BLOCK_BYTES = 22    # f16 scale, 32 high bits, 16 bytes of low nibbles
 DEF Q8_0_BLOCK_BYTES = 34    # f16 scale, 32 int8 values

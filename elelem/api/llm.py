@@ -24,7 +24,7 @@ from typing import Iterable, Optional, Union
 
 from .._core import (DEFAULT_RPC_TIMEOUT, flash_attn_supported, new_context, open_model,  # names, not the package
                      place_layers, unsupported_weights)
-from ..cpu import amx_types, widen_q5_0
+from ..cpu import amx_types, widen_after, widen_q5_0
 from ..engine.engine import Engine
 from ..engine.state_cache import DEFAULT_STATE_CACHE_MB
 from ..errors import ClosedError, ContextLimitError, InvalidArgumentError
@@ -138,11 +138,12 @@ class LLM:
     tinyBLAS then skips unpacking 5-bit values: about 1.1-1.4x faster such
     steps, with llama.cpp's arithmetic bit for bit.  One-token steps keep
     the smaller Q5_0 weight, so the copies cost their own memory (34/22 of
-    the Q5_0 weights: 268 MB for Qwen2.5-0.5B's 173 MB), made by the first
-    prompt of two or more tokens rather than at load.  None (default)
-    widens on AVX2 CPU modules when ``repack`` is on and the copies take at most
-    ``elelem.cpu.WIDEN_AUTO_LIMIT``; True lifts that limit; False never
-    widens.  ``elelem info --system`` shows what this CPU has.
+    the Q5_0 weights: 268 MB for Qwen2.5-0.5B's 173 MB), made when they
+    pay rather than at load.  None (default) widens on AVX2 CPU modules when
+    ``repack`` is on and the copies take at most
+    ``elelem.cpu.WIDEN_AUTO_LIMIT``, once prompts have evaluated
+    ``elelem.cpu.WIDEN_AFTER_PROMPT_TOKENS`` tokens; True lifts that limit
+    and makes them at the first prompt; False never widens.  ``elelem info --system`` shows what this CPU has.
 
     ``speculative`` (default on) verifies tokens guessed from the prompt and
     the text so far (prompt lookup) in the same step as the next one: several
@@ -254,6 +255,7 @@ class LLM:
                                        [n for n in self.spec.matmul_weights() if n not in placed], repack,
                                        use_mmap, amx_types(amx), widen_q5_0=widened,
                                        shards=self.gguf.shard_paths)
+        self._model.widen_after = widen_after(widen)
         try:
             if self.placement.devices and not self.placement.devices[0].endpoint:
                 keep_supported(self.offload, lambda dev, layers, out: unsupported_weights(self._model, dev, layers, out))
