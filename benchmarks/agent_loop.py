@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A coding agent's loop on a hybrid model: tokens evaluated and time to first token per turn.
 
-    python benchmarks/agent_loop.py [--smoke] [--threads 2] [--system 2000] [--turn 200] [--turns 5]
-        [--reasoning 16] [--answer 32] [--llama-python "$(python scripts/reference_llamacpp.py --check)"]
+    python benchmarks/agent_loop.py [--smoke] [--threads 2] [--system 2000] [--turn 201] [--turns 5]
+        [--reasoning 13] [--answer 32] [--llama-python "$(python scripts/reference_llamacpp.py --check)"]
+        [--before-python PYTHON]
 
 The model is benchmarks/hybrid.py's synthetic ``qwen35`` (the Qwen3.5-4B
 shape, or with ``--smoke`` a small one of the same structure), built and
@@ -15,9 +16,9 @@ and a new message of ``--turn`` tokens.
 elelem runs the loop on one session, as a user would; a turn's time to
 first token is its prefill (``Session.prefill``), then the answer.  Printed
 per turn: the prompt's length, the new tokens, the tokens elelem evaluated
-(``engine.prompt_tokens_evaluated``) and the time to first token; then
-elelem with ``state_cache_mb=0`` (no kept states) for the same loop; then
-llama-cpp-python, which cannot resume a recurrent state inside the cache
+(``Context.n_evaluated`` around the prefill) and the time to first token;
+with ``--before-python``, the same for the elelem installed there (an
+earlier build, to compare); then llama-cpp-python, which cannot resume a recurrent state inside the cache
 (0.3.36 fails from the third turn of such a loop), evaluating the last
 turn's prompt from the start, with flash attention as elelem's.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -39,7 +41,7 @@ import hybrid  # noqa: E402
 import moe  # noqa: E402
 
 
-def elelem_loop(path: str, threads: int, plan: dict, state_cache_mb=None) -> dict:
+def elelem_loop(path: str, threads: int, plan: dict) -> dict:
     import numpy as np
 
     import elelem
@@ -48,20 +50,20 @@ def elelem_loop(path: str, threads: int, plan: dict, state_cache_mb=None) -> dic
     vocab = plan["vocab"]
     prompt = rng.integers(100, vocab, plan["system"]).tolist()
     turns = []
-    with elelem.LLM(path, n_threads=threads, n_ctx=8192, speculative=False, state_cache_mb=state_cache_mb) as llm:
+    with elelem.LLM(path, n_threads=threads, n_ctx=8192) as llm:   # defaults: prompt lookup on
         session = llm.new_session()
         for _ in range(plan["turns"]):
-            before = llm.engine.prompt_tokens_evaluated
+            before = llm.engine.context.n_evaluated
             t0 = time.perf_counter()
             session.prefill(prompt)
             ttft = time.perf_counter() - t0
-            evaluated = llm.engine.prompt_tokens_evaluated - before
+            evaluated = llm.engine.context.n_evaluated - before
             answer = session.generate_tokens(prompt, plan["answer"])
             turns.append(dict(prompt=len(prompt), evaluated=evaluated, ttft=ttft))
             prompt = prompt + answer[plan["reasoning"]:] + rng.integers(100, vocab, plan["turn"]).tolist()
         turns[-1]["tokens"] = prompt   # the next turn's prompt, for the reference
     for before, turn in zip(turns, turns[1:]):
-        turn["new"] = turn["prompt"] - before["prompt"] + plan["reasoning"]
+        turn["new"] = turn["prompt"] - before["prompt"]   # the cache parts where the last prompt ended
     return dict(turns=turns)
 
 
@@ -85,16 +87,17 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--system", type=int, default=2000)
-    ap.add_argument("--turn", type=int, default=200)
+    ap.add_argument("--turn", type=int, default=201)
     ap.add_argument("--turns", type=int, default=5)
-    ap.add_argument("--reasoning", type=int, default=16)
+    ap.add_argument("--reasoning", type=int, default=13)
     ap.add_argument("--answer", type=int, default=32)
     ap.add_argument("--llama-python")
-    ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--before-python", help="a Python with an earlier elelem installed, run beside this checkout's")
+    ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        path, plan, cache = args.worker
-        print(json.dumps(elelem_loop(path, args.threads, json.loads(plan), json.loads(cache))))
+        path, plan = args.worker
+        print(json.dumps(elelem_loop(path, args.threads, json.loads(plan))))
         return
     llama_python = moe.reference_and_header(args.llama_python)
     table = hybrid.shapes(args.smoke)
@@ -106,9 +109,13 @@ def main() -> None:
     plan = dict(vocab=moe.N_VOCAB, system=args.system, turn=args.turn, turns=args.turns,
                 reasoning=args.reasoning, answer=args.answer)
     runs = {}
-    for label, cache in (("elelem", None), ("elelem state_cache_mb=0", 0)):
-        out = subprocess.run([sys.executable, __file__, "--threads", str(args.threads), "--worker", str(path),
-                              json.dumps(plan), json.dumps(cache)], capture_output=True, text=True, check=True)
+    engines = [("elelem", sys.executable, {"PYTHONPATH": str(HERE.parent)})]
+    if args.before_python:
+        engines.append((f"elelem under {args.before_python}", args.before_python, {}))
+    for label, python, env in engines:
+        out = subprocess.run([python, __file__, "--threads", str(args.threads), "--worker", str(path),
+                              json.dumps(plan)], capture_output=True, text=True, check=True,
+                             env={**os.environ, **env}, cwd="/")
         runs[label] = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"\n{label}: turn, prompt, new, evaluated, time to first token")
         for i, turn in enumerate(runs[label]["turns"], 1):
