@@ -105,12 +105,12 @@ def test_the_state_budget_evicts_least_recently_used_first(model):
     with _open(path, speculative=False, n_seq_max=1, state_cache_mb=1) as llm:
         engine, ctx = llm.engine, llm.engine.context
         one = ctx.cache.state_bytes + 300 * ctx.cache.bytes_per_cell   # what parking a 300-token prompt costs
-        engine.state_cache_bytes = 5 * one // 2        # room for two parked states and little more
+        engine.states.max_bytes = 5 * one // 2        # room for two parked states and little more
         session = llm
         prompts = [_tokens(rng, 300) for _ in range(4)]
         for p in prompts:
             session.generate_tokens(p, 2)
-            assert engine.state_cache_used <= engine.state_cache_bytes
+            assert engine.states.used <= engine.states.max_bytes
         assert engine.states.parked >= 3 and len(engine.states) < engine.states.parked   # some were evicted
         # the latest ones are kept: the conversation before the last resumes, the first does not
         before = engine.prompt_tokens_evaluated
@@ -127,7 +127,7 @@ def test_no_state_cache_keeps_no_snapshot(model):
     with _open(path, speculative=False, n_seq_max=1, state_cache_mb=0) as llm:
         llm.generate_tokens(_tokens(rng, 100), 3)
         llm.generate_tokens(_tokens(rng, 100), 3)
-        assert llm.engine.state_cache_used == 0 and not llm.engine.context.kept_snapshots()
+        assert llm.engine.states.used == 0 and not llm.engine.context.kept_snapshots()
 
 
 def test_the_prompt_cache_on_disk_holds_the_prompt_end(model, tmp_path):

@@ -102,7 +102,7 @@ def test_each_turn_evaluates_its_new_messages_while_another_conversation_takes_t
     evaluated = _metric(metrics, "elelem_engine_prompt_tokens_evaluated_total")
     assert received == engine.prompt_tokens and evaluated == engine.prompt_tokens_evaluated
     assert 0 < evaluated < received / 2
-    assert 0 < _metric(metrics, "elelem_engine_state_cache_bytes") <= engine.state_cache_bytes
+    assert 0 < _metric(metrics, "elelem_engine_state_cache_bytes") <= engine.states.max_bytes
 
 
 def _metric(text: str, name: str) -> float:

@@ -41,7 +41,7 @@ from ..errors import CapacityError, ClosedError, ContextLimitError, InvalidArgum
 from .prompt_cache import PromptCache
 from .request import Request
 from .speculative import PromptLookup
-from .state_cache import DEFAULT_STATE_CACHE_MB, MIN_PARKED_TOKENS, StateCache
+from .state_cache import DEFAULT_STATE_CACHE_MB, StateCache
 from .step_costs import StepCosts, plan_drafts
 
 log = logging.getLogger("elelem")
@@ -90,9 +90,8 @@ class Engine:
     def __init__(self, context, *, n_ctx: int, speculative: bool = False, draft=None,
                  prompt_cache: Optional[PromptCache] = None, state_cache_bytes: int = DEFAULT_STATE_CACHE_MB << 20):
         self._ctx = context
-        # A hybrid model's kept snapshots and parked states, within one budget (state_cache.py).
-        self.states = StateCache()
-        self.state_cache_bytes = state_cache_bytes
+        # A hybrid model's kept snapshots and parked states, within one budget.
+        self.states = StateCache(context, state_cache_bytes)
         # States of finished sequences on disk, loaded for prompts that share their prefix.
         self.prompt_cache = prompt_cache
         self._finished_seqs: list[int] = []  # retired in this step: offered to the prompt cache after it
@@ -149,13 +148,6 @@ class Engine:
     @property
     def context(self):
         return self._ctx
-
-    @property
-    def state_cache_used(self) -> int:
-        """Bytes of the kept snapshots and parked states (state_cache.py)."""
-        if not self._ctx.cache.hybrid:
-            return 0
-        return self.states.nbytes + sum(size for *_, size in self._ctx.kept_snapshots())
 
     @property
     def closed(self) -> bool:
@@ -740,22 +732,13 @@ class Engine:
             if not disk.holds(tokens):
                 disk.store(tokens, self._ctx.seq_state(seq))
             # A hybrid state loads whole: its prompt's end too, where the next turn resumes.
-            for end in self._kept_ends(seq, len(tokens)):
+            for end in self.states.kept_ends(seq, len(tokens)):
                 if end >= disk.min_tokens and not disk.holds(tokens[:end]):
                     state = self._ctx.snapshot_state(seq, end)
                     if state is not None:
                         disk.store(tokens[:end], state)
 
     # -- a hybrid model's kept states (state_cache.py) ---------------------------
-
-    def _keep_prompt_end(self, seq: int) -> None:
-        """Keep the recurrent state where a prompt ended: a later prompt that
-        parts from this sequence's answer (a chat template that drops the
-        reasoning) resumes there."""
-        if self.state_cache_bytes <= 0:
-            return
-        self._ctx.keep_snapshot(seq)
-        self._fit_state_budget()
 
     def _checkpoint(self, n: int, start: int) -> int:
         """Where an ``n``-token prompt evaluated from ``start`` ends a step of
@@ -766,42 +749,23 @@ class Engine:
         tokens -- a chat template's next turn that re-renders the
         generation prompt (Qwen3.5's opens ``<think>`` there, and drops it
         from history) -- resumes there rather than turns back."""
-        if self.state_cache_bytes <= 0:
+        if not self.states.enabled:
             return 0
         point = self._forkable(n, n)
         return point if point - start >= self.exact_tail(n) else 0
 
-    def _kept_ends(self, seq: int, before: int) -> list[int]:
-        """The positions of the last prompt's kept snapshots of ``seq`` before
-        position ``before`` (its end and its checkpoint), latest first."""
-        kept = sorted((pos for _, s, pos, _ in self._ctx.kept_snapshots() if s == seq and pos < before), reverse=True)
-        return kept[:2]
-
     def _cut(self, seq: int, keep: int) -> None:
-        """Trim ``seq`` to ``keep`` positions for another prompt.  A hybrid
-        sequence about to lose a kept prompt end parks its state there and
-        its whole state (the generation's end), for its conversation to
-        resume from when it comes back."""
-        cache = self._ctx.cache
-        length = cache.seq_length_of(seq)
-        if cache.hybrid and self.state_cache_bytes > 0 and keep < length:
-            ends = [n for n in self._kept_ends(seq, length) if n > keep]
-            if ends:
-                tokens = cache.seq_tokens(seq)
-                for n in [length] + ends:
-                    state = self._ctx.snapshot_state(seq, n)
-                    if n >= MIN_PARKED_TOKENS and state is not None:
-                        self.states.park(tokens[:n], state)
-                log.debug("sequence %d: parked its states at positions %s", seq, [length] + ends)
+        """Trim ``seq`` to ``keep`` positions for another prompt, parking the
+        states a hybrid sequence loses (StateCache.park)."""
+        self.states.park(seq, keep)
         self._ctx.seq_rm(seq, keep)
-        if cache.hybrid and self.states.nbytes:
-            self._fit_state_budget()
+        self.states.fit()
 
     def _load_parked(self, request: Request, prompt: list[int], limit: int, own: int,
                      donor: Optional[int], shared: int) -> int:
         """Load the longest parked state that ``prompt`` extends, when it
         beats what the sequences in memory offer; returns its positions (0: none)."""
-        if not self._ctx.cache.hybrid or not len(self.states):
+        if not len(self.states):
             return 0
         key = self.states.lookup(prompt, limit)
         if key is None:
@@ -815,23 +779,9 @@ class Engine:
         running = {r.seq for r in self._active if r.admitted} | {request.seq}
         if self._make_room(len(key), running) < len(key):
             return 0
-        self._ctx.seq_load(request.seq, list(key), state)
-        self._ctx.keep_snapshot(request.seq)
+        self.states.load(request.seq, key, state)
         log.debug("state cache: resumed %d of %d prompt tokens from a parked state", len(key), len(prompt))
         return len(key)
-
-    def _fit_state_budget(self) -> None:
-        """Parked states, then kept snapshots, least recently used first,
-        until both fit state_cache_bytes."""
-        kept = sorted(self._ctx.kept_snapshots())
-        total = self.states.nbytes + sum(size for *_, size in kept)
-        while total > self.state_cache_bytes and self.states.evict_oldest():
-            total = self.states.nbytes + sum(size for *_, size in kept)
-        for _, seq, pos, size in kept:
-            if total <= self.state_cache_bytes:
-                break
-            self._ctx.drop_snapshot(seq, pos)
-            total -= size
 
     def _make_room(self, need: int, running: set[int]) -> int:
         """Free cells for ``need`` tokens, dropping idle sequences' cells
@@ -866,7 +816,7 @@ class Engine:
             request.evaluated += chunk.n
             if not request.decoding and self._ctx.cache.hybrid and (
                     not request.pending or self._ctx.cache.seq_length_of(request.seq) == request.checkpoint):
-                self._keep_prompt_end(request.seq)
+                self.states.keep(request.seq)
             if request.cancelled:
                 self._keep_drafts(chunk, 0)
                 self._drop(request, request.cancel_error)

@@ -109,7 +109,7 @@ def _engine_lines(models: list) -> list[str]:
          [(m, e.prompt_tokens_evaluated) for m, e in engines]),
         ("elelem_engine_state_cache_bytes", "gauge", "recurrent states kept for conversations to resume from "
          "(hybrid models; bounded by --state-cache-mb)",
-         [(m, e.state_cache_used) for m, e in engines]),
+         [(m, e.states.used) for m, e in engines]),
         ("elelem_kv_cells_used", "gauge", "KV cache cells in use", [(m, e.context.cache.n_used) for m, e in engines]),
         ("elelem_kv_cells", "gauge", "KV cache cells", [(m, e.kv_size) for m, e in engines]),
         ("elelem_model_layers", "gauge", "the model's layers",
