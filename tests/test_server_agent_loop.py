@@ -4,7 +4,8 @@ prompt's end), also when another conversation ran in between and took the
 sequence; ``/metrics`` counts prompt tokens received and evaluated.
 
 The model is a tiny random ``qwen35`` (Gated DeltaNet beside attention) with
-Qwen3.5's real chat template, which opens ``<think>`` at the end of a prompt
+Qwen3.5's real chat template, through Chat Completions, Anthropic Messages
+and the Responses API.  The template opens ``<think>`` at the end of a prompt
 and drops the reasoning of earlier turns from history: each new prompt parts
 from what the cache holds a few tokens before the last prompt's end.  A
 grammar makes the model reason, then answer.
@@ -69,6 +70,26 @@ def _messages_turn(server, model, system, history, message):
     return [{"role": "system", "content": system}, *messages], messages + [{"role": "assistant", "content": "Done."}]
 
 
+def _responses_turn(server, model, system, history, message):
+    # The Responses API, its history sent whole as input items (store off): the
+    # reasoning items of earlier turns go back with them, as agents send them.
+    messages = [*history, {"role": "user", "content": message}]
+    items = []
+    for m in messages:
+        if m["role"] == "assistant":
+            items.append({"type": "reasoning", "id": "rs", "summary": [],
+                          "content": [{"type": "reasoning_text", "text": "aaaa"}]})
+            items.append({"type": "message", "role": "assistant",
+                          "content": [{"type": "output_text", "text": m["content"], "annotations": []}]})
+        else:
+            items.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": m["content"]}]})
+    reply = _post(server, "/v1/responses", {"instructions": system, "input": items, "max_output_tokens": 8,
+                                            "temperature": 0, "logit_bias": {str(model.ids["a"]): 30.0},
+                                            "reasoning": {"effort": "low"}, "store": False})
+    assert reply["output"][0]["type"] == "reasoning"
+    return [{"role": "system", "content": system}, *messages], messages + [{"role": "assistant", "content": "Done."}]
+
+
 def _prefix(a, b):
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
@@ -76,7 +97,8 @@ def _prefix(a, b):
     return n
 
 
-@pytest.mark.parametrize("turn", [_chat_turn, _messages_turn], ids=["chat-completions", "messages"])
+@pytest.mark.parametrize("turn", [_chat_turn, _messages_turn, _responses_turn],
+                         ids=["chat-completions", "messages", "responses"])
 def test_each_turn_evaluates_its_new_messages_while_another_conversation_takes_turns(served, turn):
     server, model = served
     llm = server.model.llm
