@@ -713,6 +713,7 @@ class Engine:
         if self._make_room(n, running) < n:
             return 0
         self._ctx.seq_load(request.seq, prompt[:n], entry[1], hit.stored)
+        self.states.keep(request.seq)   # a hybrid turn that parts from this one resumes here
         disk.record_hit(n)
         log.debug("prompt cache: loaded %d of %d prompt tokens from %s", n, len(prompt), hit.path.name)
         return n
