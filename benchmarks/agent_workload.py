@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A coding agent's workload: elelem beside llama-cpp-python, in one run (issue 15).
+"""A coding agent's workload: elelem beside llama-cpp-python, in one run.
 
     python benchmarks/agent_workload.py \\
         --llama-python "$(python scripts/reference_llamacpp.py --check)" \\
@@ -28,7 +28,7 @@ end-to-end (request to last token), time to first token, and decode tok/s
     code), with an f16 and a q8_0 KV cache (a quantized V turns flash
     attention on, in both engines).  Speculation off on both sides, so that
     the figures compare the caches.
-(d) prompt-cache: a hook for issue 15 part 2 (see ``workload_prompt_cache``).
+(d) prompt-cache: the persistent prompt cache (see ``workload_prompt_cache``).
 
 The machine is shared: the run waits (up to ``--wait-load`` seconds) for the
 1-minute load average to fall below ``--max-load``, and prints the load

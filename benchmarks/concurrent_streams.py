@@ -139,7 +139,7 @@ def worker_elelem(path: str, spec: dict) -> dict:
     options = dict(n_ctx=spec["n_ctx"], n_threads=spec["threads"])
     if spec["flash_attn"]:
         options["flash_attn"] = True
-    if "kv_size" in inspect.signature(elelem.LLM).parameters:  # one cache shared by all sequences (issue 13)
+    if "kv_size" in inspect.signature(elelem.LLM).parameters:  # one cache shared by all sequences
         options["kv_size"] = spec["n_ctx"] * max(spec["streams"])  # room for every stream's n_ctx
     options.update(spec.get("elelem_options", {}))
     llm = elelem.LLM(path, **options)
@@ -264,7 +264,7 @@ def print_table(model: str, engines: dict[str, list[dict]], batched: list[dict] 
 def _resolve(name: str) -> str:
     try:
         from elelem.model.hub import resolve_model
-    except ImportError:  # elelem before the layer folders (issue 13)
+    except ImportError:  # elelem before the layer folders
         from elelem.hub import resolve_model
     return str(resolve_model(name))
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hybrid (Gated DeltaNet) models' speed against llama-cpp-python on synthetic Qwen3.5-4B and Qwen3.5-35B-A3B shapes (issue 42).
+"""Hybrid (Gated DeltaNet) models' speed against llama-cpp-python on synthetic Qwen3.5-4B and Qwen3.5-35B-A3B shapes.
 
     python benchmarks/hybrid.py [--only qwen35 qwen35moe] [--threads 2] [--repeats 2] [--layers N]
         [--skip-build | --rebuild] [--streams 1 4] [--stream-tokens 64] [--no-streams] [--no-costs]
@@ -247,7 +247,7 @@ def main() -> None:
 
 def print_summary(rows: list[dict], args) -> None:
     print(f"\nSummary, {args.threads} thread(s), {args.repeats} repeat(s), medians, elelem / llama.cpp "
-          f"(issue 42: decode and prefill at least 1.0x, goal 1.15x; {max(args.streams or [1])} streams "
+          f"(targets: decode and prefill at least 1.0x, goal 1.15x; {max(args.streams or [1])} streams "
           f"over one, goal 2.5x):")
     for row in rows:
         med = row.get("median", {})

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Mixture-of-experts speed against llama-cpp-python on synthetic Qwen3-30B-A3B and gpt-oss-20b shapes (issue 40).
+"""Mixture-of-experts speed against llama-cpp-python on synthetic Qwen3-30B-A3B and gpt-oss-20b shapes.
 
     python benchmarks/moe.py [--only qwen3moe gpt-oss] [--threads 2] [--repeats 2] [--layers N]
         [--skip-build | --rebuild] [--streams 1 8] [--stream-tokens 64] [--no-streams] [--no-profile]
@@ -83,7 +83,7 @@ PROFILE_DECODE = 64
 # --------------------------------------------------------------------------
 # The shapes.
 
-TARGETS = {  # issue 40: (at least, goal) as elelem / llama.cpp
+TARGETS = {  # (at least, goal) as elelem / llama.cpp
     "decode_tok_s": (1.0, 1.15),
     "prefill_tok_s": (1.0, 1.15),
     "peak_rss_mb": (None, None),  # within 10% of llama.cpp's: 0.90-1.10
@@ -725,7 +725,7 @@ def print_row(row: dict) -> None:
                   + ("" if n == total else f" (from there elelem {row['tokens'][label][n:n + 6]}, llama.cpp "
                                            f"{row['tokens']['llama.cpp'][n:n + 6]})"))
         head = "".join(f"{lab:>19}{'ratio':>7}" for lab in labels)
-        print(f"   {'figure':<22}{head}{'llama.cpp':>11}  issue 40 ({labels[0]})")
+        print(f"   {'figure':<22}{head}{'llama.cpp':>11}  targets ({labels[0]})")
         for key, label, fmt in (("load_s", "load (s)", "{:.2f}"),
                                 ("prefill_tok_s", f"prefill({cmp.N_PROMPT}) tok/s", "{:.1f}"),
                                 ("decode_tok_s", f"decode({cmp.N_DECODE}) tok/s", "{:.2f}"),
@@ -813,7 +813,7 @@ def print_summary(rows: list[dict], args) -> None:
             print(f"  {row['model']:<10}{label:<18}{e['prefill_tok_s'] / l['prefill_tok_s']:>9.3f}"
                   f"{e['decode_tok_s'] / l['decode_tok_s']:>9.3f}{e['peak_rss_mb'] / l['peak_rss_mb']:>7.3f}"
                   f"{agg:>11}  {row['same_tokens'][label]}/{len(row['tokens']['llama.cpp'])}")
-    print("  issue 40: decode and prefill at least 1.0x (goal 1.15x), RSS within 10%, 8 streams goal 3x one")
+    print("  targets: decode and prefill at least 1.0x (goal 1.15x), RSS within 10%, 8 streams goal 3x one")
 
 
 def reference_and_header(llama_python) -> str:

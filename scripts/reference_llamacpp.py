@@ -20,7 +20,7 @@ nothing that looks ready.
 
 Build options mirror elelem's own native build (setup.py): GGML_NATIVE=ON,
 GGML_LLAMAFILE=ON (llama.cpp's own default, unlike ggml's), CPU only.  On a CPU
-with AMX, GCC < 13 miscompiles ggml's AMX tile setup (issue 12), so AMX is
+with AMX, GCC < 13 miscompiles ggml's AMX tile setup, so AMX is
 compiled out with ``-mno-amx-*``.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Drop-in shims for code written against other libraries (issue 16, part 5).
+"""Drop-in shims for code written against other libraries.
 
 ``elelem.compat.Llama`` is llama-cpp-python's ``Llama`` over :class:`elelem.LLM`
 (:mod:`.llama`).  Loaded on first use, like ``elelem.LLM``, so importing this

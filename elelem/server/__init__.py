@@ -1,4 +1,4 @@
-"""``elelem serve``: an OpenAI-compatible HTTP server over the engine (issue 14).
+"""``elelem serve``: an OpenAI-compatible HTTP server over the engine.
 
 Needs the ``elelem[server]`` extra (starlette, uvicorn); the library itself
 never imports this package.  Each request runs on a session of its own, in a

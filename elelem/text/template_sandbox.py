@@ -34,7 +34,7 @@ Touching an unsafe attribute raises at once,
 where plain Jinja would return an undefined value and carry on.
 
 Where llama.cpp's own Jinja engine (common/jinja/ of llama.cpp) renders what
-jinja2 refuses, the sandbox renders as llama.cpp does (issue 41; checked
+jinja2 refuses, the sandbox renders as llama.cpp does (checked
 against llama.cpp's engine in tests/test_template_corpus.py): a string plus
 none or an undefined value is the string, none prints (and joins with ``~``)
 as nothing, an attribute or item of an undefined value is undefined,
