@@ -51,7 +51,7 @@ class StopStringFilter:
             self.stopped = True
             self._held = ""
             return buffer[:cut]
-        keep = _longest_partial_match(buffer, self.stops)
+        keep = partial_suffix(buffer, self.stops)
         self._held = buffer[len(buffer) - keep:] if keep else ""
         return buffer[:len(buffer) - keep]
 
@@ -66,12 +66,14 @@ def _first_match(text: str, stops: tuple[str, ...]) -> Optional[int]:
     return min(found) if found else None
 
 
-def _longest_partial_match(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+def partial_suffix(text: str, tags: Iterable[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of one
+    of ``tags`` (a stop string, a tool call's tag): text to hold back until
+    the next piece says whether the tag follows."""
     best = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:n]):
+    for tag in tags:
+        for n in range(min(len(tag) - 1, len(text)), best, -1):
+            if text.endswith(tag[:n]):
                 best = n
                 break
     return best

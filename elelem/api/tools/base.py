@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ...sampling.lazy import Trigger
+from ...text.stop_strings import partial_suffix  # noqa: F401 -- the tool parsers hold back a tag's start with it
 
 log = logging.getLogger("elelem")
 
@@ -379,17 +380,6 @@ def collect(stream: CallStream, deltas: Iterable[str]) -> ParsedReply:
     if calls:
         content = content.strip()
     return ParsedReply(content or None, calls, reasoning or None)
-
-
-def partial_suffix(text: str, tags: Iterable[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of one of ``tags``."""
-    best = 0
-    for tag in tags:
-        for n in range(min(len(tag) - 1, len(text)), best, -1):
-            if text.endswith(tag[:n]):
-                best = n
-                break
-    return best
 
 
 def find_first(text: str, tags: Iterable[str]) -> tuple[int, str]:
