@@ -29,6 +29,13 @@ def model(request, tiny_model):
     return request.param, path
 
 
+@pytest.fixture(scope="module", params=[name for name in MODELS if name != "gemma4"])
+def hybrid(request, tiny_model):
+    """A hybrid model's file: what kept and parked states are for (gemma4's cache cuts back)."""
+    path, _ = tiny_model(MODELS[request.param])
+    return path
+
+
 def _open(path, **kw):
     return elelem.LLM(path, n_threads=2, n_ctx=2048, kv_size=2048, amx=False, **kw)
 
@@ -68,15 +75,8 @@ def test_each_turn_evaluates_only_its_new_tokens_and_answers_as_a_fresh_run(mode
             assert fresh.generate_tokens(prompt, len(reply)) == reply, arch
 
 
-def _hybrid(model):
-    arch, path = model
-    if arch == "gemma4":
-        pytest.skip("its cache cuts back; nothing to park")
-    return path
-
-
-def test_a_conversation_resumes_after_another_took_its_sequence(model):
-    path = _hybrid(model)
+def test_a_conversation_resumes_after_another_took_its_sequence(hybrid):
+    path = hybrid
     rng = np.random.default_rng(3)
     a, b = _tokens(rng, 250), _tokens(rng, 180)
     with _open(path, speculative=False, n_seq_max=1) as llm:
@@ -99,8 +99,8 @@ def test_a_conversation_resumes_after_another_took_its_sequence(model):
         assert fresh.generate_tokens(turn, 8) == reply
 
 
-def test_the_state_budget_evicts_least_recently_used_first(model):
-    path = _hybrid(model)
+def test_the_state_budget_evicts_least_recently_used_first(hybrid):
+    path = hybrid
     rng = np.random.default_rng(4)
     with _open(path, speculative=False, n_seq_max=1, state_cache_mb=1) as llm:
         engine, ctx = llm.engine, llm.engine.context
@@ -121,8 +121,8 @@ def test_the_state_budget_evicts_least_recently_used_first(model):
         assert engine.prompt_tokens_evaluated - before == 303
 
 
-def test_no_state_cache_keeps_no_snapshot(model):
-    path = _hybrid(model)
+def test_no_state_cache_keeps_no_snapshot(hybrid):
+    path = hybrid
     rng = np.random.default_rng(5)
     with _open(path, speculative=False, n_seq_max=1, state_cache_mb=0) as llm:
         llm.generate_tokens(_tokens(rng, 100), 3)
@@ -130,8 +130,8 @@ def test_no_state_cache_keeps_no_snapshot(model):
         assert llm.engine.states.used == 0 and not llm.engine.context.kept_snapshots()
 
 
-def test_the_prompt_cache_on_disk_holds_the_prompt_end(model, tmp_path):
-    path = _hybrid(model)
+def test_the_prompt_cache_on_disk_holds_the_prompt_end(hybrid, tmp_path):
+    path = hybrid
     rng = np.random.default_rng(6)
     first = _tokens(rng, 300)
     with _open(path, speculative=False, prompt_cache=tmp_path) as llm:
@@ -152,12 +152,12 @@ def test_bad_state_cache_sizes_are_refused(model):
             _open(path, state_cache_mb=bad)
 
 
-def test_a_turn_that_rewrites_the_generation_prompt_resumes_from_the_checkpoint_before_it(model):
+def test_a_turn_that_rewrites_the_generation_prompt_resumes_from_the_checkpoint_before_it(hybrid):
     # Qwen3.5's template ends a prompt with "<|im_start|>assistant\n<think>\n" and renders
     # that turn as "<|im_start|>assistant\n" + the answer: the next prompt parts from the
     # last one two tokens before its end.  A snapshot kept at the prompt's checkpoint, a
     # tile before its end, saves all but those last positions.
-    path = _hybrid(model)
+    path = hybrid
     rng = np.random.default_rng(7)
     first = _tokens(rng, 450)
     with _open(path, speculative=False) as llm:
