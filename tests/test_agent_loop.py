@@ -7,6 +7,10 @@ prompt parts from what the cache holds right where the last prompt ended),
 and a new message.  Turn lengths are odd, off every alignment grid."""
 from __future__ import annotations
 
+import gc
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -174,3 +178,29 @@ def test_a_turn_that_rewrites_the_generation_prompt_resumes_from_the_checkpoint_
     with _open(path, speculative=False) as split, _open(path, speculative=False, state_cache_mb=0) as whole:
         assert split.engine._checkpoint(len(first), 0) > 0 and whole.engine._checkpoint(len(first), 0) == 0
         assert np.array_equal(split.new_session().prefill(first), whole.new_session().prefill(first))
+
+
+def _rss_bytes() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
+
+
+def test_the_memory_kept_for_conversations_stays_within_the_budget(tiny_model):
+    # States of 3.3 MB (Qwen3.5-4B's state heads at this depth): twenty
+    # conversations taking one sequence in turn would park 200 MB of them.
+    cfg = MODELS["qwen35"].but(ssm_d_state=128, ssm_dt_rank=16)
+    path, _ = tiny_model(cfg)
+    rng = np.random.default_rng(8)
+    budget_mb = 24
+    with _open(path, speculative=False, n_seq_max=1, state_cache_mb=budget_mb) as llm:
+        state = llm.engine.context.cache.state_bytes
+        assert state > 3e6
+        llm.generate_tokens(_tokens(rng, 64), 2)   # warm: the graphs, the sequence's slots
+        gc.collect()
+        before = _rss_bytes()
+        for _ in range(20):
+            llm.generate_tokens(_tokens(rng, 64), 2)
+            assert llm.engine.states.used <= budget_mb << 20
+        grown = _rss_bytes() - before
+        assert llm.engine.states.parked >= 20 and len(llm.engine.states) < 10   # evicted as it went
+        assert grown < (budget_mb << 20) + 16e6, f"RSS grew by {grown / 1e6:.0f} MB over a {budget_mb} MB budget"
