@@ -482,6 +482,7 @@ def test_bad_input_is_a_400_in_openais_error_shape(client, server):
 
 @pytest.mark.real_model
 def test_a_client_dropped_mid_stream_frees_its_sequence(server):
+    wait_until(lambda: server.model.in_flight == 0)   # an earlier test's stream may still be ending
     before = server.state.metrics.requests[("/v1/responses", 499)]
     server.model.close_idle_sessions()  # so any cell still used after the drop would be the dropped request's
     body = {"model": server.model.id, "input": "Tell me a long story.", "max_output_tokens": 800, "stream": True,
@@ -489,11 +490,13 @@ def test_a_client_dropped_mid_stream_frees_its_sequence(server):
     with httpx.Client(timeout=60) as http:
         with http.stream("POST", server.url + "/v1/responses", json=body,
                          headers={"authorization": f"Bearer {KEY}"}) as response:
-            deltas = 0
+            deltas, seen = 0, []
             for line in response.iter_lines():
+                seen.append(line)
                 deltas += line == "event: response.output_text.delta"
                 if deltas == 3:
                     break
+            assert deltas == 3, (response.status_code, seen[-6:])   # the stream runs, else say what came
             assert cells_used(server) > 0 and server.model.in_flight == 1
     wait_until(lambda: idle(server), seconds=5)
     assert server.model.idle_sessions == 0  # closed, not kept: its cells are freed at once
