@@ -8,14 +8,13 @@ and a new message.  Turn lengths are odd, off every alignment grid."""
 from __future__ import annotations
 
 import gc
-import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import elelem
 from synthetic import TinyConfig
+from test_hybrid import _rss_bytes
 
 MODELS = {
     "qwen35": TinyConfig(arch="qwen35", head_dim=32, n_rot=16, n_layer=4, wtype="q8_0", seed=11),
@@ -178,11 +177,6 @@ def test_a_turn_that_rewrites_the_generation_prompt_resumes_from_the_checkpoint_
     with _open(path, speculative=False) as split, _open(path, speculative=False, state_cache_mb=0) as whole:
         assert split.engine._checkpoint(len(first), 0) > 0 and whole.engine._checkpoint(len(first), 0) == 0
         assert np.array_equal(split.new_session().prefill(first), whole.new_session().prefill(first))
-
-
-def _rss_bytes() -> int:
-    status = Path("/proc/self/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
 
 
 def test_the_memory_kept_for_conversations_stays_within_the_budget(tiny_model):
