@@ -23,7 +23,7 @@ The models (random weights cost what real ones do), written once into
   ``gguf``.
 
 Both carry SmolLM2's vocabulary (49152 tokens; llama.cpp wants one in the
-file): the tensor set and keys are tests/synthetic.py's (llama.cpp's
+file): the tensor set and keys are tests/support/synthetic.py's (llama.cpp's
 converter's layout), written tensor by tensor so that a 5 GB F16 file never
 sits in memory.
 
@@ -129,14 +129,14 @@ def model_path(name: str, layers: int, smoke: bool, shapes: dict | None = None, 
 # Writing a model tensor by tensor.
 
 def _synthetic():
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests" / "support"))
     import synthetic
     import vocab_metadata
     return synthetic, vocab_metadata
 
 
 def _tensor_dims(c) -> dict[str, int]:
-    """Every length a tensor of tests/synthetic.py's make_weights can have, by what it is."""
+    """Every length a tensor of tests/support/synthetic.py's make_weights can have, by what it is."""
     d_inner = c.ssm_d_state * c.ssm_dt_rank
     return dict(vocab=c.n_vocab, embd=c.n_embd, embd2=2 * c.n_embd, head=c.hd, heads=c.n_head,
                 q=c.n_head * c.hd, q_gated=2 * c.n_head * c.hd, kv=c.n_head_kv * c.hd, ff=c.n_ff,
@@ -148,7 +148,7 @@ def _tensor_dims(c) -> dict[str, int]:
 
 
 def tensor_plan(cfg) -> list[tuple[str, tuple, str]]:
-    """(name, numpy shape, type) of every tensor tests/synthetic.py's make_weights
+    """(name, numpy shape, type) of every tensor tests/support/synthetic.py's make_weights
     writes for cfg, in its order, without making them: make_weights runs on a
     copy of cfg whose every dimension is a distinct small number, mapped back."""
     synthetic, _ = _synthetic()
@@ -166,7 +166,7 @@ def tensor_plan(cfg) -> list[tuple[str, tuple, str]]:
 
 
 def _add_keys(writer, cfg, extra_metadata) -> None:
-    """The keys tests/synthetic.py's write_model writes, in its order."""
+    """The keys tests/support/synthetic.py's write_model writes, in its order."""
     synthetic, _ = _synthetic()
     synthetic.add_shape_keys(writer, cfg)
     writer.add_head_count_kv(cfg.n_head_kv)

@@ -12,7 +12,7 @@ through CUDA only):
    forced, with the largest logit difference and the CPU's margin wherever
    the GPU chose another token -- for the three packaged models where this
    machine has them (~/.cache/elelem/models: no network here), else for
-   synthetic models of their architectures (tests/synthetic.py);
+   synthetic models of their architectures (tests/support/synthetic.py);
 2. Qwen2.5-Coder-0.5B Q4_K_M's shapes (the packaged file, or a synthetic one
    of the same shapes and types with random weights: the speed is the
    same): prefill of 512 tokens and decode tok/s in one stream, with CUDA
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
 
 PACKAGED = ("smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m")   # elelem.model.hub.KNOWN_MODELS
 # Memory bandwidth, bytes/s, by the name nvidia-smi gives (the bound of a decode step).
@@ -61,7 +61,7 @@ def packaged(name: str):
 
 
 def synthetic_small(folder: Path) -> dict[str, str]:
-    """Small models of the packaged models' architectures (tests/synthetic.py), f32 weights."""
+    """Small models of the packaged models' architectures (tests/support/synthetic.py), f32 weights."""
     from synthetic import TinyConfig, write_model
     out = {}
     for name, cfg in (("synthetic-llama (smollm2's)", TinyConfig(arch="llama", n_layer=4, n_vocab=512, n_embd=128)),

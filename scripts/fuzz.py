@@ -6,14 +6,14 @@
     python scripts/fuzz.py --target gguf --real smollm2-135m gemma3-270m --iterations 2000
     python scripts/fuzz.py --target tokenizer --iterations 50000 --jobs 2
     python scripts/fuzz.py --target template --engine atheris --iterations 100000
-    python scripts/fuzz.py --replay tests/fixtures/crashers/*.json
+    python scripts/fuzz.py --replay tests/support/fixtures/crashers/*.json
 
 Cases are deterministic in (seed, index): a campaign can be split with
 ``--start`` and rerun exactly.  Without ``--seed`` each run draws a new seed
 and prints it.  ``--seconds`` bounds a campaign by time (``--iterations`` is
 then a ceiling).  Each case runs in a subprocess (see
-tests/fuzzing/runner.py); every distinct failure is saved once as a regression
-fixture in tests/fixtures/crashers/ (``--fixtures``; ``--no-fixtures`` to skip),
+tests/support/fuzzing/runner.py); every distinct failure is saved once as a regression
+fixture in tests/support/fixtures/crashers/ (``--fixtures``; ``--no-fixtures`` to skip),
 which tests/test_fuzz.py replays.  ``--out`` receives summary.json and one
 JSON record per failing case.
 
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the fuzzing package; elelem itself comes from the install
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # the fuzzing package; elelem itself comes from the install
 
 from fuzzing import crashers  # noqa: E402
 from fuzzing.driver import Case, Failure, Summary, run_batch, run_campaign  # noqa: E402

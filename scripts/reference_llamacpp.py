@@ -4,7 +4,7 @@ elelem claims the same tokens as llama.cpp *on the same machine*: ggml picks
 its kernels (and so its summation order) from the CPU and the compiler, so a
 reference made elsewhere cannot be compared bit for bit.  This script builds
 llama-cpp-python once per machine into a cached virtual environment that the
-tests (tests/llamacpp_reference.py) run in a subprocess.  It is never a
+tests (tests/support/llamacpp_reference.py) run in a subprocess.  It is never a
 runtime or test dependency of elelem itself::
 
     python scripts/reference_llamacpp.py            # build if needed, print the reference python

@@ -50,7 +50,7 @@ def gemma_path():
 
 @pytest.fixture(scope="session")
 def llamacpp():
-    """llama.cpp's outputs made on this machine (tests/llamacpp_reference.py): live and cached, or a stored
+    """llama.cpp's outputs made on this machine (tests/support/llamacpp_reference.py): live and cached, or a stored
     fixture whose kernel fingerprint matches; skips otherwise, and fails under CI=true."""
     from llamacpp_reference import Reference
     return Reference()

@@ -1,11 +1,11 @@
 """elelem's logits against llama.cpp's on tiny synthetic models of each architecture.
 
-llama.cpp's float32 logits come from tests/fixtures/make_arch_fixtures.py run
-live under this machine's llama.cpp reference (tests/llamacpp_reference.py,
+llama.cpp's float32 logits come from tests/support/fixtures/make_arch_fixtures.py run
+live under this machine's llama.cpp reference (tests/support/llamacpp_reference.py,
 built by scripts/reference_llamacpp.py), on the very files elelem reads here:
 the weights come from ``TinyConfig.seed``, the vocabulary (which llama.cpp
-insists on) from SmolLM2's file, through tests/vocab_metadata.py.  The stored
-tests/fixtures/arch_logits.json is the fallback for a machine without a
+insists on) from SmolLM2's file, through tests/support/vocab_metadata.py.  The stored
+tests/support/fixtures/arch_logits.json is the fallback for a machine without a
 reference build, used only if its kernel fingerprint is this machine's.
 
 Tolerance: none.  elelem builds the same ggml graph as llama.cpp on the same
@@ -27,7 +27,7 @@ from llamacpp_reference import THREADS, elelem_kernel_options
 from synthetic import write_model
 from vocab_metadata import vocab_size, vocab_writer
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+sys.path.insert(0, str(Path(__file__).parent / "support" / "fixtures"))
 # importable without llama_cpp
 from make_arch_fixtures import CONFIGS, FLASH_ATTN, N_GREEDY, N_PROMPT, token_ids  # noqa: E402
 

@@ -1,6 +1,6 @@
 """BERT-family encoders (``bert``, ``nomic-bert``) on tiny synthetic models:
-against the NumPy reference (tests/synthetic_bert.py) and against llama.cpp's
-embeddings of the same files (tests/fixtures/make_bert_fixtures.py, run live
+against the NumPy reference (tests/support/synthetic_bert.py) and against llama.cpp's
+embeddings of the same files (tests/support/fixtures/make_bert_fixtures.py, run live
 under this machine's reference build, or its stored fixture where the kernel
 fingerprint matches).
 
@@ -22,7 +22,7 @@ from elelem.errors import ContextLimitError, InvalidArgumentError, ModelShapeErr
 from llamacpp_reference import THREADS
 from synthetic_bert import BertConfig, reference_hidden, write_bert
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+sys.path.insert(0, str(Path(__file__).parent / "support" / "fixtures"))
 from make_bert_fixtures import CONFIGS, TOKEN_IDS  # noqa: E402  (importable without llama_cpp)
 
 LLAMACPP_ATOL = 5e-5

@@ -28,7 +28,7 @@ from elelem.errors import (
     UnsafeTemplateError,
 )
 
-FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "chat_templates.json").read_text(encoding="utf-8"))
+FIXTURES = json.loads((Path(__file__).parent / "support" / "fixtures" / "chat_templates.json").read_text(encoding="utf-8"))
 REPO = Path(__file__).resolve().parents[1]
 HELLO = [{"role": "user", "content": "hi"}]
 

@@ -1,7 +1,7 @@
 """elelem.compat.Llama (issue 16, part 5): llama-cpp-python's README examples
 and its documented API, run against the shim on SmolLM2 (and Qwen2.5-Coder
 for fill-in-the-middle), and compared with llama-cpp-python 0.3.36 itself
-(tests/fixtures/make_compat_fixtures.py, run live under the reference build).
+(tests/support/fixtures/make_compat_fixtures.py, run live under the reference build).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def llm(smollm_path):
 
 def llamacpp_answers(llamacpp, name: str, path: Path) -> dict:
     """make_compat_fixtures.py's output for one model: live under the reference build, else a stored
-    fixture made with this machine's kernels (tests/llamacpp_reference.py)."""
+    fixture made with this machine's kernels (tests/support/llamacpp_reference.py)."""
     return llamacpp._per_model("make_compat_fixtures.py", "compat", name, path,
                                [FIXTURES / "make_greedy_fixtures.py", FIXTURES / "per_model_fixture.py"])
 

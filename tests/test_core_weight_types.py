@@ -2,13 +2,13 @@
 Q4_0 too, which the CPU backend repacks) against the NumPy reference, with
 ggml's activation quantization reproduced so the bound can be tight.
 
-Fixtures: tiny random models written by tests/synthetic.py; Q4_0, Q4_1, Q5_0
+Fixtures: tiny random models written by tests/support/synthetic.py; Q4_0, Q4_1, Q5_0
 and Q8_0 weights are quantized with the `gguf` package's quantizers, Q4_K and
-Q6_K with tests/kquants.py (gguf 0.19 has none); the reference always uses
+Q6_K with tests/support/kquants.py (gguf 0.19 has none); the reference always uses
 gguf's dequantization of the bytes written.
 
 Why only the output projection is quantized in the tight test: ggml rounds
-each quantized activation to a step of its block (tests/ggml_numerics.py), and
+each quantized activation to a step of its block (tests/support/ggml_numerics.py), and
 elelem's float32 activations differ from the float64 reference in the last
 bits, so an activation lying within ~1e-4 step of a rounding tie can round the
 other way.  Behind a quantized layer such a flip moves everything after it

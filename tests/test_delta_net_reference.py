@@ -1,8 +1,8 @@
-"""One Gated DeltaNet layer's delta rule in NumPy (tests/delta_net.py), two ways
+"""One Gated DeltaNet layer's delta rule in NumPy (tests/support/delta_net.py), two ways
 that must agree: the recurrence token by token, and llama.cpp's chunked form
 (build_delta_net_chunking: chunks of 64, a triangular solve within each, the
 state passed between them); then Qwen3.5 models (qwen35, qwen35moe) in elelem
-against the NumPy reference (tests/synthetic.py), which runs that delta rule
+against the NumPy reference (tests/support/synthetic.py), which runs that delta rule
 beside the gated, interleaved-multi-section-RoPE attention layers.
 
 Recurrent vs chunked: both float64, so they differ by rounding only; measured

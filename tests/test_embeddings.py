@@ -4,7 +4,7 @@ state of each token, pooled as the GGUF says (or as asked).
 Tiny synthetic models: against the NumPy reference of the forward pass,
 across batch boundaries.  Real models: against llama-cpp-python's
 ``Llama(embedding=True).embed`` on this machine
-(tests/fixtures/make_embedding_fixtures.py).
+(tests/support/fixtures/make_embedding_fixtures.py).
 """
 from __future__ import annotations
 

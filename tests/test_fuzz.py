@@ -1,4 +1,4 @@
-"""The fuzzing harness's CI portion (tests/fuzzing, scripts/fuzz.py).
+"""The fuzzing harness's CI portion (tests/support/fuzzing, scripts/fuzz.py).
 
 * The harness itself: crash, hang, exit-status, memory-cap and
   unexpected-exception detection and attribution inside a batch, the template
@@ -8,7 +8,7 @@
   ``ELELEM_FUZZ_SECONDS`` sets the time): GGUF files mutated from the
   synthetic seeds (and, with ``real_model``, from SmolLM2), the tokenizer on
   random bytes and Unicode, and random or mutated chat templates.
-* Every saved crasher in tests/fixtures/crashers/ replayed.
+* Every saved crasher in tests/support/fixtures/crashers/ replayed.
 
 A campaign may hit a bug that already has an ``"open"`` crasher fixture: that
 is reported as an expected failure (xfail) rather than a new one.  Any failure

@@ -1,5 +1,5 @@
 """Gemma 4 (gemma4): what the engine does with it, on tiny synthetic models
-written as llama.cpp's converter writes them (tests/synthetic.py).  Its logits
+written as llama.cpp's converter writes them (tests/support/synthetic.py).  Its logits
 against llama.cpp are tests/test_arch_llamacpp.py's (bit for bit), against
 NumPy tests/test_core_forward.py's; its tokenizer is checked on llama.cpp's
 vocabulary test file in tests/test_tokenizer_vocab_files.py.

@@ -1,5 +1,5 @@
 """Models from Hugging Face (``hf://ORG/REPO[:QUANT]``), end to end against a stand-in Hub on
-loopback (tests/hub_standin.py): no network, and a temporary Hugging Face cache -- the user's
+loopback (tests/support/hub_standin.py): no network, and a temporary Hugging Face cache -- the user's
 is never read or written.
 
 huggingface_hub reads HF_ENDPOINT, HF_HOME and HF_HUB_CACHE when it is imported, so the

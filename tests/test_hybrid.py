@@ -1,7 +1,7 @@
 """Hybrid models (qwen35, qwen3next: Gated DeltaNet layers beside full
 attention): the recurrent state through everything the engine does --
 batching, rewinding, forking, speculative decoding, saved states -- exact on
-tiny synthetic models (tests/synthetic.py), each test once per architecture.
+tiny synthetic models (tests/support/synthetic.py), each test once per architecture.
 Their logits against llama.cpp are tests/test_arch_llamacpp.py's."""
 from __future__ import annotations
 

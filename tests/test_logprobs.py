@@ -3,7 +3,7 @@ it generated, in llama-cpp-python's completion shape and OpenAI's chat shape.
 
 For the same greedy tokens the values must be llama.cpp's within 1e-3: the
 real models run against llama-cpp-python's ``create_completion(...,
-logprobs=5)`` on this machine (tests/fixtures/make_logprobs_fixtures.py).
+logprobs=5)`` on this machine (tests/support/fixtures/make_logprobs_fixtures.py).
 """
 from __future__ import annotations
 

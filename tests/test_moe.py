@@ -1,6 +1,6 @@
 """Mixture-of-experts models (qwen3moe, gpt-oss, glm4moe): what the engine
 does with them, on tiny synthetic models written as llama.cpp's converter
-writes them (tests/synthetic.py).  Their logits against llama.cpp are
+writes them (tests/support/synthetic.py).  Their logits against llama.cpp are
 tests/test_arch_llamacpp.py's; against NumPy, tests/test_moe_reference.py's.
 """
 from __future__ import annotations

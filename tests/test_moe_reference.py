@@ -1,9 +1,9 @@
 """The 2025-26 decoders (qwen3moe, gpt-oss, glm4moe, mistral3) against the NumPy
-reference (tests/synthetic.py), which is written from the definitions in
+reference (tests/support/synthetic.py), which is written from the definitions in
 float64: expert routing (softmax, sigmoid with a selection bias, softmax over
 the chosen logits), SwiGLU and gpt-oss's clamped swiglu_oai experts, shared
 experts, attention sinks, sliding windows, YaRN RoPE, the attention
-temperature; and MXFP4 experts, dequantized by tests/mxfp4.py from the format.
+temperature; and MXFP4 experts, dequantized by tests/support/mxfp4.py from the format.
 (Against llama.cpp, bit for bit, these models are tests/test_arch_llamacpp.py's.)
 
 Tolerance: 2e-5 of the largest logit, test_core_forward's for F32 weights and
@@ -20,7 +20,7 @@ ROUTING_MARGIN of a tie (measured: >= 9.8e-4 in every layer).
 
 MXFP4 experts: ggml multiplies them with Q8_0-quantized activations
 (ggml_vec_dot_mxfp4_q8_0), so the reference reproduces that
-(tests/ggml_numerics.py).  An activation lying within a hair of a rounding
+(tests/support/ggml_numerics.py).  An activation lying within a hair of a rounding
 tie could round the other way in elelem's float32 and move every later
 layer (and, through the router, the choice of experts: measured up to 0.19
 of the largest logit for a single such flip); so the config is one where no
@@ -308,7 +308,7 @@ def test_mxfp4_dequantizer_matches_gguf_on_random_blocks():
 
 
 def test_mxfp4_experts_match_reference(tiny_model, monkeypatch):
-    """gpt-oss with MXFP4 experts: the reference on tests/mxfp4.py's dequantization
+    """gpt-oss with MXFP4 experts: the reference on tests/support/mxfp4.py's dequantization
     of the bytes written, with ggml's Q8_0 activations."""
     cfg = GPT_OSS_MXFP4
     path, stored = tiny_model(cfg)

@@ -1,6 +1,6 @@
 """The real models at long positions against llama.cpp's logits, made on this machine.
 
-tests/fixtures/make_long_logits.py has llama.cpp evaluate one fixed
+tests/support/fixtures/make_long_logits.py has llama.cpp evaluate one fixed
 2000-token prompt per model, 512 tokens per decode call, with logits for every
 position, and records the top 10 at positions past the 256-position KV
 padding, around Gemma 3's 512-token sliding window and elelem's batch edges,

@@ -1,6 +1,6 @@
 """Real packaged models against llama.cpp's tokens and a NumPy reference.
 
-Fixtures in tests/fixtures/reference/ come from llama-cpp-python 0.3.36 (see
+Fixtures in tests/support/fixtures/reference/ come from llama-cpp-python 0.3.36 (see
 the "made_by" and "greedy_call" fields in each file).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import elelem
 
 pytestmark = pytest.mark.real_model
-FIXTURES = Path(__file__).parent / "fixtures" / "reference"
+FIXTURES = Path(__file__).parent / "support" / "fixtures" / "reference"
 N_COMPARED = 16  # the first tokens must agree; later ones may drift with summation order
 
 
@@ -88,11 +88,11 @@ def test_logits_agree_with_numpy_reference(request, model):
     assert min(np.corrcoef(g, w)[0, 1] for g, w in zip(got, want)) > 0.995
 
 
-# Greedy runs made live by llama.cpp on this machine (tests/llamacpp_reference.py
-# runs tests/fixtures/make_greedy_fixtures.py under the reference that
+# Greedy runs made live by llama.cpp on this machine (tests/support/llamacpp_reference.py
+# runs tests/support/fixtures/make_greedy_fixtures.py under the reference that
 # scripts/reference_llamacpp.py built), or the stored fixtures in
-# tests/fixtures/greedy/ where their kernel fingerprint is this machine's.
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+# tests/support/fixtures/greedy/ where their kernel fingerprint is this machine's.
+sys.path.insert(0, str(Path(__file__).parent / "support" / "fixtures"))
 from make_greedy_fixtures import MODELS, prompts  # noqa: E402  (importable without llama_cpp)
 
 LIVE = {"qwen2": ("qwen2.5-coder-0.5b", "qwen_path"), "llama": ("smollm2-135m", "smollm_path"),
@@ -107,7 +107,7 @@ LOGIT_TOLERANCE = 0.0
 # 17 of the 39 prompts part ways, at llama.cpp's gap (here / there) of Qwen2.5 0.089/0.046, 0.106/0.046,
 # 0.064/0.023, 0.134/0.068; SmolLM2 0.227/0.076, 0.120/0.091, 0.030/0.180, 0.213/0.008, 0.144/0.311,
 # 0.009/0.061; Gemma 3 0.032/0.034, 0.007/0.225, 0.096/0.083, 0.012/0.077, 0.008/0.078, 0.131/0.043,
-# 0.076/0.011 (tests/fixtures/greedy/ against its AVX-512 version of 2026-11-30).  So 0.1 holds only for
+# 0.076/0.011 (tests/support/fixtures/greedy/ against its AVX-512 version of 2026-11-30).  So 0.1 holds only for
 # kernels that sum nearly alike; across ISAs (AMX against AVX-512, say) the reference's gap reaches 0.23.
 NEAR_TIE_GAP = 0.1
 # With AMX on, elelem runs kernels the reference (built without AMX) lacks: it is then held to the gaps

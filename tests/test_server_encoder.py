@@ -16,7 +16,7 @@ from elelem.server import ServerConfig  # noqa: E402
 from synthetic_bert import write_bert  # noqa: E402
 from test_server import InProcessServer, error_of, post  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+sys.path.insert(0, str(Path(__file__).parent / "support" / "fixtures"))
 from make_bert_fixtures import CONFIGS, TEXTS  # noqa: E402
 
 pytestmark = pytest.mark.real_model

@@ -3,9 +3,9 @@
 llama.cpp renders chat templates with its C++ Jinja engine (common/jinja/)
 behind its chat-format code (common/chat.cpp); scripts/reference_chat_templates.py
 builds both from the pinned sdist into a command (scripts/chat_template_driver.cpp)
-that tests/llamacpp_templates.py runs.  Every template of llama.cpp's corpus
+that tests/support/llamacpp_templates.py runs.  Every template of llama.cpp's corpus
 (models/templates/*.jinja of the sdist) is rendered there for the three
-conversations of tests/template_corpus_cases.py -- a plain chat, a tool
+conversations of tests/support/template_corpus_cases.py -- a plain chat, a tool
 definition with a tool-call round trip, reasoning in the history -- and here:
 
 * **the engine**: elelem's sandbox, given the very variables llama.cpp's engine
@@ -17,7 +17,7 @@ definition with a tool-call round trip, reasoning in the history -- and here:
   the conversation for one model family (KNOWN_CHAT_LAYER_DIFFERENCES).
 
 Live when the driver is built (CI builds it), else from the stored
-tests/fixtures/chat_templates_llamacpp_engine.json (prompts as sha256) if it was
+tests/support/fixtures/chat_templates_llamacpp_engine.json (prompts as sha256) if it was
 made from the same templates and conversations; otherwise the corpus tests skip,
 and fail under CI=true.  The unit tests below pin each behaviour issue 41 names,
 with the expected text written out, and check it against llama.cpp's engine

@@ -4,15 +4,15 @@ The models of issue 40 (Qwen3-MoE / Qwen3-Coder, gpt-oss's harmony format,
 GLM-4.5/4.6/4.7, MiniMax-M2, Mistral 3 / Devstral / Magistral, Mistral Nemo)
 and Gemma 4 (issue 42)
 must render their own templates exactly as llama-cpp-python does
-(tests/fixtures/make_template_reference.py: Jinja2ChatFormatter; llama.cpp's C++
+(tests/support/fixtures/make_template_reference.py: Jinja2ChatFormatter; llama.cpp's C++
 Jinja engine itself is the judge in tests/test_template_corpus.py) on the conversations of
-tests/template_cases.py: a plain system / user / assistant / user chat with a
+tests/support/template_cases.py: a plain system / user / assistant / user chat with a
 generation prompt, without one, with tools, a tool call and its result,
 reasoning in the history, thinking switched off and on, a reasoning effort.  Every
 other template of the sdist must give the same text or fail where the
 reference fails.  The reference runs live when this machine has the llama.cpp
 reference build (cached), else the stored
-tests/fixtures/chat_templates_llamacpp.json is used if it was made from the
+tests/support/fixtures/chat_templates_llamacpp.json is used if it was made from the
 same templates and cases (or the test skips, and fails under CI=true).
 
 Parsing the tool calls these formats produce is not here (issue 41).
@@ -36,7 +36,7 @@ from llamacpp_reference import Reference, file_sha256, run_script, skip_or_fail
 pytestmark = pytest.mark.real_model  # the sdist's templates are fetched with pip on first use
 
 HERE = Path(__file__).resolve().parent
-STORED = HERE / "fixtures" / "chat_templates_llamacpp.json"
+STORED = HERE / "support" / "fixtures" / "chat_templates_llamacpp.json"
 _memo: dict = {}
 
 
@@ -56,12 +56,12 @@ def _make_reference() -> dict:
     templates = sdist.templates_dir()
     name = STORED.name
     live = run_script("make_template_reference.py", ["--out", "{out}/" + name, "--templates-dir", str(templates)],
-                      [], [*sorted(templates.glob("*.jinja")), HERE / "template_cases.py"], [name])
+                      [], [*sorted(templates.glob("*.jinja")), HERE / "support" / "template_cases.py"], [name])
     if live is not None:
         return live[name]["templates"]
     stored = json.loads(STORED.read_text(encoding="utf-8"))
     if stored["header"].get("cases_digest") != cases.digest():
-        skip_or_fail(f"{Reference.not_built()}, and {name} was made from other cases (tests/template_cases.py changed)")
+        skip_or_fail(f"{Reference.not_built()}, and {name} was made from other cases (tests/support/template_cases.py changed)")
     return stored["templates"]
 
 

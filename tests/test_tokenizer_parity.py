@@ -1,5 +1,5 @@
 """The tokenizer against llama.cpp on the packaged models (fixtures made by
-tests/fixtures/make_tokenizer_fixtures.py with llama-cpp-python 0.3.36)."""
+tests/support/fixtures/make_tokenizer_fixtures.py with llama-cpp-python 0.3.36)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ from tokenizer_meta import read_metadata
 
 pytestmark = pytest.mark.real_model
 
-FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+FIXTURES = pathlib.Path(__file__).parent / "support" / "fixtures"
 MODELS = ("qwen2.5-coder-0.5b", "smollm2-135m", "gemma3-270m")
 SHARED_REFERENCE = {  # the small corpus of shared/reference, by model file name
     "qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m.json",
@@ -59,7 +59,7 @@ def test_ids_match_llama_cpp(model, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_ids_match_shared_reference(model, mode):
-    """The small corpus of shared/reference, copied to tests/fixtures/reference/
+    """The small corpus of shared/reference, copied to tests/support/fixtures/reference/
     (its ``made_by`` field says how it was made)."""
     name, tok = model
     cases = json.loads((FIXTURES / "reference" / SHARED_REFERENCE[name]).read_text(encoding="utf-8"))["tokenize"]

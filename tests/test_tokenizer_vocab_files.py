@@ -5,15 +5,15 @@ gpt-oss, GLM-4.5, Mistral, Qwen3.5 and Gemma 4's tokenizer against llama.cpp liv
   ``.inp`` / ``.out`` (tests/test-tokenizer-0.cpp: tokenize(text, add_special=false,
   parse_special=false) must give the ids of .out; llama-cpp-python 0.3.36 gives
   exactly those).  Every such file of the pinned sdist runs here
-  (tests/llamacpp_sdist.py fetches it with pip once, hence ``real_model``).
+  (tests/support/llamacpp_sdist.py fetches it with pip once, hence ``real_model``).
 * No such file exists for ``gpt-4o`` (gpt-oss), ``glm4`` (GLM-4.5) or
   ``tekken`` (Mistral 3, Devstral): real vocabularies of the sdist, and a probe
   vocabulary whose ids show every split, are given those pre-tokenizers
-  (tests/pretokenizer_corpus.py; also ``qwen35``, whose test file has few
+  (tests/support/pretokenizer_corpus.py; also ``qwen35``, whose test file has few
   combining marks) and compared with llama.cpp's ids on a corpus that tells
   the regexes apart (and Gemma 4's own vocabulary on it too): live when this machine has the llama.cpp
-  reference (tests/fixtures/make_pretokenizer_fixtures.py, cached), else the
-  stored tests/fixtures/tokenize_pre_variants.json (made by that script; it must
+  reference (tests/support/fixtures/make_pretokenizer_fixtures.py, cached), else the
+  stored tests/support/fixtures/tokenize_pre_variants.json (made by that script; it must
   match the corpus and the sdist's vocabularies, or the test skips, and fails
   under CI=true).
 * The tests without ``real_model`` pin down the table of pre-tokenizers and a
@@ -37,7 +37,7 @@ from llamacpp_reference import Reference, file_sha256, run_script, skip_or_fail
 from tokenizer_meta import read_metadata
 
 HERE = Path(__file__).resolve().parent
-STORED = HERE / "fixtures" / "tokenize_pre_variants.json"
+STORED = HERE / "support" / "fixtures" / "tokenize_pre_variants.json"
 needs_sdist = pytest.mark.real_model  # the sdist is fetched with pip on first use
 
 #: Every ggml-vocab-*.gguf with .inp / .out in the sdist that elelem must tokenize as llama.cpp does.
@@ -107,12 +107,12 @@ def _make_pre_reference() -> dict:
     files = [sdist.vocab_path(base) for base in bases]
     name = STORED.name
     live = run_script("make_pretokenizer_fixtures.py", ["--out", "{out}/" + name, "--vocab-dir", str(models)],
-                      [], [*files, HERE / "pretokenizer_corpus.py"], [name])
+                      [], [*files, HERE / "support" / "pretokenizer_corpus.py"], [name])
     if live is not None:
         return live[name]
     stored = json.loads(STORED.read_text(encoding="utf-8"))
     header = stored["header"]
-    diffs = [] if header.get("corpus_digest") == corpus.digest() else ["tests/pretokenizer_corpus.py changed"]
+    diffs = [] if header.get("corpus_digest") == corpus.digest() else ["tests/support/pretokenizer_corpus.py changed"]
     diffs += [f"ggml-vocab-{base}.gguf differs" for base, path in zip(bases, files)
               if header.get("vocabularies", {}).get(base, {}).get("sha256") != file_sha256(path)]
     if diffs:

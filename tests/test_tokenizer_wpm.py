@@ -1,5 +1,5 @@
 """The WordPiece tokenizer (``tokenizer.ggml.model = "bert"``): hand-checked cases, and llama.cpp's ids and text
-on the synthetic vocabularies of tests/wpm_vocabs.py (llama-cpp-python 0.3.36, tests/fixtures/make_wpm_fixtures.py)."""
+on the synthetic vocabularies of tests/support/wpm_vocabs.py (llama-cpp-python 0.3.36, tests/support/fixtures/make_wpm_fixtures.py)."""
 from __future__ import annotations
 
 import pytest

@@ -5,7 +5,7 @@ Each format: model-like replies parsed whole and streamed at every split
 the model given back as content, a round trip through its family's real
 chat template (llama.cpp's corpus: the template writes a call, the parser
 reads it back), and a constrained call on a tiny random model that speaks
-the family's markup (tests/format_models.py).
+the family's markup (tests/support/format_models.py).
 """
 from __future__ import annotations
 
@@ -275,7 +275,7 @@ def test_an_assistant_tool_call_turn_keeps_its_content_key():
     call = {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
     messages = [{"role": "user", "content": "Weather?"}, call, {"role": "tool", "tool_call_id": "c1", "content": "x"}]
-    smollm = json.loads((Path(__file__).parent / "fixtures" / "chat_templates.json")
+    smollm = json.loads((Path(__file__).parent / "support" / "fixtures" / "chat_templates.json")
                         .read_text(encoding="utf-8"))["templates"]["smollm2"]["source"]
     for source in (smollm, template("Qwen-Qwen3-0.6B"), template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B")):
         ChatTemplate(source).render(messages)

@@ -6,7 +6,7 @@ valid, a required call cannot be skipped by ending the reply, and under
 "auto" a reply without a marker is sampled as if there were no constraint.
 
 The model here is scripted: the tokenizer, vocabulary and template are a
-family model's (tests/format_models.py), the logits random, and the
+family model's (tests/support/format_models.py), the logits random, and the
 "sampler" writes a script token by token wherever the constraint leaves
 that token possible (else the likeliest allowed token).  So each test says
 exactly what the model tries to write, and checks what the constraint made

@@ -6,12 +6,12 @@ these tests prove of the placement, the K/V per device, the output head,
 the memory fit and the fallbacks holds for CUDA too; only speed needs a
 real GPU (scripts/device_check.py).
 
-Each case runs in a child process (tests/vulkan_child.py): ggml-vulkan
+Each case runs in a child process (tests/support/vulkan_child.py): ggml-vulkan
 picks its devices once, when its module loads, and lavapipe counts only
 when GGML_VK_VISIBLE_DEVICES names it -- which this test process must not
 do, or every other test's LLM() would run on it.
 
-The models are tiny synthetic GGUFs (tests/synthetic.py): lavapipe runs a
+The models are tiny synthetic GGUFs (tests/support/synthetic.py): lavapipe runs a
 SmolLM2-sized model at under a token per second.  The GPU's kernels round
 differently from the CPU's, so the tokens are compared teacher-forced: the
 CPU's greedy tokens are forced through the GPU run, and at each step the
@@ -62,7 +62,7 @@ def child(scenario: str, path, options=None, env=None, timeout=600) -> dict:
     environment.update(PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_ROOT), str(HERE),
                                                                 environment.get("PYTHONPATH")])))
     environment.update(env or {})
-    result = subprocess.run([sys.executable, str(HERE / "vulkan_child.py"), scenario, str(path),
+    result = subprocess.run([sys.executable, str(HERE / "support" / "vulkan_child.py"), scenario, str(path),
                              json.dumps(options or {})], cwd=HERE, env=environment, capture_output=True, text=True,
                             timeout=timeout)
     assert result.returncode == 0, f"the child failed ({result.returncode}):\n{result.stderr[-4000:]}"

@@ -2,7 +2,7 @@
 they change the speed of steps of two or more tokens and nothing else, so
 every logit must be bit for bit the one the Q5_0 weights give.
 
-Fixtures: tiny random models written by tests/synthetic.py (Q5_0 quantized
+Fixtures: tiny random models written by tests/support/synthetic.py (Q5_0 quantized
 by the `gguf` package), and the packaged Qwen2.5-Coder-0.5B and Gemma-3-270M Q4_K_M
 files, whose 896- and 640-wide rows make most of their weights Q5_0.
 """
