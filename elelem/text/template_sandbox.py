@@ -43,22 +43,19 @@ sequences (``map``) as lists and undefined items as null, and a list the
 template built itself takes ``append`` and ``pop`` (the data given to the
 template stays immutable). Where llama.cpp's engine is the odd one (floats in
 ``tojson``, printing a list or dict, ``sort_keys``), it renders as jinja2 does.
+
+The budget and its size checks are in :mod:`.template_budget`, the guarded
+filters in :mod:`.template_filters`; this module is the environment that
+compiles and renders, and the globals templates can call.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import json
 import math
-import numbers
-import re
-import string
-import time
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextvars import ContextVar
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -72,301 +69,51 @@ from jinja2.utils import Namespace
 from jinja2.visitor import NodeTransformer
 from markupsafe import Markup
 
-from ..errors import ElelemError, InvalidArgumentError, TemplateError, TemplateLimitError, UnsafeTemplateError
+from ..errors import ElelemError, TemplateError, TemplateLimitError, UnsafeTemplateError
+from .template_budget import (
+    _BUDGET,
+    MAX_CALL_DEPTH,
+    MAX_OUTPUT_CHARS,
+    MAX_RANGE_ITEMS,
+    MAX_TEMPLATE_CHARS,
+    MAX_TEMPLATE_TOKENS,
+    MAX_WORK_CHARS,
+    RENDER_TIMEOUT_S,
+    RenderLimits,
+    _account,
+    _budget,
+    _Budget,
+    _check_binop,
+    _check_brace_format,
+    _check_weight,
+    _checked_method_args,
+)
+from .template_filters import (
+    _FILTER_PRECHECKS,
+    _concat_guard,
+    _guarded_filter,
+    _join_filter,
+    _loop_guard,
+    _output_guard,
+    _tojson,
+)
 
-#: Wall-clock seconds one render may take. Real templates need milliseconds.
-RENDER_TIMEOUT_S = 2.0
-#: Most characters a render may return, and the most any single value built
-#: while rendering may hold (1 MiB; about 250k tokens of text).
-MAX_OUTPUT_CHARS = 1 << 20
-#: Most characters one render may produce in total across all its
-#: string-building steps and outputs, including intermediate values (64 MiB).
-MAX_WORK_CHARS = 64 << 20
-#: Longest ``range()`` a template may ask for.
-MAX_RANGE_ITEMS = 100_000
-#: Deepest nesting of calls (macros calling macros, recursive loops). Each
-#: level costs several Python frames, so this stays well below Python's limit.
-MAX_CALL_DEPTH = 64
-#: Longest template source accepted (256 KiB; real templates are under 20 KiB).
-MAX_TEMPLATE_CHARS = 256 << 10
-#: Most Jinja lexer tokens (whitespace runs included) a template source may
-#: have. Compiling costs about 20 µs a token, so this keeps a hostile
-#: template's one-off compile under a second; real templates have a few
-#: thousand (Qwen2.5's: 530).
-MAX_TEMPLATE_TOKENS = 32_768
+__all__ = [
+    "MAX_CALL_DEPTH",
+    "MAX_OUTPUT_CHARS",
+    "MAX_RANGE_ITEMS",
+    "MAX_TEMPLATE_CHARS",
+    "MAX_TEMPLATE_TOKENS",
+    "MAX_WORK_CHARS",
+    "RENDER_TIMEOUT_S",
+    "RenderLimits",
+    "compile_template",
+    "now",
+    "render_template",
+]
 
-
-# Width of a tojson indent. Each line of output repeats it once per nesting level.
-_MAX_JSON_INDENT = 64
 # Longest strftime_now() format string.
 _MAX_STRFTIME_FORMAT = 1024
-# Character copies allowed to the library code that is quadratic in its
-# input: textwrap (wordwrap) re-slices an over-long word or run of spaces once
-# per line, about text length x longest run / width copies; markupsafe's
-# striptags rebuilds the whole string once per tag, about length x tags.
-# This bound keeps either under ~50 ms.
-_MAX_QUADRATIC_WORK = 100_000_000
-_WORDWRAP_RUN = re.compile(r"\S+|\s+")
-
-
-
-@dataclass(frozen=True)
-class RenderLimits:
-    """The budget of one render; the defaults are the module constants."""
-
-    timeout_s: float = RENDER_TIMEOUT_S
-    max_output_chars: int = MAX_OUTPUT_CHARS
-    max_work_chars: int = MAX_WORK_CHARS
-    max_range_items: int = MAX_RANGE_ITEMS
-    max_call_depth: int = MAX_CALL_DEPTH
-
-    def __post_init__(self) -> None:
-        for name in ("timeout_s", "max_output_chars", "max_work_chars", "max_range_items", "max_call_depth"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
-                raise InvalidArgumentError(f"RenderLimits.{name} must be a positive number, got {value!r}")
-
-
-# --- the per-render budget -----------------------------------------------------
-
-
-class _Budget:
-    """What one render may still spend. Lives in a ContextVar, so concurrent
-    renders (threads, asyncio tasks) each have their own."""
-
-    __slots__ = ("limits", "deadline", "work", "depth", "known_weights")
-
-    def __init__(self, limits: RenderLimits) -> None:
-        self.limits = limits
-        self.deadline = time.monotonic() + limits.timeout_s
-        self.work = 0
-        self.depth = 0
-        # id -> (container, weight) for the render's input data, which the
-        # immutable sandbox cannot change; holding the container keeps its id
-        # from being reused. Saves re-walking the whole conversation each time
-        # a template passes `messages` through a filter inside a loop.
-        self.known_weights: dict[int, tuple[Any, int]] = {}
-
-    def remember_weights(self, value: Any) -> int:
-        """Record the weight of every list and dict in ``value`` (plain input data)."""
-        if isinstance(value, (str, bytes)):
-            return len(value)
-        if isinstance(value, Mapping):
-            parts = (self.remember_weights(key) + self.remember_weights(item) for key, item in value.items())
-            weight = 1 + len(value) + sum(parts)
-        elif isinstance(value, (list, tuple)):
-            weight = 1 + len(value) + sum(self.remember_weights(item) for item in value)
-        else:
-            return 1
-        self.known_weights[id(value)] = (value, weight)
-        return weight
-
-    def tick(self) -> None:
-        if time.monotonic() > self.deadline:
-            raise TemplateLimitError(f"chat template took longer than {self.limits.timeout_s:g} s to render")
-
-    def check_size(self, size: int, what: str) -> None:
-        if size > self.limits.max_output_chars:
-            raise TemplateLimitError(
-                f"chat template went over its size limit: {what} of {size:,} characters "
-                f"(the limit is {self.limits.max_output_chars:,})"
-            )
-
-    def spend(self, size: int) -> None:
-        self.work += size
-        if self.work > self.limits.max_work_chars:
-            raise TemplateLimitError(
-                f"chat template produced more than {self.limits.max_work_chars:,} characters "
-                "of intermediate text while rendering"
-            )
-
-
-_BUDGET: ContextVar[_Budget | None] = ContextVar("elelem_chat_template_budget", default=None)
-
-
-class _NotRendering(RuntimeError):
-    """A guard ran outside a render. That only happens when Jinja tries to fold
-    constants at compile time; raising makes it leave the expression for
-    render time, where the guard is in force."""
-
-
-def _budget() -> _Budget:
-    budget = _BUDGET.get()
-    if budget is None:
-        raise _NotRendering("chat template guards run only while rendering")
-    return budget
-
-
-def _weight(value: Any, budget: _Budget) -> int:
-    """Characters ``value`` holds, counting every shared reference again (as
-    ``str()`` or ``tojson`` would print it again). Stops counting once past the
-    size limit, so it costs at most that many steps."""
-    limit = budget.limits.max_output_chars
-    known = budget.known_weights
-    total = 0
-    stack = [value]
-    while stack and total <= limit:
-        item = stack.pop()
-        if isinstance(item, (str, bytes)):
-            total += len(item)
-            continue
-        entry = known.get(id(item))
-        if entry is not None and entry[0] is item:
-            total += entry[1]
-        elif isinstance(item, Mapping):
-            total += 1 + len(item)
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple, set, frozenset)):
-            total += 1 + len(item)
-            stack.extend(item)
-        elif isinstance(item, Namespace):
-            # Jinja keeps a namespace's attributes in a private dict; its repr prints them.
-            attributes = getattr(item, "_Namespace__attrs", {})
-            total += 1 + len(attributes)
-            stack.extend(attributes.values())
-        else:
-            total += 1
-    return total
-
-
-def _check_weight(value: Any, what: str) -> None:
-    budget = _budget()
-    if isinstance(value, (str, bytes)):
-        budget.check_size(len(value), what)
-    elif isinstance(value, (Mapping, list, tuple, set, frozenset, Namespace)):
-        budget.check_size(_weight(value, budget), what)
-
-
-def _account(value: Any) -> Any:
-    """Check a freshly built value against the budget and pass it through.
-    Generators are wrapped so each item is checked as it is produced."""
-    budget = _budget()
-    if isinstance(value, (str, bytes)):
-        budget.check_size(len(value), "a string")
-        budget.spend(len(value))
-    elif isinstance(value, types.GeneratorType):
-        return _accounted_items(value, budget)
-    else:
-        _check_weight(value, "a value")
-    return value
-
-
-def _accounted_items(items: Iterator[Any], budget: _Budget) -> Iterator[Any]:
-    for item in items:
-        budget.tick()
-        if isinstance(item, (str, bytes)):
-            budget.check_size(len(item), "a string")
-            budget.spend(len(item))
-        else:
-            _check_weight(item, "a value")
-        yield item
-
-
-# --- size pre-checks for operations that can multiply a value -------------------
-
-_PERCENT_FIELD = re.compile(r"%(?:\([^)]*\))?[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?")
-_NUMBER = re.compile(r"\d+")
-
-
-def _check_width(width: Any, what: str) -> None:
-    if isinstance(width, numbers.Integral):
-        _budget().check_size(int(width), what)
-
-
-def _check_percent_format(template: str) -> None:
-    # printf-style widths and precisions pad the result; '*' takes them from the arguments.
-    for match in _PERCENT_FIELD.finditer(template):
-        for number in match.groups():
-            if number == "*":
-                raise TemplateLimitError("chat template used a '*' width in a % format; give the width literally")
-            if number is not None:
-                _budget().check_size(_format_number(number), "a formatted field")
-
-
-def _format_number(digits: str) -> int:
-    # Width or precision in a format spec; absurdly long ones need no exact value.
-    return int(digits) if len(digits) < 19 else 10**18
-
-
-def _check_brace_format(template: str) -> None:
-    for _literal, _field, spec, _conversion in string.Formatter().parse(template):
-        if not spec:
-            continue
-        if "{" in spec:
-            raise TemplateLimitError("chat template used a nested {} width in str.format; give the width literally")
-        for number in _NUMBER.findall(spec):
-            _budget().check_size(_format_number(number), "a formatted field")
-
-
-def _check_repeat(sequence: Any, count: Any) -> None:
-    if isinstance(count, numbers.Integral) and isinstance(sequence, (str, bytes, list, tuple)):
-        budget = _budget()
-        budget.check_size(_weight(sequence, budget) * max(int(count), 0), "a repeated value")
-
-
-def _check_binop(operator: str, left: Any, right: Any) -> None:
-    budget = _budget()
-    if operator == "*":
-        _check_repeat(left, right)
-        _check_repeat(right, left)
-        if isinstance(left, numbers.Integral) and isinstance(right, numbers.Integral):
-            _check_int_bits(int(left).bit_length() + int(right).bit_length())
-    elif operator == "**":
-        if isinstance(left, numbers.Integral) and isinstance(right, numbers.Integral) and abs(int(left)) > 1:
-            _check_int_bits(int(left).bit_length() * max(int(right), 0))
-    elif operator == "+":
-        if isinstance(left, (str, bytes, list, tuple)) and isinstance(right, (str, bytes, list, tuple)):
-            budget.check_size(_weight(left, budget) + _weight(right, budget), "a concatenated value")
-    elif operator == "%" and isinstance(left, str):
-        _check_percent_format(left)
-        _check_weight(right, "a format argument")
-
-
-def _check_int_bits(bits: int) -> None:
-    # Nothing a prompt needs comes near this; huge integers cost CPU and memory.
-    if bits > 4096:
-        raise TemplateLimitError("chat template tried to build an integer of more than 4096 bits")
-
-
-def _checked_method_args(owner: Any, name: str, args: tuple, kwargs: dict) -> tuple:
-    """Pre-check calls of the str/bytes/int methods that can build huge values.
-    Returns the positional arguments to call with (``join`` materializes its input)."""
-    budget = _budget()
-    if isinstance(owner, (str, bytes)):
-        if name in ("center", "ljust", "rjust", "zfill"):
-            _check_width(args[0] if args else kwargs.get("width"), "a padded string")
-        elif name == "expandtabs":
-            tab_size = args[0] if args else kwargs.get("tabsize", 8)
-            if isinstance(tab_size, numbers.Integral):
-                budget.check_size(len(owner) * max(int(tab_size), 1), "a string with expanded tabs")
-        elif name == "replace" and len(args) >= 2:
-            count = args[2] if len(args) > 2 else kwargs.get("count", -1)
-            _check_replace(owner, args[0], args[1], count)
-        elif name == "join" and args:
-            items = list(args[0])
-            budget.check_size(_weight(items, budget) + len(owner) * len(items), "a joined string")
-            return (items, *args[1:])
-        elif name == "striptags":  # a Markup method
-            _check_striptags(str(owner))
-        elif name == "translate" and args and isinstance(args[0], Mapping):
-            longest = max((len(v) for v in args[0].values() if isinstance(v, (str, bytes))), default=1)
-            budget.check_size(len(owner) * max(longest, 1), "a translated string")
-    elif isinstance(owner, int) and name == "to_bytes":
-        _check_width(args[0] if args else kwargs.get("length", 1), "a byte string")
-    elif type(owner) is list and name == "append":
-        budget.check_size(len(owner) + 1, "a list")  # its items are counted when it is printed or joined
-    return args
-
-
-def _check_replace(text: Any, old: Any, new: Any, count: Any) -> None:
-    if not (isinstance(text, (str, bytes)) and isinstance(old, type(text)) and isinstance(new, type(text))):
-        return
-    occurrences = len(text) + 1 if not old else text.count(old)
-    if isinstance(count, numbers.Integral) and count >= 0:
-        occurrences = min(occurrences, int(count))
-    growth = max(len(new) - len(old), 0)
-    _budget().check_size(len(text) + occurrences * growth, "a string with replacements")
 
 
 # --- llama.cpp's leniencies -------------------------------------------------------
@@ -599,217 +346,6 @@ class _GuardedNamespace(Namespace):
     def _check_name(name: Any) -> None:
         if not isinstance(name, str) or name.startswith("_"):
             raise SecurityError(f"a chat template namespace cannot hold the attribute {name!r}")
-
-
-# --- filters ----------------------------------------------------------------------
-
-
-@jinja2.pass_context
-def _loop_guard(context: Any, iterable: Any) -> Iterator[Any]:
-    budget = _budget()
-    for item in iterable:
-        budget.tick()
-        yield item
-
-
-@jinja2.pass_context
-def _concat_guard(context: Any, parts: list[Any]) -> str:
-    budget = _budget()
-    texts = []
-    size = 0
-    # llama.cpp's engine joins none to a string as "" (jinja2 would write "None").
-    beside_text = any(isinstance(part, str) for part in parts)
-    for part in parts:
-        _check_weight(part, "a concatenated value")
-        text = "" if part is None and beside_text else str(part)
-        size += len(text)
-        budget.check_size(size, "a concatenated string")
-        texts.append(text)
-    budget.spend(size)
-    return "".join(texts)
-
-
-@jinja2.pass_context
-def _output_guard(context: Any, value: Any) -> Any:
-    budget = _budget()
-    budget.tick()
-    if value is None:
-        return ""  # as llama.cpp's engine prints none (jinja2 would write "None")
-    if isinstance(value, (str, bytes)):
-        budget.check_size(len(value), "a string")
-        budget.spend(len(value))
-    elif not isinstance(value, jinja2.Undefined):
-        weight = _weight(value, budget)
-        budget.check_size(weight, "printed output")
-        budget.spend(weight)
-    return value
-
-
-def _tojson(
-    value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
-) -> str:
-    # HF's tojson: plain json.dumps, without Jinja's HTML escaping, with its
-    # options exposed. Encoded piece by piece so oversized output stops early.
-    budget = _budget()
-    if isinstance(value, jinja2.Undefined):
-        value._fail_with_undefined_error()  # jinja2 and llama.cpp's engine both refuse it (inside a list: null)
-    indent_width = len(indent) if isinstance(indent, str) else indent
-    if isinstance(indent_width, numbers.Integral) and indent_width > _MAX_JSON_INDENT:
-        raise TemplateLimitError(f"tojson indent is limited to {_MAX_JSON_INDENT}")
-    encoder = json.JSONEncoder(ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
-                               default=_json_default)
-    pieces = []
-    size = 0
-    for piece in encoder.iterencode(value):
-        size += len(piece)
-        budget.check_size(size, "a tojson result")
-        pieces.append(piece)
-    return "".join(pieces)
-
-
-def _json_default(value: Any) -> Any:
-    # What llama.cpp's engine also writes: an undefined value as null, and the lazy
-    # sequences of jinja2's filters (map, select, ...) and dict views as lists.
-    if isinstance(value, jinja2.Undefined):
-        return None
-    if isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping)):
-        items = []
-        budget = _budget()
-        for item in value:
-            budget.tick()
-            items.append(item)
-            budget.check_size(len(items), "a tojson result")
-        return items
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-def _pass_arg_count(function: Callable[..., Any]) -> int:
-    # Filters marked pass_context / pass_eval_context / pass_environment take
-    # that object before the value.
-    return 1 if getattr(function, "jinja_pass_arg", None) is not None else 0
-
-
-# Filters that never turn their whole input into one string; the others
-# (upper, trim, center, string, ...) call str() on it, so a huge list or
-# dict must be refused before they do.
-_STRUCTURAL_FILTERS = frozenset(
-    {
-        "abs", "attr", "batch", "count", "d", "default", "dictsort", "first", "float", "groupby", "int",
-        "items", "last", "length", "list", "map", "max", "min", "random", "reject", "rejectattr",
-        "reverse", "round", "select", "selectattr", "slice", "sort", "sum", "tojson", "unique",
-    }
-)
-
-
-def _guarded_filter(
-    name: str, function: Callable[..., Any], precheck: Callable[..., None] | None = None
-) -> Callable[..., Any]:
-    """Wrap a filter so its input is weighed (unless it is structural), an
-    optional precheck sees the arguments, and its result is accounted."""
-    skip = _pass_arg_count(function)
-    weigh_input = name not in _STRUCTURAL_FILTERS
-
-    @functools.wraps(function)
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        _budget().tick()
-        if weigh_input and len(args) > skip:
-            _check_weight(args[skip], "a filter input")
-        if precheck is not None:
-            precheck(*args[skip:], **kwargs)
-        return _account(function(*args, **kwargs))
-
-    return guarded
-
-
-def _precheck_center(value: Any, width: Any = 80, *_: Any, **__: Any) -> None:
-    _check_width(width, "a centered string")
-
-
-def _precheck_indent(value: Any, width: Any = 4, *_: Any, **__: Any) -> None:
-    text = str(value)
-    unit = len(width) if isinstance(width, str) else width
-    if isinstance(unit, numbers.Integral):
-        _budget().check_size(len(text) + (text.count("\n") + 1) * max(int(unit), 0), "an indented string")
-
-
-def _precheck_wordwrap(
-    value: Any, width: Any = 79, break_long_words: Any = True, wrapstring: Any = None, *_: Any, **__: Any
-) -> None:
-    budget = _budget()
-    text = str(value)
-    # At worst every character starts a new line, each joined by wrapstring;
-    # jinja's wordwrap lets textwrap expand each tab to up to 8 spaces first.
-    separator = len(wrapstring) if isinstance(wrapstring, str) else 1
-    expanded_bound = len(text) + 7 * text.count("\t")
-    budget.check_size(expanded_bound * (1 + separator), "a wrapped string")
-    if not isinstance(width, numbers.Integral) or width <= 0:
-        return  # textwrap rejects it itself
-    text = text.expandtabs()
-    longest_run = max((match.end() - match.start() for match in _WORDWRAP_RUN.finditer(text)), default=0)
-    if len(text) * longest_run / int(width) > _MAX_QUADRATIC_WORK:
-        raise TemplateLimitError(
-            f"chat template asked wordwrap to break a run of {longest_run:,} characters "
-            f"at width {int(width)}; that would take too long"
-        )
-
-
-def _precheck_batch(value: Any, linecount: Any = None, fill_with: Any = None, *_: Any, **__: Any) -> None:
-    if fill_with is not None:  # the last batch is padded out to linecount items
-        _check_width(linecount, "a padded batch")
-
-
-def _precheck_slice(value: Any, slices: Any = None, *_: Any, **__: Any) -> None:
-    _check_width(slices, "a list of slices")  # one list per slice, even if empty
-
-
-def _check_striptags(text: str) -> None:
-    if len(text) * text.count("<") > _MAX_QUADRATIC_WORK:
-        raise TemplateLimitError(
-            f"chat template asked striptags to remove {text.count('<'):,} tags from "
-            f"{len(text):,} characters; that would take too long"
-        )
-
-
-def _precheck_striptags(value: Any, *_: Any, **__: Any) -> None:
-    _check_striptags(str(value))
-
-
-def _precheck_replace(value: Any, old: Any = "", new: Any = "", count: Any = None, **_: Any) -> None:
-    _check_replace(str(value), str(old), str(new), -1 if count is None else count)
-
-
-def _precheck_join(value: Any, separator: Any = "", attribute: Any = None, **_: Any) -> None:
-    if isinstance(value, (list, tuple)):
-        budget = _budget()
-        budget.check_size(_weight(value, budget) + len(str(separator)) * len(value), "a joined string")
-
-
-def _precheck_format(value: Any, *args: Any, **kwargs: Any) -> None:
-    _check_percent_format(str(value))
-    _check_weight(list(args) + list(kwargs.values()), "format arguments")
-
-
-_FILTER_PRECHECKS: dict[str, Callable[..., None]] = {
-    "center": _precheck_center,
-    "indent": _precheck_indent,
-    "wordwrap": _precheck_wordwrap,
-    "striptags": _precheck_striptags,
-    "batch": _precheck_batch,
-    "slice": _precheck_slice,
-    "replace": _precheck_replace,
-    "format": _precheck_format,
-}
-
-
-def _join_filter(original: Callable[..., Any]) -> Callable[..., Any]:
-    # join consumes its input; materialize it first so the pre-check can weigh it.
-    @functools.wraps(original)
-    def join(eval_ctx: Any, value: Any, d: str = "", attribute: Any = None) -> str:
-        items = list(value) if not isinstance(value, (list, tuple)) else value
-        _precheck_join(items, d, attribute)
-        return original(eval_ctx, items, d, attribute)
-
-    return join
 
 
 def _build_environment() -> _ChatTemplateEnvironment:

@@ -1,0 +1,188 @@
+"""A parsed GGUF file: its metadata, with the types and offsets each value had, and its tensor index.
+
+:class:`GGUFFile` is what :func:`~elelem.gguf.reader.read_gguf` returns; its
+``expect_*`` accessors check a key's type and name the key and its file offset
+when it is wrong.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn, Optional
+
+from ..errors import GGUFMetadataError
+from .format import GGML_TYPES, _value_type_name
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One entry of the tensor-info table."""
+
+    name: str
+    shape: tuple[int, ...]  # ggml order: ne0 (the contiguous dimension) first, as in the file
+    ggml_type: int  # a key of GGML_TYPES
+    offset: int  # relative to the data section of its file, as stored in the file
+    nbytes: int  # computed from type and shape
+    shard: int = 0  # the file of a split model it is in (GGUFFile.shard_paths), 0 for a single file
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES[self.ggml_type][0]
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for ne in self.shape:
+            n *= ne
+        return n
+
+
+class GGUFFile:
+    """A parsed, validated GGUF file.  Holds no open file handle."""
+
+    def __init__(
+        self,
+        *,
+        path: Path,
+        version: int,
+        alignment: int,
+        data_offset: int,
+        file_size: int,
+        metadata: dict[str, Any],
+        tensors: dict[str, TensorInfo],
+        value_types: dict[str, tuple[int, int | None]],
+        value_offsets: dict[str, int],
+    ):
+        self.path = path
+        self.version = version
+        self.alignment = alignment
+        self.data_offset = data_offset
+        self.file_size = file_size
+        # scalars -> int/float/bool/str; string arrays -> list[str];
+        # numeric and bool arrays -> 1-D numpy arrays of the matching dtype.
+        self.metadata = metadata
+        self.tensors = tensors  # in file order
+        self._value_types = value_types  # key -> (gguf type, element type or None)
+        self._value_offsets = value_offsets  # key -> offset of the value's first byte
+        # A split model (name-00001-of-00003.gguf): the other files, read and checked; their
+        # tensors are in ``tensors`` too, each with its ``shard``.  Empty for a single file.
+        self.shards: tuple[GGUFFile, ...] = ()
+
+    @property
+    def shard_paths(self) -> tuple[Path, ...]:
+        """Every file of the model, in order: ``(path,)``, or each shard of a split model."""
+        return (self.path, *(shard.path for shard in self.shards))
+
+    @property
+    def total_size(self) -> int:
+        """Bytes of every file of the model."""
+        return self.file_size + sum(shard.file_size for shard in self.shards)
+
+    def __repr__(self) -> str:
+        return (
+            f"GGUFFile({str(self.path)!r}, version={self.version}, "
+            f"{len(self.metadata)} keys, {len(self.tensors)} tensors)"
+        )
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def value_type(self, key: str) -> int:
+        """The GGUF type of ``key`` (``GGUFValueType.ARRAY`` for arrays); KeyError if absent."""
+        return self._value_types[key][0]
+
+    def array_type(self, key: str) -> int:
+        """The element type of array ``key``; KeyError if absent, GGUFMetadataError if not an array."""
+        value_type, element_type = self._value_types[key]
+        if element_type is None:
+            self._fail(key, f"is a {_value_type_name(value_type)}, not an array")
+        return element_type
+
+    def value_offset(self, key: str) -> int:
+        """Byte offset in the file where the value of ``key`` starts (for error messages)."""
+        return self._value_offsets[key]
+
+    def expect_array(self, key: str, element_type: int, *, required: bool = True) -> Any:
+        """The array ``key``, checked to hold ``element_type`` elements.
+
+        Returns None for an absent key when ``required`` is false.  Raises
+        GGUFMetadataError (naming key and offset) when the key is missing,
+        is not an array, or holds another element type.
+        """
+        if key not in self.metadata:
+            if required:
+                self._fail(key, "is missing")
+            return None
+        value_type, actual = self._value_types[key]
+        if actual is None:
+            self._fail(key, f"must be an array of {_value_type_name(element_type)} "
+                            f"but is a {_value_type_name(value_type)}")
+        if actual != element_type:
+            self._fail(key, f"must be an array of {_value_type_name(element_type)} "
+                            f"but holds {_value_type_name(actual)}")
+        return self.metadata[key]
+
+    def expect_scalar(self, key: str, *value_types: int, required: bool = True) -> Any:
+        """The scalar ``key``, checked to be one of ``value_types``; None if absent and not required."""
+        if key not in self.metadata:
+            if required:
+                self._fail(key, "is missing")
+            return None
+        actual = self._value_types[key][0]
+        if actual not in value_types:
+            wanted = " or ".join(_value_type_name(t) for t in value_types)
+            self._fail(key, f"must be a {wanted} but is a {_value_type_name(actual)}")
+        return self.metadata[key]
+
+    def _fail(self, key: str, problem: str, *, index: int | None = None) -> NoReturn:
+        offset = self._value_offsets.get(key)
+        field = f"key '{key}'" if index is None else f"key '{key}'[{index}]"
+        where = f" at offset {offset}" if offset is not None else ""
+        raise GGUFMetadataError(f"{self.path}: {field}: {problem}{where}", field=field, offset=offset)
+
+
+class LazyStrings(Sequence):
+    """A GGUF string array whose UTF-8 is decoded (and checked) on first use.
+
+    Holds a copy of the array's bytes; ``ends[i]`` is where string i ends in
+    it.  A string that is not valid UTF-8 raises :class:`GGUFMetadataError`
+    naming the element and its file offset, when the array is first read.
+    """
+
+    __slots__ = ("_blob", "_ends", "_base", "_field", "_path", "_items")
+
+    def __init__(self, blob: bytes, ends, base: int, field: str, path: str):
+        self._blob, self._ends, self._base, self._field, self._path = blob, ends, base, field, path
+        self._items: Optional[list[str]] = None
+
+    def _decoded(self) -> list[str]:
+        if self._items is None:
+            blob, items, start = self._blob, [], 0
+            append = items.append
+            for i, end in enumerate(self._ends.tolist()):
+                try:
+                    append(blob[start + 8:end].decode("utf-8"))
+                except UnicodeDecodeError as exc:
+                    raise GGUFMetadataError(
+                        f"{self._path}: {self._field}[{i}]: string is not valid UTF-8 (bad byte {exc.start}) "
+                        f"at offset {self._base + start + 8 + exc.start}",
+                        field=f"{self._field}[{i}]", offset=self._base + start + 8 + exc.start) from None
+                start = end
+            self._items, self._blob = items, b""
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, index):
+        return self._decoded()[index]
+
+    def __iter__(self):
+        return iter(self._decoded())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, (list, tuple, Sequence)) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"<LazyStrings: {len(self)} strings of {self._field}>"
