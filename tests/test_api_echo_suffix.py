@@ -14,7 +14,7 @@ import elelem
 from elelem.api.prompts import infill_prompt_ids
 from elelem.errors import InvalidArgumentError
 from elelem.server.config import ServerConfig
-from elelem.server.schema import completion_call
+from elelem.server.chat.request import completion_call
 
 PREFIX = "def add(a, b):\n    return "
 SUFFIX = "\n\nprint(add(1, 2))\n"

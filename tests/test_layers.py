@@ -63,7 +63,7 @@ def test_layers_contract_is_kept():
     result = _run_at_repo_root([lint_imports, "--no-cache"])
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    assert "1 kept, 0 broken" in output, output
+    assert ", 0 broken" in output and " kept" in output, output  # one contract for elelem, one for its server
 
 
 def _import_cycles() -> dict:

@@ -17,8 +17,9 @@ pydantic = pytest.importorskip("pydantic")
 
 from elelem.server import ServerConfig  # noqa: E402
 from elelem.server.errors import APIError  # noqa: E402
-from elelem.server.messages import (MAX_STOP_SEQUENCES, MessagesWire, error_body, messages_request,  # noqa: E402
-                                    tool_input, tool_use_id)
+from elelem.server.anthropic import (MAX_STOP_SEQUENCES, MessagesWire, error_body, messages_request,  # noqa: E402
+                                     tool_use_id)
+from elelem.server.tools import arguments_object as tool_input  # noqa: E402
 from test_server import InProcessServer, cells_used, idle, no_end, wait_until  # noqa: E402
 
 KEY = "messages-key-0123456789"
@@ -371,7 +372,7 @@ def test_stop_sequences_end_the_text(client, model_id):
     message = client.messages.create(model=model_id, max_tokens=16, messages=HI, stop_sequences=stops,
                                      extra_body=GREEDY)
     assert message.content[0].text == whole[:whole.index(cut)]
-    # Which stop sequence matched is not known to the server (see elelem/server/messages.py).
+    # Which stop sequence matched is not known to the server (see elelem/server/anthropic/wire.py).
     assert message.stop_reason == "end_turn" and message.stop_sequence is None
 
 

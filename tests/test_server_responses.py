@@ -21,8 +21,8 @@ from openai.types.responses import Response, ResponseStreamEvent  # noqa: E402
 from elelem.server import ServerConfig  # noqa: E402
 from elelem.server.errors import APIError  # noqa: E402
 from elelem.server.responses import responses_request  # noqa: E402
-from elelem.server.responses_store import ResponseStore  # noqa: E402
-from elelem.server.responses_wire import ResponsesWire  # noqa: E402
+from elelem.server.responses.store import ResponseStore  # noqa: E402
+from elelem.server.responses.wire import ResponsesWire  # noqa: E402
 from test_server import InProcessServer, cells_used, error_of, idle, no_end, wait_until  # noqa: E402
 
 KEY = "test-key-responses"

@@ -1,12 +1,10 @@
 """The Starlette app: routes, the API key, the body limit, and the lifespan of the models."""
 from __future__ import annotations
 
-import hmac
-import json
 import logging
 import time
 from contextlib import asynccontextmanager
-from typing import Optional
+from typing import Callable, Optional
 
 import anyio
 import anyio.to_thread
@@ -17,17 +15,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from . import schema
+from . import anthropic, chat, responses
+from .auth import check_key
+from .body import read_json
 from .chat_page import chat_page
 from .config import ServerConfig
 from .embeddings import embedding_call, run_embedding
-from .errors import APIError, bad_request, from_exception
+from .errors import APIError, from_exception
 from .generation import Generation
-from .messages import messages_handler
-from .metrics import Metrics
 from .limits import RequestLimit
+from .metrics import Metrics
 from .registry import ModelRegistry
-from .responses import handler as responses_handler
 
 log = logging.getLogger("elelem.server")
 
@@ -75,12 +73,13 @@ def create_app(config: ServerConfig, registry: Optional[ModelRegistry] = None) -
         Route("/metrics", _endpoint(state, _metrics, auth=False), methods=["GET"]),
         Route("/v1/models", _endpoint(state, _models), methods=["GET"]),
         Route("/v1/models/{model:path}", _endpoint(state, _model), methods=["GET"]),
-        Route("/v1/chat/completions", _endpoint(state, _generation(schema.chat_call)), methods=["POST"]),
-        Route("/v1/completions", _endpoint(state, _generation(schema.completion_call)), methods=["POST"]),
+        Route("/v1/chat/completions", _endpoint(state, chat.chat_completions), methods=["POST"]),
+        Route("/v1/completions", _endpoint(state, chat.completions), methods=["POST"]),
         Route("/v1/embeddings", _endpoint(state, _embeddings), methods=["POST"]),
-        # Anthropic's Messages API: its handler checks the key (x-api-key too) and answers in its error shape.
-        Route("/v1/messages", _endpoint(state, messages_handler(_json_body), auth=False), methods=["POST"]),
-        Route("/v1/responses", _endpoint(state, responses_handler(_json_body)), methods=["POST"]),
+        # Anthropic's clients send the key as x-api-key, and read errors in Anthropic's shape.
+        Route("/v1/messages", _endpoint(state, anthropic.messages, x_api_key=True,
+                                        error_response=anthropic.error_response), methods=["POST"]),
+        Route("/v1/responses", _endpoint(state, responses.handler()), methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
@@ -90,16 +89,18 @@ def create_app(config: ServerConfig, registry: Optional[ModelRegistry] = None) -
     return app
 
 
-def _endpoint(state: ServerState, handler, *, auth: bool = True):
-    """A route: checks the key, runs ``handler(state, request)``, logs, and maps errors to OpenAI's JSON."""
+def _endpoint(state: ServerState, handler, *, auth: bool = True, x_api_key: bool = False,
+              error_response: Callable[[APIError], Response] = APIError.response):
+    """A route: checks the key, runs ``handler(state, request)``, logs, and answers every error before
+    a generation with ``error_response`` (OpenAI's JSON unless the protocol has its own)."""
     async def endpoint(request: Request) -> Response:
         t0 = time.perf_counter()
         try:
             if auth:
-                _check_key(state.config.api_key, request)
+                check_key(state.config.api_key, request, x_api_key=x_api_key)
             response = await handler(state, request)
         except Exception as error:  # noqa: B902 -- never a bare 500 page
-            response = from_exception(error, state.config.retry_after_seconds).response()
+            response = error_response(from_exception(error, state.config.retry_after_seconds))
         if isinstance(response, Generation):
             return response  # it counts and logs itself once it has answered
         state.metrics.request_done(request.url.path, response.status_code)
@@ -107,17 +108,6 @@ def _endpoint(state: ServerState, handler, *, auth: bool = True):
                  (time.perf_counter() - t0) * 1000)
         return response
     return endpoint
-
-
-def _check_key(api_key: Optional[str], request: Request) -> None:
-    if api_key is None:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    # Compared in constant time, so the response time does not reveal how much of a guess was right.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
-        raise APIError(401, "a missing or wrong API key: send 'Authorization: Bearer <key>'",
-                       code="invalid_api_key")
 
 
 async def _page(state: ServerState, request: Request) -> Response:
@@ -149,19 +139,8 @@ async def _model(state: ServerState, request: Request) -> Response:
     return JSONResponse(_model_object(state, state.registry.get(request.path_params["model"])))
 
 
-def _generation(parse):
-    async def handler(state: ServerState, request: Request) -> Response:
-        body = await _json_body(request, state.config.max_body_bytes)
-        call = parse(body, state.config)
-        model = state.registry.get(call.model)
-        await model.reserve()  # may wait in the queue; 503 with Retry-After past its bounds
-        return Generation(request.url.path, model, call, state.metrics, state.limiter,
-                          state.config.retry_after_seconds, live=state.generations)
-    return handler
-
-
 async def _embeddings(state: ServerState, request: Request) -> Response:
-    call = embedding_call(await _json_body(request, state.config.max_body_bytes))
+    call = embedding_call(await read_json(request, state.config.max_body_bytes))
     model = state.registry.get(call.model)
     await model.reserve()   # embeddings take a slot like any request
 
@@ -172,25 +151,6 @@ async def _embeddings(state: ServerState, request: Request) -> Response:
         return JSONResponse(await anyio.to_thread.run_sync(work, limiter=state.limiter))
     finally:
         model.release()
-
-
-async def _json_body(request: Request, limit: int):
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise APIError(413, f"the body has {int(length)} bytes; this server takes at most {limit}",
-                       code="request_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"the body is over {limit} bytes, this server's limit", code="request_too_large")
-        chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks))
-    except ValueError as error:  # UnicodeDecodeError included
-        raise bad_request(f"the body is not valid JSON: {error}") from None
-    except RecursionError:
-        raise bad_request("the body's JSON is nested too deeply") from None
 
 
 async def _http_exception(request: Request, error: HTTPException) -> Response:

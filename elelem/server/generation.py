@@ -8,8 +8,8 @@ runs ahead of the client by more than the engine's own few tokens.
 The first result decides the answer: an error before any output is a JSON
 error with its status; a whole response is JSON; a first event starts the
 SSE stream.  The request's :class:`~.wire.Wire` writes each of them in its
-API's shapes (OpenAI's: ``data: {json}`` events, then ``data: [DONE]``, and
-an error after the stream started as one ``data: {"error": ...}`` event).
+API's shapes (Chat Completions': ``data: {json}`` events, then ``data: [DONE]``,
+and an error after the stream started as one ``data: {"error": ...}`` event).
 
 When the client disconnects, or the server stops the request (shutdown),
 the session is cancelled: the generation stops within one engine step,
@@ -21,19 +21,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
 from starlette.responses import JSONResponse
 
-from . import completions
+from .call import Answer, Call, start
 from .errors import APIError, from_exception
 from .metrics import Metrics
 from .registry import ServedModel
-from .schema import Call
-from .wire import OpenAIWire, Wire
+from .wire import Wire
 
 log = logging.getLogger("elelem.server")
 
@@ -48,10 +47,10 @@ class _ClientGone(Exception):
 class Generation:
     """One accepted request (its slot already reserved), answered when called as an ASGI app."""
 
-    def __init__(self, endpoint: str, model: ServedModel, call: Call, metrics: Metrics,
-                 limiter: anyio.CapacityLimiter, retry_after: int, live: set, wire: Optional[Wire] = None):
+    def __init__(self, endpoint: str, model: ServedModel, call: Call, wire: Wire, metrics: Metrics,
+                 limiter: anyio.CapacityLimiter, retry_after: int, live: set):
         self.endpoint = endpoint
-        self.wire = wire if wire is not None else OpenAIWire(call.include_usage)
+        self.wire = wire
         self.model = model
         self.call = call
         self.metrics = metrics
@@ -65,7 +64,7 @@ class Generation:
         self._cancelled = False
         self._started = False
         self._responded = False   # the last byte of the response was sent
-        self._answer: Optional[completions.Answer] = None
+        self._answer: Optional[Answer] = None
 
     # -- the event loop side -----------------------------------------------------
 
@@ -173,9 +172,10 @@ class Generation:
     def _generate_on(self, session, put) -> None:
         if self._cancelled:
             raise KeyboardInterrupt("cancelled before it started")
-        answer = self._answer = completions.start(session, self.call, self.model.id)
+        answer = self._answer = start(session, self.call, self.model.id)
         if self._cancelled:  # while it was tokenizing: its stream was not running yet to be cancelled
             raise KeyboardInterrupt("cancelled before it started")
+        self.wire.started(answer)
         if not self.call.stream:
             response = answer.whole()
             self._first_output()
@@ -214,6 +214,15 @@ class Generation:
             put(kind, value)
         except _ClientGone:
             pass
+
+
+async def accept(state, request, call: Call, wire: Callable[[str], Wire]) -> Generation:
+    """The generation of a checked call, once its model has a slot for it: ``state`` is the app's
+    :class:`~.app.ServerState`; ``wire(model_id)`` makes the protocol's wire for the answer."""
+    model = state.registry.get(call.model)
+    await model.reserve()  # may wait in the queue; 503 with Retry-After past its bounds
+    return Generation(request.url.path, model, call, wire(model.id), state.metrics, state.limiter,
+                      state.config.retry_after_seconds, live=state.generations)
 
 
 def _announces_role(chunk: dict) -> bool:

@@ -1,4 +1,9 @@
-"""One checked call run on a session: the library's text stream, and OpenAI's response shapes over it.
+"""The engine's call that every generation endpoint makes, and running it on a session.
+
+Each protocol's request module checks its body and builds a :class:`Call`:
+a chat (messages, tools) or a text completion (a prompt), with the
+library's keyword options.  :func:`start` runs it and reads OpenAI's chat
+shapes out of it, which each protocol's wire then writes in its own.
 
 The library's ``create_chat_completion`` and ``create_completion`` build the
 same dicts, but hide the stream they read, whose token counts the server
@@ -8,12 +13,28 @@ library's own builders.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
 
 from ..api import completions as shapes
 from ..api.generation import TextStream
 from ..errors import InvalidArgumentError
-from .schema import Call
+
+
+@dataclass
+class Call:
+    """One checked request: what to run and how to answer."""
+
+    chat: bool
+    model: Optional[str]
+    stream: bool = False
+    include_usage: bool = False
+    messages: list = field(default_factory=list)
+    tools: Optional[list] = None
+    tool_choice: Any = None
+    prompt: Any = None
+    echo: bool = False
+    options: dict = field(default_factory=dict)   # max_tokens, stop and sampling, as the library takes them
 
 
 class Answer:
@@ -28,7 +49,7 @@ class Answer:
         """OpenAI's usage, with speculative decoding's drafts in the fields of its
         Predicted Outputs: ``accepted_prediction_tokens`` were drafted and
         confirmed (each saved a step), ``rejected_prediction_tokens`` drafted and
-        discarded.  The completion counts each generated token once, as before."""
+        discarded.  The completion counts each generated token once."""
         text = self.text
         return {"prompt_tokens": text.prompt_tokens, "completion_tokens": text.completion_tokens,
                 "total_tokens": text.prompt_tokens + text.completion_tokens,

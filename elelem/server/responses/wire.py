@@ -28,32 +28,15 @@ import time
 import uuid
 from typing import Optional
 
-from .errors import APIError
-from .responses_store import ResponseStore
-from .wire import Wire, sse
-
-_PARAMS = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
-           "response_format": "text.format"}
+from ..errors import APIError
+from ..wire import Wire, sse
+from .errors import renamed
+from .items import assistant_message
+from .store import ResponseStore
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
-
-
-def responses_param(param: Optional[str]) -> Optional[str]:
-    """The Responses API's name for a chat request's field."""
-    if param is None:
-        return None
-    if param.startswith("messages"):  # the messages are built from instructions, input and earlier turns
-        return "input"
-    return _PARAMS.get(param, param)
-
-
-def renamed(error: APIError) -> APIError:
-    """``error`` naming the Responses API's fields where a chat check or the library named chat's."""
-    message = error.message.replace("max_tokens", "max_output_tokens").replace("response_format", "text.format")
-    return APIError(error.status, message, type=error.type, param=responses_param(error.param), code=error.code,
-                    retry_after=error.retry_after)
 
 
 def _usage(usage: dict) -> dict:
@@ -80,23 +63,6 @@ def _reasoning_item(item_id: str, text: Optional[str], status: str) -> dict:
 def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
     return {"id": item_id, "type": "function_call", "status": status, "arguments": arguments, "call_id": call_id,
             "name": name}
-
-
-def assistant_message(items: list) -> dict:
-    """The output items as one chat assistant message, for the stored conversation: the text, the
-    calls, and the reasoning as ``reasoning_content`` (as :mod:`.responses` reads input items)."""
-    texts = [part.get("text", "") for item in items if item["type"] == "message" for part in item["content"]]
-    reasoning = [part.get("text", "") for item in items if item["type"] == "reasoning"
-                 for part in item.get("content") or []]
-    calls = [{"id": item["call_id"], "type": "function",
-              "function": {"name": item["name"], "arguments": item["arguments"]}}
-             for item in items if item["type"] == "function_call"]
-    message: dict = {"role": "assistant", "content": "".join(texts)}
-    if any(reasoning):
-        message["reasoning_content"] = "".join(reasoning)
-    if calls:
-        message["tool_calls"] = calls
-    return message
 
 
 class _Open:
