@@ -131,3 +131,18 @@ def test_a_spec_refuses_in_each_style():
     with pytest.raises(APIError) as caught:
         spec.check([], OPENAI, "tools[0]")
     assert caught.value.param == "tools[0]"
+
+
+def test_the_shared_tool_translation_keeps_each_protocols_reading():
+    from elelem.server.anthropic import messages_request
+    from elelem.server.responses import responses_request
+    config = ServerConfig(models=["unused.gguf"])
+    anthropic = messages_request({"max_tokens": 8, "messages": HI, "tool_choice": {"type": "auto",
+                                  "disable_parallel_tool_use": 1},
+                                  "tools": [{"name": "f", "input_schema": {}, "description": ""}]}, config).call
+    assert anthropic.tools == [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    assert anthropic.options["parallel_tool_calls"] is False   # 0 and 1 are switches' values too
+    responses = responses_request({"input": "hi", "parallel_tool_calls": 1, "tools": [
+        {"type": "function", "name": "f", "description": "", "strict": True}]}, config, None).call
+    assert responses.tools == [{"type": "function", "function": {"name": "f", "description": "", "strict": True}}]
+    assert responses.options["parallel_tool_calls"] == 1

@@ -42,6 +42,8 @@ ANY = Kind("any value", lambda value: True)
 STRING = Kind("a string", lambda value: isinstance(value, str))
 NONEMPTY_STRING = Kind("a non-empty string", lambda value: isinstance(value, str) and bool(value))
 BOOLEAN = Kind("a boolean", lambda value: isinstance(value, bool))
+# true or false, and 0 or 1, which equal them: the switches whose clients may write them as numbers.
+FLAG = Kind("a boolean", lambda value: value in (True, False))
 OBJECT = Kind("an object", lambda value: isinstance(value, dict))
 LIST = Kind("a list", lambda value: isinstance(value, list))
 NONEMPTY_LIST = Kind("a non-empty list", lambda value: isinstance(value, list) and bool(value))

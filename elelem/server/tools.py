@@ -33,15 +33,17 @@ class ToolFormat:
     ``types``: the values of its ``type`` that mean a function tool (None:
     no ``type``).  ``other_type``: the refusal of any other tool, with
     ``{path}`` and ``{kind!r}`` filled in; it names the tool's ``type`` when
-    ``refuse_at_type``, else the tool.
+    ``refuse_at_type``, else the tool.  ``empty_description``: whether a
+    description of ``""`` is passed on (Anthropic's tools leave it out).
     """
 
     spec: Spec
     parameters: str
-    types: frozenset
+    types: tuple
     other_type: str
     refuse_at_type: bool = False
     list_message: str = "{path} must be a list of function tools"
+    empty_description: bool = True
 
 
 def function_tools(tools: Any, fmt: ToolFormat, style: Style, path: str = "tools") -> Optional[list]:
@@ -58,16 +60,19 @@ def function_tools(tools: Any, fmt: ToolFormat, style: Style, path: str = "tools
             place = style.path(where, "type") if fmt.refuse_at_type else where
             raise bad_request(fmt.other_type.format(path=place, kind=kind), place)
         fmt.spec.check(tool, style, where)
-        converted.append(function_tool(tool["name"], tool.get(fmt.parameters), description=tool.get("description"),
+        description = tool.get("description")
+        if description == "" and not fmt.empty_description:
+            description = None
+        converted.append(function_tool(tool["name"], tool.get(fmt.parameters), description=description,
                                        strict=tool.get("strict") if "strict" in fmt.spec.fields else None))
     return converted
 
 
 def function_tool(name: str, parameters: Optional[dict] = None, *, description: Optional[str] = None,
                   strict: Optional[bool] = None) -> dict:
-    """Chat's function tool; an empty description, or none, is left out."""
+    """Chat's function tool (a description or parameters of None are left out)."""
     function: dict = {"name": name}
-    if description:
+    if description is not None:
         function["description"] = description
     if parameters is not None:
         function["parameters"] = parameters

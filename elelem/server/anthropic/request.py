@@ -39,7 +39,7 @@ from ..call import Call
 from ..chat.request import chat_call
 from ..config import ServerConfig
 from ..errors import bad_request
-from ..fields import BOOLEAN, JSON_SCHEMA, NONEMPTY_LIST, NONEMPTY_STRING, OBJECT, STRING, Field, Kind, Spec
+from ..fields import FLAG, JSON_SCHEMA, NONEMPTY_LIST, NONEMPTY_STRING, OBJECT, STRING, Field, Kind, Spec
 from ..tools import ToolFormat, arguments_json, forced_function, function_tools, tool_call
 from .errors import ANTHROPIC
 
@@ -79,7 +79,7 @@ _BLOCKS = {
                                       "name": Field(STRING, required=True), "input": Field(OBJECT, required=True)},
                                      ignored=frozenset({"cache_control", "caller", "toolset_name"}))),
     "tool_result": ({"user"}, Spec({"type": Field(), "tool_use_id": Field(STRING, required=True),
-                                    "is_error": Field(BOOLEAN), "content": Field()},
+                                    "is_error": Field(FLAG), "content": Field()},
                                    ignored=frozenset({"cache_control", "toolset_name"}))),
 }
 _UNSUPPORTED_BLOCKS = {"image", "document", "search_result", "container_upload", "server_tool_use",
@@ -93,11 +93,11 @@ TOOLS = ToolFormat(
           "input_schema": Field(JSON_SCHEMA, required=True), "description": Field(STRING)},
          ignored=frozenset({"cache_control", "strict", "input_examples", "defer_loading", "eager_input_streaming",
                             "allowed_callers"})),
-    parameters="input_schema", types=frozenset({None, "custom"}), refuse_at_type=True,
+    parameters="input_schema", types=(None, "custom"), refuse_at_type=True,
     other_type="{path}: {kind!r} (a tool Anthropic's servers run) is not supported; this server takes custom "
                "tools, with a name and an input_schema",
-    list_message="{path}: must be a list of tools")
-_TOOL_CHOICE = Spec({"type": Field(), "name": Field(), "disable_parallel_tool_use": Field(BOOLEAN)})
+    list_message="{path}: must be a list of tools", empty_description=False)
+_TOOL_CHOICE = Spec({"type": Field(), "name": Field(), "disable_parallel_tool_use": Field(FLAG)})
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 _THINKING = {"enabled", "disabled", "adaptive"}
 

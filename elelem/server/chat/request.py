@@ -31,7 +31,7 @@ from ...sampling.logprobs import chat_logprobs_count
 from ..call import Call
 from ..config import ServerConfig
 from ..errors import bad_request
-from ..fields import (ANY, BOOLEAN, LIST, NONEMPTY_LIST, OBJECT, POSITIVE_INTEGER, STRING, Field, Kind, Spec,
+from ..fields import (ANY, BOOLEAN, FLAG, LIST, NONEMPTY_LIST, OBJECT, POSITIVE_INTEGER, STRING, Field, Kind, Spec,
                       number_in, one_of)
 
 # Handed to the library as they are; it checks them.
@@ -48,7 +48,7 @@ _COMMON = {
     "frequency_penalty": _PENALTY,
     "model": Field(STRING),
     "stream": Field(BOOLEAN),
-    "stream_options": Field(OBJECT, message="{path} must be {{'include_usage': bool}}"),
+    "stream_options": Field(),  # only with stream: true, so checked with it
     "stop": Field(_STOP),
     "max_tokens": _MAX_TOKENS,
     "n": Field(one_of(1), message="{path} must be 1: one choice per request"),
@@ -61,7 +61,7 @@ CHAT = Spec({
     "max_completion_tokens": _MAX_TOKENS,
     "tools": Field(LIST, message="{path} must be a list of function tools"),
     "tool_choice": Field(),  # checked by the library against the tools
-    "parallel_tool_calls": Field(BOOLEAN),
+    "parallel_tool_calls": Field(FLAG),
     "top_logprobs": Field(),
     "response_format": Field(OBJECT),
     "reasoning_format": Field(STRING),
@@ -139,7 +139,7 @@ def _include_usage(body: dict, stream: bool) -> bool:
         return False
     if not stream:
         raise bad_request("stream_options is only allowed with stream: true", "stream_options")
-    if set(stream_options) - {"include_usage"}:
+    if not isinstance(stream_options, dict) or set(stream_options) - {"include_usage"}:
         raise bad_request("stream_options must be {'include_usage': bool}", "stream_options")
     include = stream_options.get("include_usage")
     if include is not None and not isinstance(include, bool):

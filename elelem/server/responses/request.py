@@ -30,7 +30,7 @@ from ..call import Call
 from ..chat.request import chat_call
 from ..config import ServerConfig
 from ..errors import APIError, bad_request
-from ..fields import (BOOLEAN, JSON_SCHEMA, NONEMPTY_STRING, OBJECT, OPENAI, STRING, STRINGS, Field, Kind,
+from ..fields import (FLAG, JSON_SCHEMA, NONEMPTY_STRING, OBJECT, OPENAI, STRING, STRINGS, Field, Kind,
                       Spec, one_of)
 from ..tools import TOOL_CHOICES, ToolFormat, forced_function, function_tools
 from .errors import renamed
@@ -55,14 +55,14 @@ REQUEST = Spec({
     "max_output_tokens": Field(),
     "text": Field(OBJECT, message="{path} must be an object {{'format', 'verbosity'}}"),
     "stream": Field(),
-    "store": Field(BOOLEAN),
+    "store": Field(FLAG),
     "metadata": Field(_METADATA),
     # Accepted, and changing nothing here: the answer is the same with or without them.
     "include": Field(STRINGS),
     "reasoning": Field(OBJECT, message="{path} must be an object {{'effort', 'summary'}}"),
     "truncation": Field(one_of("disabled"),
                         message="{path} must be 'disabled': a conversation past the context is an error, never cut"),
-    "stream_options": Field(OBJECT, message="{path} must be {{'include_obfuscation': bool}}"),
+    "stream_options": Field(),  # only with stream: true, so checked with it
     "service_tier": Field(STRING),
     "prompt_cache_key": Field(STRING),
     "safety_identifier": Field(STRING),
@@ -73,7 +73,7 @@ REQUEST = Spec({
 TOOLS = ToolFormat(
     Spec({"type": Field(), "name": Field(NONEMPTY_STRING, required=True, message="{path} must be a non-empty string"),
           "description": Field(STRING), "parameters": Field(JSON_SCHEMA), "strict": Field()}, open=True),
-    parameters="parameters", types=frozenset({"function"}),
+    parameters="parameters", types=("function",),
     other_type="{path} is a {kind!r} tool; this server runs function tools only "
                "({{'type': 'function', 'name', 'parameters'}})")
 
@@ -151,7 +151,7 @@ def responses_request(body: Any, config: ServerConfig, store: Optional[ResponseS
 
 
 def _check_nested(body: dict) -> None:
-    """What the spec's types leave: the keys of ``reasoning`` and ``stream_options``."""
+    """What the spec's types leave: the keys of ``reasoning``, and ``stream_options``."""
     reasoning = body.get("reasoning")
     if reasoning is not None:
         if set(reasoning) - {"effort", "summary", "generate_summary"}:
@@ -162,7 +162,7 @@ def _check_nested(body: dict) -> None:
     if stream_options is not None:
         if body.get("stream") is not True:
             raise bad_request("stream_options is only allowed with stream: true", "stream_options")
-        if set(stream_options) - {"include_obfuscation"}:
+        if not isinstance(stream_options, dict) or set(stream_options) - {"include_obfuscation"}:
             raise bad_request("stream_options must be {'include_obfuscation': bool}", "stream_options")
 
 
