@@ -27,8 +27,9 @@ TOOL_CHOICES = ("auto", "none", "required")
 class ToolFormat:
     """How a protocol writes a function tool.
 
-    ``spec``: its fields (``name``, ``description``, the schema field; a
-    ``strict`` field, when the spec has one, is passed on).  ``parameters``:
+    ``spec``: its fields (``name``, ``description``, the schema field, and
+    ``strict`` when the protocol passes it on), in the order chat's function
+    object takes them.  ``parameters``:
     the name of the field that holds the arguments' JSON schema.
     ``types``: the values of its ``type`` that mean a function tool (None:
     no ``type``).  ``other_type``: the refusal of any other tool, with
@@ -60,25 +61,22 @@ def function_tools(tools: Any, fmt: ToolFormat, style: Style, path: str = "tools
             place = style.path(where, "type") if fmt.refuse_at_type else where
             raise bad_request(fmt.other_type.format(path=place, kind=kind), place)
         fmt.spec.check(tool, style, where)
-        description = tool.get("description")
-        if description == "" and not fmt.empty_description:
-            description = None
-        converted.append(function_tool(tool["name"], tool.get(fmt.parameters), description=description,
-                                       strict=tool.get("strict") if "strict" in fmt.spec.fields else None))
+        converted.append({"type": "function", "function": _function(tool, fmt)})
     return converted
 
 
-def function_tool(name: str, parameters: Optional[dict] = None, *, description: Optional[str] = None,
-                  strict: Optional[bool] = None) -> dict:
-    """Chat's function tool (a description or parameters of None are left out)."""
-    function: dict = {"name": name}
-    if description is not None:
-        function["description"] = description
-    if parameters is not None:
-        function["parameters"] = parameters
-    if strict is not None:
-        function["strict"] = strict
-    return {"type": "function", "function": function}
+def _function(tool: dict, fmt: ToolFormat) -> dict:
+    """A checked tool's ``function`` object.  Its fields come in the order the protocol's spec lists
+    them: a template that prints a tool as JSON (Qwen's) prints them in that order."""
+    chat_names = {"name": "name", "description": "description", fmt.parameters: "parameters", "strict": "strict"}
+    function: dict = {}
+    for name in fmt.spec.fields:
+        value = tool.get(name)
+        if name not in chat_names or value is None or (name == "description" and value == ""
+                                                       and not fmt.empty_description):
+            continue
+        function[chat_names[name]] = value
+    return function
 
 
 def forced_function(name: str) -> dict:
