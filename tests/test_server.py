@@ -543,9 +543,9 @@ def test_serve_passes_the_speculation_and_attention_switches_to_the_models(monke
     fake = types.SimpleNamespace(tokenizer=None, chat_template=None, closed=False)
     for config in configs:
         ModelRegistry(config, open_llm=lambda source, **options: opened.append(options) or fake).default.load()
-    assert opened[1]["speculative"] is True and opened[1]["draft_model"] == str(smollm_path)
+    assert opened[1]["speculation"].speculative is True and opened[1]["speculation"].draft_model == str(smollm_path)
     # flash attention by default: every request's token skips the other requests' cells
-    assert [o["flash_attn"] for o in opened] == [True, False]
+    assert [o["context"].flash_attn for o in opened] == [True, False]
 
 
 def test_a_restarted_server_loads_the_system_prompt_from_its_prompt_cache(smollm_path, tmp_path):
@@ -638,13 +638,14 @@ def test_a_served_models_cache_is_sized_as_llama_cpp_sizes_it(smollm_path):
     ModelRegistry(config, open_llm=lambda source, **options: opened.append(options) or fake).default.load()
     # 3 contexts of 300 positions, rounded up to 256 cells: attention sums over
     # the same span as llama.cpp's (README, "kv_size").
-    assert opened[0]["n_ctx"] == 300 and opened[0]["kv_size"] == 1024
+    assert opened[0]["context"].n_ctx == 300 and opened[0]["context"].kv_size == 1024
 
 
 def test_serve_passes_the_gpu_options_to_the_models(monkeypatch, smollm_path):
     import types
 
     import elelem.server.serving
+    from elelem.api.options import PlacementOptions
     from elelem.cli import main
     from elelem.server.registry import ModelRegistry
     apps = []
@@ -657,5 +658,6 @@ def test_serve_passes_the_gpu_options_to_the_models(monkeypatch, smollm_path):
     fake = types.SimpleNamespace(tokenizer=None, chat_template=None, closed=False)
     for config in configs:
         ModelRegistry(config, open_llm=lambda source, **options: opened.append(options) or fake).default.load()
-    assert (opened[0]["n_gpu_layers"], opened[0]["main_gpu"], opened[0]["tensor_split"]) == (7, 1, [3.0, 1.0])
-    assert not {"n_gpu_layers", "main_gpu", "tensor_split"} & set(opened[1])   # LLM's defaults: the best GPU
+    placement = opened[0]["placement"]
+    assert (placement.n_gpu_layers, placement.main_gpu, placement.tensor_split) == (7, 1, [3.0, 1.0])
+    assert opened[1]["placement"] == PlacementOptions()   # LLM's defaults: the best GPU

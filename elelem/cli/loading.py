@@ -37,11 +37,22 @@ def flash_attn_option(args: argparse.Namespace):
     return {"on": True, "off": False}.get(getattr(args, "flash_attn", "auto"), "auto")
 
 
+def llm_options(args: argparse.Namespace, *, n_ctx: int | None = None) -> dict:
+    """The option groups of ``LLM`` that the command's flags set (``n_ctx``, if given, over ``--ctx``)."""
+    from ..api.options import CacheOptions, ContextOptions, PlacementOptions, SpeculativeOptions, WeightOptions
+    return {
+        "context": ContextOptions(n_ctx=args.ctx if n_ctx is None else n_ctx, n_threads=args.threads,
+                                  flash_attn=flash_attn_option(args)),
+        "weights": WeightOptions(use_mmap=args.use_mmap, repack=args.repack, amx=args.amx),
+        "placement": PlacementOptions(rpc_servers=args.rpc, **gpu_options(args)),
+        "speculation": SpeculativeOptions(speculative=args.speculative, draft_model=None if args.draft_model is None
+                                          else model_path(args.draft_model)),
+        "caches": CacheOptions(prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_size,
+                               state_cache_mb=args.state_cache_mb),
+    }
+
+
 def open_llm(args: argparse.Namespace, *, n_ctx: int | None = None):
     from ..api.llm import LLM  # the native core loads here, not at startup
-    draft = None if args.draft_model is None else model_path(args.draft_model)
-    return LLM(model_path(args.model), n_ctx=args.ctx if n_ctx is None else n_ctx, n_threads=args.threads,
-               use_mmap=args.use_mmap, repack=args.repack, amx=args.amx, speculative=args.speculative,
-               draft_model=draft, prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_size,
-               state_cache_mb=args.state_cache_mb,
-               rpc_servers=args.rpc, flash_attn=flash_attn_option(args), **gpu_options(args))
+    options = llm_options(args, n_ctx=n_ctx)  # checked (and a draft model pulled) before the model is
+    return LLM(model_path(args.model), **options)

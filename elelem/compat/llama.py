@@ -50,6 +50,7 @@ import numpy as np
 
 from ..api.llm import LLM
 from ..api.offload import explicit_request, gpu_devices
+from ..api.options import ContextOptions, PlacementOptions, WeightOptions, override_options
 from ..api.states import LLMState
 from ..api.structured import output_constraint, output_grammar
 from ..errors import ContextLimitError, ElelemError, InvalidArgumentError
@@ -123,14 +124,17 @@ class Llama:
             log.info("n_ctx=%d clamped to this model's %d learned positions", n_ctx, n_ctx_train)
             n_ctx = n_ctx_train
         self.n_batch = min(n_ctx, n_batch) if isinstance(n_ctx, int) and isinstance(n_batch, int) else n_batch
+        derived = {
+            "context": ContextOptions(n_ctx=n_ctx, n_batch=self.n_batch, n_threads=n_threads,
+                                      flash_attn=bool(flash_attn), type_k=options.kv_type_name("type_k", type_k),
+                                      type_v=options.kv_type_name("type_v", type_v)),
+            "weights": WeightOptions(use_mmap=use_mmap),
+            "placement": PlacementOptions(**devices),
+            **options.embedding_options(LLM, embedding, pooling_type),
+            **({"tool_call_format": tool_call_format} if tool_call_format is not None else {}),
+        }
         # elelem_options come last: they may override what the shim derives (flash_attn, ...).
-        self._llm = LLM(path, **{**dict(n_ctx=n_ctx, n_batch=self.n_batch, n_threads=n_threads, use_mmap=use_mmap,
-                                        flash_attn=bool(flash_attn), type_k=options.kv_type_name("type_k", type_k),
-                                        type_v=options.kv_type_name("type_v", type_v),
-                                        **options.embedding_options(LLM, embedding, pooling_type), **devices,
-                                        **({"tool_call_format": tool_call_format}
-                                           if tool_call_format is not None else {})),
-                                 **(elelem_options or {})})
+        self._llm = LLM(path, **override_options(derived, elelem_options or {}))
         self.n_threads = self._llm.n_threads
         self.n_threads_batch = self.n_threads
         if n_threads_batch is not None and n_threads_batch != self.n_threads:

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
+from ..api.options import FIELD_GROUP, build_options, override_options, padded_cells
 from ..errors import InvalidArgumentError
 
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -18,19 +19,22 @@ class ServerConfig:
     ``models`` are names or paths as given to ``LLM`` (the first is the
     default, loaded at startup); ``parallel`` is how many requests run at once
     per model (each on a session of its own); ``keep_alive`` is how long a
-    model stays loaded without requests (None: forever).  ``speculative``
-    (default on) and ``draft_model`` are the models' ``LLM`` options of those
-    names (speculative decoding: the same text, in fewer steps).
-    ``flash_attn`` (default on, unlike ``LLM``'s default; llama.cpp's server
-    turns it on too): the requests share one KV cache, and without ggml's
-    fused kernel every token attends over every request's cells, masked; the
-    fused kernel skips them.  With 8 requests of 100 cells each, a step of
-    their 8 tokens took 76 ms without it and 45 with it (Qwen2.5-Coder-0.5B,
-    2 threads).  The text is then llama.cpp's with flash attention.
-    ``n_gpu_layers``, ``main_gpu`` and ``tensor_split`` are ``LLM``'s GPU
-    offload options (None: ``LLM``'s defaults, every layer on the best GPU
-    when there is one); the offload shows in the log, ``/health`` and
-    ``/metrics``.
+    model stays loaded without requests (None: forever); ``n_ctx`` is the
+    context of each request (None: the model's, at most 4096).
+
+    ``n_threads``, ``speculative``, ``draft_model``, ``flash_attn``,
+    ``n_gpu_layers``, ``main_gpu``, ``tensor_split``, ``prompt_cache``,
+    ``prompt_cache_bytes`` and ``state_cache_mb`` are the models' ``LLM``
+    options of those names (:mod:`elelem.api.options`), and ``llm_options``
+    more of them, as keywords; :meth:`model_options` builds the option
+    groups every served model opens with.  Their defaults are ``LLM``'s but
+    for ``flash_attn``, on (llama.cpp's server turns it on too): the requests
+    share one KV cache, and without ggml's fused kernel every token attends
+    over every request's cells, masked; the fused kernel skips them.  With 8
+    requests of 100 cells each, a step of their 8 tokens took 76 ms without
+    it and 45 with it (Qwen2.5-Coder-0.5B, 2 threads).  The text is then
+    llama.cpp's with flash attention.  The offload shows in the log,
+    ``/health`` and ``/metrics``.
     """
 
     models: list[str]
@@ -45,9 +49,9 @@ class ServerConfig:
     main_gpu: int = 0
     tensor_split: Optional[list] = None
     draft_model: Optional[str] = None   # a path or known name, for every model served
-    prompt_cache: Optional[str] = None  # a folder: LLM(prompt_cache=...), shared by every model served
+    prompt_cache: Optional[str] = None  # a folder, shared by every model served
     prompt_cache_bytes: Optional[int] = None
-    state_cache_mb: Optional[int] = None   # LLM(state_cache_mb=...): None, its default
+    state_cache_mb: Optional[int] = None
     max_body_bytes: int = 4 * 2**20
     max_messages: int = 512
     max_tokens_limit: Optional[int] = None   # None: n_ctx bounds it
@@ -55,7 +59,7 @@ class ServerConfig:
     queue_timeout: float = 30.0         # how long one may wait
     retry_after_seconds: int = 1
     max_requests: Optional[int] = None  # HTTP requests held at once (more get a 503); None: from the above
-    llm_options: dict = field(default_factory=dict)  # passed to LLM() as they are (tests: n_batch, ...)
+    llm_options: dict = field(default_factory=dict)  # more LLM() keywords (rpc_servers, tool_call_format, ...)
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -67,6 +71,15 @@ class ServerConfig:
         if self.max_requests is None:
             # Running and queued generations, and room for cheap requests (/health, /v1/models).
             self.max_requests = max(64, 4 * self.parallel * len(self.models) + self.max_queue * len(self.models))
+
+    def model_options(self, n_ctx: int) -> dict[str, Any]:
+        """The ``LLM`` keywords a served model opens with: its option groups, and
+        ``llm_options``' keywords of no group.  The cache holds ``parallel``
+        contexts of ``n_ctx`` positions, rounded up as llama.cpp rounds them, and
+        a sequence more than ``parallel`` for the LLM's own default session."""
+        given = {name: getattr(self, name) for name in FIELD_GROUP if hasattr(self, name)}
+        given.update(n_ctx=n_ctx, n_seq_max=self.parallel + 1, kv_size=padded_cells(n_ctx * self.parallel))
+        return override_options(build_options(given), self.llm_options)
 
 
 def parse_duration(text: str) -> Optional[float]:

@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Optional
 
 import anyio
 
-from ..api.llm import padded_cells
+from ..api.options import DEFAULT_N_CTX
 from .config import ServerConfig
 from .errors import APIError, overloaded
 
@@ -89,24 +89,13 @@ class ServedModel:
             if self._llm is None or self._llm.closed:
                 n_ctx = self._config.n_ctx or _default_n_ctx(self.source)
                 t0 = time.perf_counter()
-                self._llm = self._open_llm(
-                    self.source, n_ctx=n_ctx, n_threads=self._config.n_threads,
-                    n_seq_max=self._config.parallel + 1,  # + the LLM's own default session
-                    kv_size=padded_cells(n_ctx * self._config.parallel), speculative=self._config.speculative,
-                    draft_model=self._config.draft_model, prompt_cache=self._config.prompt_cache,
-                    prompt_cache_bytes=self._config.prompt_cache_bytes, state_cache_mb=self._config.state_cache_mb,
-                    **{"flash_attn": self._config.flash_attn, **self._gpu_options(), **self._config.llm_options})
+                self._llm = self._open_llm(self.source, **self._config.model_options(n_ctx))
                 self._llm.tokenizer, self._llm.chat_template  # built now, not in the first request
                 self.loaded_at = time.monotonic()
                 offload = getattr(self._llm, "offload", None)
                 log.info("loaded %s in %.2f s: %s", self.id, time.perf_counter() - t0,
                          offload.summary if offload is not None else "offload unknown")
             return self._llm
-
-    def _gpu_options(self) -> dict:
-        c = self._config
-        options = {"n_gpu_layers": c.n_gpu_layers, "main_gpu": c.main_gpu or None, "tensor_split": c.tensor_split}
-        return {k: v for k, v in options.items() if v is not None}
 
     @property
     def offload(self) -> Optional[dict]:
@@ -194,7 +183,6 @@ class ServedModel:
 def _default_n_ctx(source: str) -> int:
     """The LLM's own default (the trained context, at most 4096), read from the header
     before opening it, since the KV cache is sized from it."""
-    from ..api.llm import DEFAULT_N_CTX
     from ..gguf.reader import read_gguf
     from ..model.architectures import model_spec
     from ..model.hub import resolve_model
