@@ -217,7 +217,8 @@ def extensions():
     core = Extension(
         "elelem._core",  # its sources are the native layer, elelem/_native/
         sources=["elelem/_native/core.pyx"] + [f"elelem/_native/kernels/{name}.c" for name in (
-            "small_batch", "small_batch_avx2", "small_batch_avx512", "small_batch_avx512_q6_k", "small_batch_q4_k")],
+            "small_batch", "small_batch_avx2", "small_batch_avx512", "small_batch_avx512_q6_k", "small_batch_q4_k",
+            "experts")],
         include_dirs=[str(GGML / "include"), numpy.get_include()],
         language="c++",
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

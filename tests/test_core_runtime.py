@@ -12,6 +12,7 @@ import elelem
 from elelem import _core
 from elelem.cpu import cpu_backend_info
 from elelem.engine.engine import REUSE_ALIGNMENT
+from kernel_choice import small_batch_isa, through_ggml_alone  # noqa: F401 (a fixture)
 from synthetic import TinyConfig
 
 
@@ -117,29 +118,6 @@ def _batched_config(wtype: str) -> TinyConfig:
     width = 256 if wtype.endswith("_k") else 128   # K-quants come in blocks of 256
     return TinyConfig(n_embd=width, n_head=4, n_head_kv=2, n_ff=2 * width, wtype=wtype,
                       wtypes=(("output.weight", wtype),))
-
-
-def _small_batch_isas() -> list[str]:
-    # "avx2" is a second run only where the CPU would choose AVX-512's kernels;
-    # elsewhere it would be the "best" run again, so it is not collected at all
-    # (a skip would fail CI, which must not skip).
-    backend = cpu_backend_info()
-    avx512 = backend["small_batch_cpu"] == "avx512" and backend["small_batch_kernels"]
-    return ["best", "avx2"] if avx512 else ["best"]
-
-
-@pytest.fixture(params=_small_batch_isas())
-def small_batch_isa(request):
-    """The small-batch kernels this CPU chooses, and then its AVX2 ones where
-    it would choose AVX-512's."""
-    if request.param == "best":
-        yield cpu_backend_info()["small_batch_isa"]
-        return
-    before = _core._set_small_batch_isa("avx2")
-    try:
-        yield "avx2"
-    finally:
-        _core._set_small_batch_isa(before)
 
 
 @pytest.mark.parametrize("kv_type", ["f32", "f16"])
@@ -264,19 +242,7 @@ def test_one_token_steps_through_the_one_column_kernels_get_ggml_s_logits_bit_fo
     served = backend["one_column_k_quants"] and (
         (wtype == "q4_k" and "CPU_REPACK" in backend["extra_buffer_types"]) or backend["small_batch_isa"] == "avx512")
     assert ("CUSTOM" in ops) == served
-    np.testing.assert_array_equal(kernels, _through_ggml_alone(rows))
-
-
-def _through_ggml_alone(rows):
-    """What ``rows() -> (result, step ops)`` gives with ggml's own mul_mat for
-    every product (elelem's kernels off)."""
-    before = _core._set_small_batch_isa("")
-    try:
-        result, ops = rows()
-    finally:
-        _core._set_small_batch_isa(before)
-    assert "CUSTOM" not in ops
-    return result
+    np.testing.assert_array_equal(kernels, through_ggml_alone(rows))
 
 
 @pytest.mark.parametrize("wtype", ["q4_1", "q6_k"])
@@ -300,7 +266,7 @@ def test_prompts_through_elelem_kernels_get_ggml_s_logits_bit_for_bit(tiny_model
             return rows, ctx.step_ops()
 
     kernels, ops = all_rows()
-    ggml_rows = _through_ggml_alone(all_rows)
+    ggml_rows = through_ggml_alone(all_rows)
     if wtype == "q4_1":
         assert "CUSTOM" in ops                    # the 33-token prompt ran the kernels
     for prompt, got, want in zip(prompts, kernels, ggml_rows):

@@ -10,6 +10,8 @@ import pytest
 
 import elelem
 from elelem.errors import ModelShapeError
+from elelem.cpu import cpu_backend_info
+from kernel_choice import small_batch_isa, through_ggml_alone  # noqa: F401 (a fixture)
 from synthetic import TinyConfig
 
 QWEN3MOE = TinyConfig(arch="qwen3moe", head_dim=32, n_layer=2, seed=5)
@@ -158,6 +160,40 @@ def test_k_quant_experts_give_every_row_its_solo_numbers_in_any_step(tiny_model)
                     alone = np.concatenate([a if outputs else a[-1:] for a in alone])
                     np.testing.assert_array_equal(together, alone,
                                                   err_msg=f"prompts {lengths}, outputs={outputs}, embeddings={embeddings}")
+
+
+# Repacked Q4_K experts and (with AVX-512) Q6_K ones take elelem's experts
+# kernel (kernels/experts.h) in steps of generated tokens, and repacked Q4_K
+# in prompts too: each chosen expert read once for all the rows that chose it,
+# each row with ggml's one-column numbers, so ggml's own mul_mat_id's logits.
+# 3 of 8 experts a token over 6 streams: experts chosen by 0 to 6 rows, split
+# unevenly between three threads.
+@pytest.mark.parametrize("expert_type", ["q4_k", "q6_k"])
+def test_the_experts_kernel_gives_ggml_s_logits_bit_for_bit(tiny_model, expert_type, small_batch_isa):
+    cfg = QWEN3MOE.but(n_embd=512, n_ff_exp=256, n_expert=8, n_expert_used=3, wtype="q8_0", wtypes=(
+        ("output.weight", "q8_0"),) + tuple((f"{r}_exps.weight", expert_type) for r in ("ffn_gate", "ffn_up", "ffn_down")))
+    path, _ = tiny_model(cfg)
+    rng = np.random.default_rng(12)
+    prompts = [rng.integers(0, cfg.n_vocab, 5 + s).tolist() for s in range(6)]
+    generated = rng.integers(0, cfg.n_vocab, 6).tolist()
+    backend = cpu_backend_info()
+    served = backend["small_batch_kernels"] and (
+        ("CPU_REPACK" in backend["extra_buffer_types"]) if expert_type == "q4_k" else small_batch_isa == "avx512")
+
+    def rows():
+        with elelem.LLM(path, n_threads=3, n_seq_max=6, flash_attn=True, amx=False, kv_size=512) as llm:
+            ctx = llm.engine.context
+            got = [ctx.decode(p, [s] * len(p), True) for s, p in enumerate(prompts)]
+            prompt_ops = ctx.step_ops()
+            got.append(ctx.decode(generated, list(range(6)), True, decode_kernels=True))
+            step_ops = ctx.step_ops()
+            got.append(ctx.decode(generated[:1], [0], True, decode_kernels=True))
+            return np.concatenate(got), {"prompt": prompt_ops, "step": step_ops, **step_ops, **prompt_ops}
+
+    kernels, ops = rows()
+    assert ops["step"].get("MUL_MAT_ID", 0) == (0 if served else 3 * cfg.n_layer)
+    assert ops["prompt"].get("MUL_MAT_ID", 0) == (0 if served and expert_type == "q4_k" else 3 * cfg.n_layer)
+    np.testing.assert_array_equal(kernels, through_ggml_alone(rows))
 
 
 # -- speculative decoding and the prompt cache -----------------------------------------

@@ -377,3 +377,10 @@ cdef extern from "kernels/small_batch.h" nogil:
     void elelem_small_batch_prepare(ggml_tensor * dst, int ith, int nth, void * isa)
     void elelem_small_batch_matmul(ggml_tensor * dst, int ith, int nth, void * isa)
     void elelem_small_batch_q4_k_matmul(ggml_tensor * dst, int ith, int nth, void * weight)
+    void elelem_small_batch_q4_k_matmul_avx512(ggml_tensor * dst, int ith, int nth, void * weight)
+
+
+cdef extern from "kernels/experts.h" nogil:
+    # the chosen experts' products in a step of generated tokens (graph/experts.pxi)
+    void elelem_experts_matmul(ggml_tensor * dst, int ith, int nth, void * weight)
+    void elelem_experts_matmul_avx512(ggml_tensor * dst, int ith, int nth, void * weight)

@@ -338,7 +338,8 @@ cdef inline ggml_tensor * _small_batch_q4_k(Step * st, ggml_tensor * w, ggml_ten
     cdef ggml_tensor * args[1]
     args[0] = ggml_cpy(st.ctx, x, ggml_new_tensor_2d(st.ctx, GGML_TYPE_Q8_K, x.ne[0], x.ne[1]))
     return ggml_custom_4d(st.ctx, GGML_TYPE_F32, w.ne[1], x.ne[1], 1, 1, args, 1,
-                          elelem_small_batch_q4_k_matmul, GGML_N_TASKS_MAX, <void *> w)
+                          elelem_small_batch_q4_k_matmul_avx512 if _small_batch_isa == ELELEM_SMALL_BATCH_AVX512
+                          else elelem_small_batch_q4_k_matmul, GGML_N_TASKS_MAX, <void *> w)
 
 
 cdef inline bint _width_dependent(const ggml_tensor * w) noexcept:

@@ -23,6 +23,12 @@
 # together below that count, a longer run alone.  Within the tiled kernel a
 # row's numbers do not depend on the expert's other rows, nor within
 # vec_dot.  (tests/test_moe.py checks it.)
+#
+# Where elelem's experts kernel takes an expert stack (_experts_kernel_takes:
+# repacked Q4_K in every step, Q6_K in steps of generated tokens), no split
+# is needed: it gives every row the one-column kernel's numbers in a step of
+# any composition, and reads each chosen expert once for all the rows that
+# chose it where ggml's mul_mat_id reads it once a row (kernels/experts.c).
 
 DEF MAX_USED_EXPERTS = 64       # experts a token is routed to, at most (elelem.model.architectures checks)
 DEF MAX_EXPERT_GROUPS = 16      # groups of a step's rows through the experts, at most (else not split)
@@ -53,13 +59,37 @@ cdef int _pack_runs(int n_runs, const int * run_length, int64_t cap, int * start
     return g
 
 
+cdef inline bint _experts_kernel_takes(Step * st, const ggml_tensor * w, int64_t n_tokens) noexcept:
+    """Whether elelem's experts kernel (kernels/experts.h) computes the chosen
+    experts of w for a step of n_tokens rows.  It gives each row the numbers
+    of ggml's one-column kernel of that type, reading each chosen expert once
+    for all the rows that chose it (ggml: once a row).
+    - Repacked Q4_K: ggml's CPU_REPACK mul_mat_id runs its one-column gemv
+      for every row of every step, so these are its numbers, prompt or not.
+    - Q6_K (with AVX-512): ggml's vec_dot is its one-column kernel, which a
+      row of a one-token step takes; in a step of generated tokens each row
+      is such a step's.  A prompt's rows keep ggml's tiled kernel, which
+      llama.cpp's prompt takes from 8 rows an expert.
+    One-token steps only where the one-column K-quant kernels are on."""
+    if w == NULL or _small_batch_isa == ELELEM_SMALL_BATCH_NONE or (n_tokens == 1 and not _one_column_k_quants):
+        return False
+    if _repacked_q4_k(w):
+        return True
+    return (w.type == GGML_TYPE_Q6_K and _small_batch_isa == ELELEM_SMALL_BATCH_AVX512 and _plain_quantized(w)
+            and (st.decode_kernels or n_tokens == 1))
+
+
+cdef inline bint _splits_rows(Step * st, const ggml_tensor * w, int64_t n_tokens) noexcept:
+    return _tiled_experts(w) and not _experts_kernel_takes(st, w, n_tokens)
+
+
 cdef int _expert_groups(Step * st, LayerWeights * lw, int64_t n_rows, int * start, int * length) noexcept:
     """The groups of the n_rows rows that go through the experts together
     (the header above); 1 (every row at once) where no split is needed."""
     start[0] = 0
     length[0] = <int> n_rows
-    if not (_tiled_experts(lw.ffn_down_exps) or _tiled_experts(lw.ffn_up_exps) or _tiled_experts(lw.ffn_gate_exps)
-            or _tiled_experts(lw.ffn_gate_up_exps)):
+    if not (_splits_rows(st, lw.ffn_down_exps, n_rows) or _splits_rows(st, lw.ffn_up_exps, n_rows)
+            or _splits_rows(st, lw.ffn_gate_exps, n_rows) or _splits_rows(st, lw.ffn_gate_up_exps, n_rows)):
         return 1
     cdef int64_t cap = _cpu_tiled_min_columns - 1
     if n_rows <= cap:
@@ -84,6 +114,17 @@ cdef int _expert_groups(Step * st, LayerWeights * lw, int64_t n_rows, int * star
 cdef inline ggml_tensor * matmul_id(Step * st, ggml_tensor * w, ggml_tensor * x, ggml_tensor * ids) noexcept:
     """The chosen experts of w (n_in, n_out, n_expert) times x (n_in, 1 or
     n_used, n_tokens): (n_out, n_used, n_tokens)."""
+    cdef ggml_tensor * args[2]
+    if (x.type == GGML_TYPE_F32 and ggml_is_contiguous(x) and x.ne[3] == 1
+            and _experts_kernel_takes(st, w, x.ne[2])):
+        # The columns quantized by the CPU backend to Q8_K, as its mul_mat_id
+        # quantizes them; the weight travels as userdata (kernels/experts.h).
+        args[0] = ggml_cpy(st.ctx, ggml_reshape_2d(st.ctx, x, x.ne[0], x.ne[1] * x.ne[2]),
+                           ggml_new_tensor_2d(st.ctx, GGML_TYPE_Q8_K, x.ne[0], x.ne[1] * x.ne[2]))
+        args[1] = ids
+        return ggml_custom_4d(st.ctx, GGML_TYPE_F32, w.ne[1], ids.ne[0], ids.ne[1], 1, args, 2,
+                              elelem_experts_matmul_avx512 if _small_batch_isa == ELELEM_SMALL_BATCH_AVX512
+                              else elelem_experts_matmul, GGML_N_TASKS_MAX, <void *> w)
     return ggml_mul_mat_id(st.ctx, w, x, ids)
 
 

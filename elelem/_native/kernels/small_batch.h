@@ -60,6 +60,8 @@ void elelem_small_batch_matmul(struct ggml_tensor * dst, int ith, int nth, void 
  * The weight is no source of the op: the CPU backend accepts no op but its
  * own matmuls on a tensor in a repack buffer. */
 void elelem_small_batch_q4_k_matmul(struct ggml_tensor * dst, int ith, int nth, void * weight);
+/* The same with AVX-512 VNNI (the CPU must have it): the same numbers. */
+void elelem_small_batch_q4_k_matmul_avx512(struct ggml_tensor * dst, int ith, int nth, void * weight);
 
 #ifdef __cplusplus
 }

@@ -23,24 +23,39 @@ int64_t elelem_small_batch_q6_k_prepared_bytes(int64_t n_in, int64_t n_columns) 
     return (n_in / QK_K) * ((n_columns + 1) / 2) * (int64_t) sizeof(pair_superblock);
 }
 
+/* Super-block ib of a pair of Q8_K columns (b may be a: an odd count's last pair). */
+static void prepare_pair(const block_q8_K_t * a, const block_q8_K_t * b, pair_superblock * o) {
+    for (int v = 0; v < 8; v++) {
+        memcpy(o->values[v], a->qs + 32 * v, 32);
+        memcpy(o->values[v] + 32, b->qs + 32 * v, 32);
+    }
+    memcpy(o->bsums, a->bsums, sizeof a->bsums);
+    memcpy(o->bsums + 16, b->bsums, sizeof b->bsums);
+    for (int l = 0; l < 8; l++) {
+        o->scale[l] = a->d;
+        o->scale[8 + l] = b->d;
+    }
+}
+
 void elelem_small_batch_q6_k_prepare(const struct ggml_tensor * x, int ith, int nth, void * out_data) {
     const int64_t n = x->ne[1], nb = x->ne[0] / QK_K, pairs = (n + 1) / 2, total = nb * pairs;
     pair_superblock * out = (pair_superblock *) out_data;
     for (int64_t i = total * ith / nth; i < total * (ith + 1) / nth; i++) {
         const int64_t ib = i / pairs, p = i % pairs;
         const int64_t c0 = 2 * p, c1 = 2 * p + 1 < n ? 2 * p + 1 : 2 * p;
-        const block_q8_K_t * a = (const block_q8_K_t *) ((const char *) x->data + c0 * x->nb[1]) + ib;
-        const block_q8_K_t * b = (const block_q8_K_t *) ((const char *) x->data + c1 * x->nb[1]) + ib;
-        pair_superblock * o = &out[ib * pairs + p];
-        for (int v = 0; v < 8; v++) {
-            memcpy(o->values[v], a->qs + 32 * v, 32);
-            memcpy(o->values[v] + 32, b->qs + 32 * v, 32);
-        }
-        memcpy(o->bsums, a->bsums, sizeof a->bsums);
-        memcpy(o->bsums + 16, b->bsums, sizeof b->bsums);
-        for (int l = 0; l < 8; l++) {
-            o->scale[l] = a->d;
-            o->scale[8 + l] = b->d;
+        prepare_pair((const block_q8_K_t *) ((const char *) x->data + c0 * x->nb[1]) + ib,
+                     (const block_q8_K_t *) ((const char *) x->data + c1 * x->nb[1]) + ib, &out[ib * pairs + p]);
+    }
+}
+
+void elelem_small_batch_q6_k_prepare_columns(const void * const * columns, int64_t n, int64_t nb, void * out_data) {
+    const int64_t pairs = (n + 1) / 2;
+    pair_superblock * out = (pair_superblock *) out_data;
+    for (int64_t ib = 0; ib < nb; ib++) {
+        for (int64_t p = 0; p < pairs; p++) {
+            const int64_t c1 = 2 * p + 1 < n ? 2 * p + 1 : 2 * p;
+            prepare_pair((const block_q8_K_t *) columns[2 * p] + ib, (const block_q8_K_t *) columns[c1] + ib,
+                         &out[ib * pairs + p]);
         }
     }
 }

@@ -18,6 +18,7 @@
  *   dmin_weight * d_column; at the end the same permute and subtraction.
  * The columns are the CPU backend's own Q8_K quantization of them (a
  * ggml_cpy, as its mul_mat quantizes them), read as they lie. */
+#include "experts.h"
 #include "small_batch.h"
 #include "simd.h"
 
@@ -60,17 +61,13 @@ static inline int32_t load32(const int8_t * p) {
 
 static inline __attribute__((always_inline)) TARGET void q4_k_groups(
         const int N, int64_t nb, const block_q4_Kx8_t * w, int64_t g0, int64_t g1,
-        const struct ggml_tensor * x, float * out, size_t out_stride) {
+        const block_q8_K_t * const * columns, float * out, size_t out_stride) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     /* the rows' scales in the int32 lanes' order, twice each (two int16 a lane) */
     const __m128i scale_order = _mm_set_epi8(7, 7, 3, 3, 6, 6, 2, 2, 5, 5, 1, 1, 4, 4, 0, 0);
     /* d of rows 0 4 1 5 2 6 3 7, the lanes' order */
     const __m128i d_order = _mm_set_epi8(15, 14, 7, 6, 13, 12, 5, 4, 11, 10, 3, 2, 9, 8, 1, 0);
     const __m256i row_order = _mm256_set_epi32(7, 5, 3, 1, 6, 4, 2, 0);
-    const block_q8_K_t * columns[8];
-    _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
-        columns[c] = (const block_q8_K_t *) ((const char *) x->data + c * x->nb[1]);
-    }
     for (int64_t g = g0; g < g1; g++) {
         const block_q4_Kx8_t * wg = w + g * nb;
         __m256 acc[8], acc_min[8];
@@ -142,27 +139,148 @@ static inline __attribute__((always_inline)) TARGET void q4_k_groups(
     }
 }
 
-static TARGET void q4_k_matmul(struct ggml_tensor * dst, int ith, int nth, const struct ggml_tensor * w) {
-    const struct ggml_tensor * x = dst->src[0];
-    const int64_t groups = w->ne[1] / ROWS, nb = w->ne[0] / QK_K;
-    const int64_t g0 = groups * ith / nth, g1 = groups * (ith + 1) / nth;
-    const block_q4_Kx8_t * wd = (const block_q4_Kx8_t *) w->data;
-    float * out = (float *) dst->data;
-    const size_t stride = dst->nb[1] / sizeof(float);
-    switch (x->ne[1]) {  /* a constant count of columns keeps the accumulators in registers */
-        case 1: q4_k_groups(1, nb, wd, g0, g1, x, out, stride); break;
-        case 2: q4_k_groups(2, nb, wd, g0, g1, x, out, stride); break;
-        case 3: q4_k_groups(3, nb, wd, g0, g1, x, out, stride); break;
-        case 4: q4_k_groups(4, nb, wd, g0, g1, x, out, stride); break;
-        case 5: q4_k_groups(5, nb, wd, g0, g1, x, out, stride); break;
-        case 6: q4_k_groups(6, nb, wd, g0, g1, x, out, stride); break;
-        case 7: q4_k_groups(7, nb, wd, g0, g1, x, out, stride); break;
-        default: q4_k_groups(8, nb, wd, g0, g1, x, out, stride); break;
+/* The same numbers with AVX-512 VNNI, where a zmm holds all 8 rows: int32
+ * lanes 2r and 2r + 1 take row r's bytes as block_q4_Kx8 lays them out
+ * (values 8k..8k+3 and 8k+4..8k+7 of a sub-block), and vpdpbusd multiplies
+ * them with the column's 8 bytes broadcast to every 64-bit lane, summing
+ * four products a lane.  Every integer above is an exact sum, in any order
+ * (no lane saturates: a sub-block's 32 products of 4-bit and 8-bit values
+ * times a 6-bit scale stay far inside int32), so row r's super-block sum,
+ * lanes 2r + 2r + 1, is the gemv's; the floats then take the gemv's very
+ * operations, in 16 lanes (each row twice) where it has 8.  Half the
+ * instructions of the AVX2 loop: one multiply-add of 64 bytes for two
+ * maddubs and two adds of 32. */
+static inline __attribute__((always_inline)) SMALL_BATCH_AVX512_TARGET void q4_k_groups_vnni(
+        const int N, int64_t nb, const block_q4_Kx8_t * w, int64_t g0, int64_t g1,
+        const block_q8_K_t * const * columns, float * out, size_t out_stride) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m128i row_twice = _mm_set_epi8(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i lane_row = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i even_lanes = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
+    for (int64_t g = g0; g < g1; g++) {
+        const block_q4_Kx8_t * wg = w + g * nb;
+        __m512 acc[8];
+        __m256 acc_min[8];
+        _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
+            acc[c] = _mm512_setzero_ps();
+            acc_min[c] = _mm256_setzero_ps();
+        }
+        for (int64_t ib = 0; ib < nb; ib++) {
+            const block_q4_Kx8_t * b = &wg[ib];
+            for (int line = 0; line < (int) sizeof(block_q4_Kx8_t); line += 64) {
+                _mm_prefetch((const char *) (b + PREFETCH_BLOCKS) + line, _MM_HINT_T0);
+            }
+            __m512i sums[8];
+            __m256i min_sums[8];
+            int32_t pair_sums[8][4];
+            _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
+                sums[c] = _mm512_setzero_si512();
+                min_sums[c] = _mm256_setzero_si256();
+                const __m128i bsums_0_7 = _mm_loadu_si128((const __m128i *) columns[c][ib].bsums);
+                const __m128i bsums_8_15 = _mm_loadu_si128((const __m128i *) (columns[c][ib].bsums + 8));
+                _mm_storeu_si128((__m128i *) pair_sums[c], _mm_hadd_epi16(bsums_0_7, bsums_8_15));
+            }
+            for (int sb = 0; sb < 4; sb++) {
+                const __m128i first = scales_and_mins(b->scales + 24 * sb);
+                const __m128i second = scales_and_mins(b->scales + 24 * sb + 12);
+                const __m512i scales[2] = {_mm512_cvtepu8_epi32(_mm_shuffle_epi8(first, row_twice)),
+                                           _mm512_cvtepu8_epi32(_mm_shuffle_epi8(second, row_twice))};
+                const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(first, second));
+                __m512i packed[4];
+                for (int k = 0; k < 4; k++) {
+                    packed[k] = _mm512_loadu_si512((const void *) (b->qs + sb * 256 + 64 * k));
+                }
+                for (int half = 0; half < 2; half++) {
+                    __m512i values[4];
+                    for (int k = 0; k < 4; k++) {
+                        values[k] = _mm512_and_si512(half ? _mm512_srli_epi16(packed[k], 4) : packed[k], m4);
+                    }
+                    _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
+                        const int8_t * q = columns[c][ib].qs + sb * 64 + half * 32;
+                        __m512i dot = _mm512_setzero_si512();
+                        for (int k = 0; k < 4; k++) {
+                            int64_t bytes;
+                            memcpy(&bytes, q + 8 * k, sizeof bytes);
+                            dot = _mm512_dpbusd_epi32(dot, values[k], _mm512_set1_epi64(bytes));
+                        }
+                        sums[c] = _mm512_add_epi32(sums[c], _mm512_mullo_epi32(dot, scales[half]));
+                    }
+                }
+                _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
+                    min_sums[c] = _mm256_add_epi32(min_sums[c], _mm256_madd_epi16(_mm256_set1_epi32(pair_sums[c][sb]), mins));
+                }
+            }
+            const __m512 d = _mm512_permutexvar_ps(lane_row, _mm512_castps256_ps512(
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) b->d))));
+            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) b->dmin));
+            _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
+                const __m512i row_sums = _mm512_add_epi32(sums[c], _mm512_shuffle_epi32(sums[c], _MM_PERM_CDAB));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(row_sums), _mm512_mul_ps(d, _mm512_set1_ps(columns[c][ib].d)), acc[c]);
+                acc_min[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_sums[c]),
+                                             _mm256_mul_ps(dmin, _mm256_set1_ps(columns[c][ib].d)), acc_min[c]);
+            }
+        }
+        _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
+            const __m256 rows = _mm512_castps512_ps256(_mm512_permutexvar_ps(even_lanes, acc[c]));
+            _mm256_storeu_ps(out + c * out_stride + g * ROWS, _mm256_sub_ps(rows, acc_min[c]));
+        }
     }
 }
 
-void elelem_small_batch_q4_k_matmul(struct ggml_tensor * dst, int ith, int nth, void * weight) {
-    /* More than 8 columns: groups of 8, each a product of its own (as small_batch.c's). */
+/* Rows [8 g0, 8 g1) of a block_q4_Kx8 weight of nb super-blocks a row,
+ * times n (1 to 8) Q8_K columns: out[c * out_stride + row]. */
+static TARGET void rows_avx2(int n, int64_t nb, const block_q4_Kx8_t * w, int64_t g0, int64_t g1,
+                             const block_q8_K_t * const * x, float * out, size_t out_stride) {
+    switch (n) {  /* a constant count of columns keeps the accumulators in registers */
+        case 1: q4_k_groups(1, nb, w, g0, g1, x, out, out_stride); break;
+        case 2: q4_k_groups(2, nb, w, g0, g1, x, out, out_stride); break;
+        case 3: q4_k_groups(3, nb, w, g0, g1, x, out, out_stride); break;
+        case 4: q4_k_groups(4, nb, w, g0, g1, x, out, out_stride); break;
+        case 5: q4_k_groups(5, nb, w, g0, g1, x, out, out_stride); break;
+        case 6: q4_k_groups(6, nb, w, g0, g1, x, out, out_stride); break;
+        case 7: q4_k_groups(7, nb, w, g0, g1, x, out, out_stride); break;
+        default: q4_k_groups(8, nb, w, g0, g1, x, out, out_stride); break;
+    }
+}
+
+static SMALL_BATCH_AVX512_TARGET void rows_avx512(int n, int64_t nb, const block_q4_Kx8_t * w, int64_t g0, int64_t g1,
+                                                  const block_q8_K_t * const * x, float * out, size_t out_stride) {
+    switch (n) {
+        case 1: q4_k_groups_vnni(1, nb, w, g0, g1, x, out, out_stride); break;
+        case 2: q4_k_groups_vnni(2, nb, w, g0, g1, x, out, out_stride); break;
+        case 3: q4_k_groups_vnni(3, nb, w, g0, g1, x, out, out_stride); break;
+        case 4: q4_k_groups_vnni(4, nb, w, g0, g1, x, out, out_stride); break;
+        case 5: q4_k_groups_vnni(5, nb, w, g0, g1, x, out, out_stride); break;
+        case 6: q4_k_groups_vnni(6, nb, w, g0, g1, x, out, out_stride); break;
+        case 7: q4_k_groups_vnni(7, nb, w, g0, g1, x, out, out_stride); break;
+        default: q4_k_groups_vnni(8, nb, w, g0, g1, x, out, out_stride); break;
+    }
+}
+
+void elelem_small_batch_q4_k_rows(int isa, int n, int64_t nb, const void * weight, int64_t g0, int64_t g1,
+                                  const void * const * columns, float * out, size_t out_stride) {
+    const block_q4_Kx8_t * w = (const block_q4_Kx8_t *) weight;
+    const block_q8_K_t * const * x = (const block_q8_K_t * const *) columns;
+    if (isa == ELELEM_SMALL_BATCH_AVX512) {
+        rows_avx512(n, nb, w, g0, g1, x, out, out_stride);
+    } else {
+        rows_avx2(n, nb, w, g0, g1, x, out, out_stride);
+    }
+}
+
+static void q4_k_matmul(int isa, struct ggml_tensor * dst, int ith, int nth, const struct ggml_tensor * w) {
+    const struct ggml_tensor * x = dst->src[0];
+    const int64_t groups = w->ne[1] / ROWS, nb = w->ne[0] / QK_K;
+    const void * columns[ELELEM_SMALL_BATCH_MAX_COLUMNS];
+    for (int64_t c = 0; c < x->ne[1]; c++) {
+        columns[c] = (const char *) x->data + c * x->nb[1];
+    }
+    elelem_small_batch_q4_k_rows(isa, (int) x->ne[1], nb, w->data, groups * ith / nth, groups * (ith + 1) / nth,
+                                 columns, (float *) dst->data, dst->nb[1] / sizeof(float));
+}
+
+/* More than 8 columns: groups of 8, each a product of its own (as small_batch.c's). */
+static void q4_k_matmul_columns(int isa, struct ggml_tensor * dst, int ith, int nth, void * weight) {
     const struct ggml_tensor * x = dst->src[0];
     for (int64_t c = 0; c < x->ne[1]; c += ELELEM_SMALL_BATCH_MAX_COLUMNS) {
         struct ggml_tensor columns = *x, out = *dst;
@@ -171,6 +289,14 @@ void elelem_small_batch_q4_k_matmul(struct ggml_tensor * dst, int ith, int nth, 
         out.src[0] = &columns;
         out.ne[1] = columns.ne[1];
         out.data = (char *) dst->data + c * dst->nb[1];
-        q4_k_matmul(&out, ith, nth, (const struct ggml_tensor *) weight);
+        q4_k_matmul(isa, &out, ith, nth, (const struct ggml_tensor *) weight);
     }
+}
+
+void elelem_small_batch_q4_k_matmul(struct ggml_tensor * dst, int ith, int nth, void * weight) {
+    q4_k_matmul_columns(ELELEM_SMALL_BATCH_AVX2, dst, ith, nth, weight);
+}
+
+void elelem_small_batch_q4_k_matmul_avx512(struct ggml_tensor * dst, int ith, int nth, void * weight) {
+    q4_k_matmul_columns(ELELEM_SMALL_BATCH_AVX512, dst, ith, nth, weight);
 }
