@@ -16,7 +16,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import anyio
 
@@ -36,14 +36,14 @@ class ServedModel:
         self.id = Path(source).stem if source.endswith(".gguf") else source
         self._config = config
         self._open_llm = open_llm
-        self._llm = None
+        self._llm: Any = None   # the open LLM (or what open_llm made)
         self._load_lock = threading.Lock()  # one load at a time; requests wait for it
         self._state = threading.Lock()      # guards the counts below
         self._sessions: set = set()         # sessions of requests now running (cancel_all)
         self._idle: list = []               # sessions of finished requests, with their caches
         self.in_flight = 0                  # requests holding a slot
         self.queued = 0                     # requests waiting for one
-        self._slots = None
+        self._slots: Optional[anyio.Semaphore] = None
         self.last_used = time.monotonic()
         self.loaded_at: Optional[float] = None
 
@@ -57,7 +57,7 @@ class ServedModel:
         seconds; a 503 with Retry-After when the queue is full or the wait too long."""
         config = self._config
         with self._state:
-            if self.in_flight + self.queued >= config.parallel + config.max_queue:
+            if self.in_flight + self.queued >= config.parallel + (config.max_queue or 0):
                 raise overloaded(f"model {self.id!r} is running {self.in_flight} requests (--parallel) and "
                                  f"{self.queued} wait, the most it queues; retry shortly", config.retry_after_seconds)
             self.queued += 1
@@ -81,7 +81,8 @@ class ServedModel:
         with self._state:
             self.in_flight -= 1
             self.last_used = time.monotonic()
-        self._slots.release()
+        if self._slots is not None:  # made by the reserve() that took this slot
+            self._slots.release()
 
     def load(self):
         """The LLM, opened now if it is not yet (blocking: call from a worker thread)."""
@@ -198,7 +199,7 @@ class ModelRegistry:
             open_llm = LLM
         self.config = config
         self.models = [ServedModel(source, config, open_llm) for source in config.models]
-        self._by_name = {}
+        self._by_name: dict[str, ServedModel] = {}
         for model in self.models:
             self._by_name.setdefault(model.id, model)
             self._by_name.setdefault(model.source, model)
