@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from ..sampling.logprobs import TokenLogprob
 from .generation import TextStream
@@ -82,7 +82,7 @@ class _LogprobCursor:
     def take(self, text_length: int) -> list[tuple[TokenLogprob, int]]:
         """The tokens (with their text offsets) whose text starts before
         ``text_length`` and has not been taken yet."""
-        entries, texts = self.stream.logprobs, self.stream.token_texts
+        entries, texts = self.stream.logprobs or [], self.stream.token_texts
         out = []
         while self.taken < min(len(entries), len(texts)) and self.offset < text_length:
             out.append((entries[self.taken], self.offset))
@@ -168,7 +168,7 @@ def completion_chunks(stream: TextStream, model: str, offset_base: int = 0,
                                   _completion_logprobs(stream, cursor.take(emitted), offset_base))
 
 
-def _finish_reason(stream: TextStream, calls: list) -> str:
+def _finish_reason(stream: TextStream, calls: list) -> Optional[str]:
     # A call cut short by max_tokens is not a call: it stays "length" (and content).
     return "tool_calls" if calls else stream.finish_reason
 

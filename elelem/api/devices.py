@@ -71,7 +71,8 @@ def check_server(endpoint: str, timeout: float = HANDSHAKE_TIMEOUT, handshake: b
         raise RPCError(f"RPC server {endpoint}: cannot resolve host {host!r} ({error.strerror})",
                        endpoints=[endpoint]) from None
     try:
-        sock = socket.create_connection(addresses[0][4], timeout=timeout)
+        address = addresses[0][4]  # AF_INET: (host, port)
+        sock = socket.create_connection((str(address[0]), int(address[1])), timeout=timeout)
     except ConnectionRefusedError:
         raise RPCError(f"RPC server {endpoint}: connection refused (nothing listens there; "
                        "start one with 'elelem rpc-server')", endpoints=[endpoint]) from None

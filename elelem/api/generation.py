@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Generator, Optional
 
 from ..engine.engine import Engine
 from ..engine.request import Request
@@ -29,6 +29,9 @@ from ..sampling.logprobs import TokenLogprob, checked_top_count, token_logprob
 from ..sampling.sampler import Sampler, SamplingParams
 from ..text.stop_strings import StopStringFilter
 from ..text.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from .reasoning import ReplyParser
 
 log = logging.getLogger("elelem")
 
@@ -83,7 +86,7 @@ class TextStream:
         self._stats = StreamStats(len(prompt_ids))
         #: How a chat reply is read (reasoning, tool calls): a
         #: :class:`~elelem.api.reasoning.ReplyParser`, or None for plain text.
-        self.reply = None
+        self.reply: Optional[ReplyParser] = None
         # Built now, so bad parameters fail before any compute.
         sampler = Sampler(params, n_vocab=target.n_vocab)
         if logprobs is not None:
@@ -199,7 +202,7 @@ class _PreservingDecoder:
 def _run(stats: StreamStats, target: GenerationTarget, tokenizer: Tokenizer, sampler: Sampler, constraint,
          seq: list[int], max_tokens: int, stop: tuple[str, ...],
          on_evaluated: Optional[Callable[[int], None]], speculative: bool,
-         n_logprobs: Optional[int], preserved: frozenset = frozenset()) -> Iterator[str]:
+         n_logprobs: Optional[int], preserved: frozenset = frozenset()) -> Generator[str, None, None]:
     # A module function, not a method: the generator must not refer to its
     # TextStream, or an unread stream would be a reference cycle.
     if max_tokens == 0:
@@ -210,14 +213,15 @@ def _run(stats: StreamStats, target: GenerationTarget, tokenizer: Tokenizer, sam
     stops = StopStringFilter(stop)
     picked = [0]
     reason = ["length"]
+    logprob_entries = stats.logprobs  # a list where n_logprobs is given
 
     def pick(logits):  # runs in whichever thread runs the step
         token = sampler.sample(logits, seq) if constraint is None else constraint.sample(sampler, logits, seq)
         if token in eog_ids:
             reason[0] = "stop"
             return None, False
-        if n_logprobs is not None:
-            stats.logprobs.append(token_logprob(logits, token, n_logprobs))
+        if n_logprobs is not None and logprob_entries is not None:
+            logprob_entries.append(token_logprob(logits, token, n_logprobs))
         seq.append(token)
         picked[0] += 1
         if constraint is not None and constraint.complete:

@@ -142,7 +142,8 @@ def gpu_devices(directory: Optional[str] = None) -> tuple[list, list[ModuleStatu
     order = [backend for backend, _ in GPU_MODULES]
     found = [d for d in local_devices() if d.kind in GPU_KINDS and d.backend in order]
     found.sort(key=lambda d: order.index(d.backend))   # stable: each backend's own order within
-    devices, seen = [], {}
+    devices: list = []  # elelem._core.Device objects
+    seen: dict = {}  # card id -> the first Device seen for it
     for dev in found:
         card = dev.device_id
         if card is not None and card in seen:

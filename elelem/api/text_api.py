@@ -37,7 +37,8 @@ others the vocabulary marks, e.g. ``<|im_end|>`` and ``<|endoftext|>``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+import threading
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence, Union
 
 from . import completions
 from .assets import ModelAssets
@@ -47,7 +48,9 @@ from .reasoning import extracts_reasoning, reasoning_messages, reply_parser, tem
 from .structured import output_constraint, output_grammar
 from ..errors import GrammarError, InvalidArgumentError
 from ..sampling.logprobs import chat_logprobs_count
+from ..sampling.constrained import TokenConstraint
 from ..sampling.grammar import Grammar
+from ..sampling.lazy import LazyConstraint
 from ..sampling.sampler import SamplingParams
 from ..text.stop_strings import StopArg, normalize_stop
 from .tools.parsers import parser_for
@@ -62,6 +65,19 @@ CHAT_DEFAULTS = {"temperature": 0.2}
 
 class TextAPI:
     """Mixed into :class:`~elelem.api.session.Session`: the methods users call."""
+
+    if TYPE_CHECKING:  # what Session provides
+        assets: ModelAssets
+        _lock: threading.RLock
+
+        @property
+        def n_ctx(self) -> int: ...
+
+        def _check_ids(self, ids: Sequence[int], what: str) -> list[int]: ...
+
+        def _open_stream(self, ids, params, budget, stop, constraint, on_end=None,
+                         speculative: Optional[bool] = None, logprobs: Optional[int] = None,
+                         preserved: frozenset = frozenset()) -> TextStream: ...
 
     # -- tokens ----------------------------------------------------------------
 
@@ -253,11 +269,12 @@ class TextAPI:
                                   **variables)
         reply = reply_parser(fmt, source, prompt, parse_calls=plan.parses_calls, tools=plan.functions,
                              reasoning_format=reasoning_format)
+        constraint: Union[LazyConstraint, TokenConstraint, None]
         if output is None:
             constraint = plan.constraint(self.assets, reply.reasoning_span() if reply is not None else None)
         else:
             constraint = output_constraint(self.assets, output)
-        preserved = frozenset()
+        preserved: frozenset[int] = frozenset()
         if reply is not None and reply.preserved_tokens:
             control = tool_vocabulary(self.assets).control
             preserved = frozenset(control[t] for t in reply.preserved_tokens if t in control)

@@ -55,7 +55,7 @@ def describe(path) -> dict:
         "context_length": hparams.get("n_ctx_train", meta.get(f"{arch}.context_length")),
         "vocab_size": hparams.get("n_vocab", len(tokens) if tokens is not None else None),
         "tokenizer": meta.get("tokenizer.ggml.model"),
-        "file_type": FILE_TYPES.get(file_type, file_type),
+        "file_type": FILE_TYPES.get(file_type, file_type) if file_type is not None else None,
         "tensor_count": len(gguf.tensors),
         "tensor_types": dict(Counter(t.type_name for t in gguf.tensors.values()).most_common()),
         "chat_template": bool(meta.get("tokenizer.chat_template")),

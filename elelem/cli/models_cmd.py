@@ -21,10 +21,10 @@ def list_models(args: argparse.Namespace) -> int:
             state = "not cached"
         default = " (default)" if name == DEFAULT_MODEL else ""
         print(f"{name:<{width}}  {state:<18}  {model.description}{default}")
-    for model in cached_hf:
-        files = f", {model.files} files" if model.files > 1 else ""
-        state = f"cached ({model.size / 1e6:.0f} MB{files})"
-        print(f"{model.ref:<{width}}  {state:<18}  {model.path.name} (Hugging Face)")
+    for cached_model in cached_hf:
+        files = f", {cached_model.files} files" if cached_model.files > 1 else ""
+        state = f"cached ({cached_model.size / 1e6:.0f} MB{files})"
+        print(f"{cached_model.ref:<{width}}  {state:<18}  {cached_model.path.name} (Hugging Face)")
     print(f"cache: {cache_dir()}", file=sys.stderr)
     print(f"Hugging Face cache: {hf.cache_root()}", file=sys.stderr)
     return 0

@@ -67,6 +67,12 @@ class PullProgress:
         self._clock = clock
         self._stage: Optional[str] = None
         self._finished: Optional[str] = None
+        # The current stage's: when it started, when the bar was last drawn, (time, done)
+        # samples for the speed, and the quarters of a download reported without a tty.
+        self._started = 0.0
+        self._last_draw = float("-inf")
+        self._samples: deque[tuple[float, int]] = deque()
+        self._quarters_shown = 0
         self._open_line = False
         self._transient = False
         self.hub = is_hub_reference(name)
@@ -124,7 +130,7 @@ class PullProgress:
             self.end_line()
         self._transient = False
         self._stage, self._started, self._last_draw = stage, now, float("-inf")
-        self._samples: deque[tuple[float, int]] = deque()
+        self._samples = deque()
         self._quarters_shown = 0
         if not self.tty and stage == "download":
             self._write(f"{self.name}: downloading {_size(total) if total > 0 else '(size unknown)'}\n")

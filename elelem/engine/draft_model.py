@@ -137,12 +137,14 @@ class DraftModel:
         """Evaluate ``tokens`` after what ``seq`` holds, in n_batch chunks; the last logits."""
         held = self._held[seq]
         step = self._ctx.n_batch
-        logits = None
+        logits: Optional[np.ndarray] = None
         for start in range(0, len(tokens), step):
             chunk = tokens[start:start + step]
             logits = self._decode_chunk(seq, chunk)
             held.extend(chunk)
             self.evaluated += len(chunk)
+        if logits is None:
+            raise ValueError("nothing to evaluate: the draft model needs at least one token")
         return logits[-1]
 
     def _decode_chunk(self, seq: int, chunk: list[int]) -> np.ndarray:

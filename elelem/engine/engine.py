@@ -230,31 +230,31 @@ class Engine(PrefixReuse):
             raise ContextLimitError(f"this model's tokens attend to their whole sequence, which must fit one "
                                     f"step: {len(tokens)} tokens, n_batch is {self._ctx.n_batch}")
         own = seq is None
-        seq = self.open_sequence() if own else seq
+        seq_id = self.open_sequence() if seq is None else seq
         try:
             with self._cv:
                 self._wait_idle()
                 self._check_open()
-                if seq in self._seq_request:
-                    raise InvalidArgumentError(f"sequence {seq} is running a request")
-                self._ctx.seq_rm(seq, 0)
-                self._fresh_rows.pop(seq, None)
-                if self._make_room(len(tokens), {seq} | set(self._seq_request)) < len(tokens):
+                if seq_id in self._seq_request:
+                    raise InvalidArgumentError(f"sequence {seq_id} is running a request")
+                self._ctx.seq_rm(seq_id, 0)
+                self._fresh_rows.pop(seq_id, None)
+                if self._make_room(len(tokens), {seq_id} | set(self._seq_request)) < len(tokens):
                     raise KVCacheFullError(f"embedding {len(tokens)} tokens needs as many free KV cells; "
                                            f"{self._ctx.cache.n_free} of {self.kv_size} are free")
                 self._stepping = True
             try:
                 step = self._ctx.n_batch
-                rows = [self._ctx.decode(tokens[i:i + step], seq, True, embeddings=True)
+                rows = [self._ctx.decode(tokens[i:i + step], seq_id, True, embeddings=True)
                         for i in range(0, len(tokens), step)]
             finally:
                 with self._cv:
-                    self._ctx.seq_rm(seq, 0)
+                    self._ctx.seq_rm(seq_id, 0)
                     self._stepping = False
                     self._cv.notify_all()
         finally:
             if own:
-                self.close_sequence(seq)
+                self.close_sequence(seq_id)
         return np.concatenate(rows, axis=0)
 
     # -- requests --------------------------------------------------------------
@@ -286,7 +286,9 @@ class Engine(PrefixReuse):
         holds the engine's lock only records the cancel (the interrupted code
         may be halfway through the engine's bookkeeping), and the driver
         applies it at its next safe point."""
-        if self._cv._is_owned():
+        # Whether this thread holds the condition's RLock: CPython's Condition has the test,
+        # typeshed does not declare it.
+        if self._cv._is_owned():  # type: ignore[attr-defined]
             self._deferred_cancels.append((request, error))
             return
         with self._cv:
@@ -500,7 +502,7 @@ class Engine(PrefixReuse):
         self._admissions += 1
         request.admitted_at = self._admissions
         cache = self._ctx.cache
-        if request.prompt is not None and not self._reuse_prefix(request):
+        if request.prompt is not None and not self._reuse_prefix(request, request.prompt):
             request.admitted = False  # admitted at a later step, forking a prefix another is evaluating
             return
         length = cache.seq_length_of(request.seq)
@@ -549,6 +551,7 @@ class Engine(PrefixReuse):
         if error is not None:
             self._settle_failure(plan, error, own)
             return
+        assert logits is not None, "a step that did not fail has its logits"
         self.steps += 1
         self.batched_tokens += len(plan.tokens)
         self.shared_steps += len(plan.chunks) > 1
@@ -583,8 +586,10 @@ class Engine(PrefixReuse):
         """Pick the token after ``held`` positions.  True when it is ``draft``,
         already evaluated, whose row the caller goes on to; otherwise the
         token is queued to be evaluated next, or the request ends."""
+        pick = request.pick
+        assert pick is not None, "only a request that picks its tokens gets here"
         try:
-            token, go_on = request.pick(logits)
+            token, go_on = pick(logits)
         except BaseException as exc:  # noqa: B902 -- the consumer gets it
             self._drop(request, exc)
             return False

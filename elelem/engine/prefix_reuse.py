@@ -12,9 +12,14 @@ engine's part that does it: its methods run under the engine's lock.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+import threading
+from typing import TYPE_CHECKING, Any, Optional
 
+import numpy as np
+
+from .prompt_cache import CacheHit, PromptCache
 from .request import Request
+from .state_cache import StateCache
 
 log = logging.getLogger("elelem")
 
@@ -36,7 +41,22 @@ MIN_SHARED_WAIT = 16
 class PrefixReuse:
     """Engine methods for prefix reuse (mixed into Engine, which owns the state they use)."""
 
-    def _reuse_prefix(self, request: Request) -> bool:
+    if TYPE_CHECKING:  # the Engine's state and method these use
+        _ctx: Any  # elelem._core.Context
+        _cv: threading.Condition
+        states: StateCache
+        prompt_cache: Optional[PromptCache]
+        _active: list[Request]
+        _free_seqs: list[int]
+        _last_used: dict[int, float]
+        _fresh_rows: dict[int, int]
+        _finished_seqs: list[int]
+        prompt_tokens: int
+        prompt_tokens_evaluated: int
+
+        def _make_room(self, need: int, running: set[int]) -> int: ...
+
+    def _reuse_prefix(self, request: Request, prompt: list[int]) -> bool:
         """Bring a new request's sequence to the longest prefix of its prompt
         that can be had without evaluating it -- its own cells, another
         sequence's (forked), a parked recurrent state, the prompt cache on
@@ -44,14 +64,13 @@ class PrefixReuse:
         False: another request is about to evaluate a longer shared prefix;
         wait a step and fork it."""
         cache = self._ctx.cache
-        prompt = request.prompt
         # Re-evaluate at least two tokens of a longer prompt: ggml computes a lone
         # token with other kernels than a batch (gemv, not gemm), and a prompt whose
         # last token alone were re-evaluated could get other logits -- and at a
         # near-tie another greedy answer -- than the prompt evaluated afresh.
         limit = _reuse_limit(prompt)
         own, donor, shared = self._prefix_in_memory(request.seq, prompt, limit)
-        if self._prefix_coming(request, limit, shared):
+        if self._prefix_coming(request, prompt, limit, shared):
             return False
         loaded = self._load_parked(request, prompt, limit, own, donor, shared)
         loaded = loaded or self._load_cached_prefix(request, prompt, limit, shared)
@@ -156,7 +175,7 @@ class PrefixReuse:
                     donor, shared, best = other, n, worth(other, n)
         return own, donor, shared
 
-    def _prefix_coming(self, request: Request, limit: int, held: int) -> bool:
+    def _prefix_coming(self, request: Request, prompt: list[int], limit: int, held: int) -> bool:
         """Whether another admitted request's prompt shares at least
         MIN_SHARED_WAIT more positions with ``request``'s than the ``held``
         ones the cache offers (or a prefetched prompt-cache entry), and has
@@ -167,9 +186,9 @@ class PrefixReuse:
         for other in self._active:
             if other is request or not other.admitted or other.done or other.prompt is None:
                 continue
-            n = _aligned(min(_common_prefix(other.prompt, request.prompt), limit))
+            n = _aligned(min(_common_prefix(other.prompt, prompt), limit))
             if not cache.hybrid:  # what the fork will take of it (_admit): a prompt's positions
-                n = self._forkable(len(request.prompt), n)
+                n = self._forkable(len(prompt), n)
             elif n < len(other.prompt):  # a recurrent state forks where it has a snapshot: its prompt's end
                 n = 0
             if n - held >= MIN_SHARED_WAIT and cache.seq_length_of(other.seq) < n:
@@ -204,15 +223,19 @@ class PrefixReuse:
         prefetched, request.prefetched = request.prefetched, None
         if disk is None or limit - held < disk.min_tokens:
             return 0
+        hit: Optional[CacheHit]
+        entry: Optional[tuple[np.ndarray, np.ndarray]]
         if prefetched is not None:
             hit, entry = prefetched
         else:  # not prefetched (a request driven by another thread's call): read it here
             hit = disk.lookup(prompt, limit)
             entry = None
-        n = _aligned(hit.n) if hit is not None else 0
-        if self._ctx.cache.hybrid and hit is not None and hit.n == hit.stored:
+        if hit is None:
+            return 0
+        n = _aligned(hit.n)
+        if self._ctx.cache.hybrid and hit.n == hit.stored:
             n = hit.n   # a recurrent state is a whole sequence's: loaded whole or not at all
-        if n - held < disk.min_tokens or (self._ctx.cache.hybrid and hit is not None and n != hit.stored):
+        if n - held < disk.min_tokens or (self._ctx.cache.hybrid and n != hit.stored):
             return 0
         entry = entry if entry is not None else disk.read(hit)
         if entry is None:

@@ -96,12 +96,12 @@ class PromptCache:
     def lookup(self, prompt: Sequence[int], limit: int) -> Optional[CacheHit]:
         """The stored sequence sharing the longest prefix (at most ``limit``
         positions, at least ``min_tokens``) with ``prompt``, or None."""
-        prompt = np.asarray(prompt[:limit], dtype=np.int32)
+        head = np.asarray(prompt[:limit], dtype=np.int32)
         best: Optional[CacheHit] = None
         with self._lock:
             self._refresh_index()
             for path, tokens in self._index.items():
-                n = _common_prefix(tokens, prompt)
+                n = _common_prefix(tokens, head)
                 if self.whole_states and n < len(tokens):
                     continue
                 if n >= self.min_tokens and (best is None or n > best.n):

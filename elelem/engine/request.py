@@ -20,9 +20,11 @@ queue through the engine.
 from __future__ import annotations
 
 import collections
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
+
+from .prompt_cache import CacheHit
 
 #: ``pick(logits) -> (token or None, go_on)``: the token to emit (None: none),
 #: and whether to evaluate it and continue.
@@ -38,7 +40,7 @@ class Request:
 
     def __init__(self, seq: int, *, tokens: Sequence[int] = (), prompt: Optional[Sequence[int]] = None,
                  all_logits: bool = False, pick: Optional[Picker] = None, n_ctx: Optional[int] = None,
-                 streamed: bool = False, max_new: int = 0, drafter=None, ends: Sequence[int] = ()):
+                 streamed: bool = False, max_new: int = 0, drafter=None, ends: Iterable[int] = ()):
         self.seq = seq
         self.prompt = list(prompt) if prompt is not None else None
         self.pending: list[int] = list(tokens)   # still to evaluate, in order
@@ -67,7 +69,7 @@ class Request:
         self.checkpoint = 0                       # a hybrid prompt's position to keep a snapshot at (0: none)
         # The prompt cache's best entry for the prompt, read from disk by the
         # submitting thread before it takes the engine's lock: (hit, entry) or None.
-        self.prefetched = None
+        self.prefetched: Optional[tuple[CacheHit, tuple[np.ndarray, np.ndarray]]] = None
         self.prefetch_tried = False
         self.admitted = False
         self.admitted_at = 0                      # admission order (the newest yields first when cells run out)

@@ -77,7 +77,7 @@ def read_state_file(path: Path, namespace: Mapping[str, Any]) -> tuple[np.ndarra
         state = _read_exactly(f, header["state_bytes"], path)
         if f.read(1):
             raise StateError(f"{path}: longer than its header says")
-    if zlib.crc32(state, zlib.crc32(tokens)) != header["crc32"]:
+    if zlib.crc32(state.data, zlib.crc32(tokens.data)) != header["crc32"]:
         raise StateError(f"{path}: its contents do not match their checksum (damaged)")
     return tokens.view("<i4").astype(np.int32), state
 
@@ -107,6 +107,6 @@ def _read_header(f, path: Path, namespace: Mapping[str, Any]) -> dict[str, Any]:
 
 def _read_exactly(f, n: int, path: Path) -> np.ndarray:
     data = np.empty(n, dtype=np.uint8)
-    if f.readinto(memoryview(data)) != n:
+    if f.readinto(data.data) != n:
         raise StateError(f"{path}: cut short")
     return data

@@ -158,7 +158,8 @@ class LazyStrings(Sequence):
 
     def _decoded(self) -> list[str]:
         if self._items is None:
-            blob, items, start = self._blob, [], 0
+            blob, start = self._blob, 0
+            items: list[str] = []
             append = items.append
             for i, end in enumerate(self._ends.tolist()):
                 try:

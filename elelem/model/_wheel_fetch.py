@@ -93,8 +93,11 @@ def download(source: WheelSource, dest: Path, settings: PipSettings, opener: url
                      _ATTEMPTS)
             time.sleep(0.5 * attempt)
     if source.sha256:
-        with open(dest, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        sha256 = hashlib.sha256()
+        with open(dest, "rb") as f:  # in chunks: hashlib.file_digest is Python 3.11's
+            while chunk := f.read(1 << 20):
+                sha256.update(chunk)
+        digest = sha256.hexdigest()
         if digest != source.sha256:
             raise ChecksumError(f"{source.filename}: sha256 is {digest}, the index says {source.sha256}")
 

@@ -153,12 +153,12 @@ def pull_files(ref: HubRef | str, *, progress: Optional[ProgressFn] = None, forc
     except (OfflineModeIsEnabled, OSError, *_transport_errors()) as error:
         if isinstance(error, HfHubHTTPError) and _status(error) not in (None, 500, 502, 503, 504):
             raise ModelDownloadError(f"{ref}: {endpoint} answered {_first_line(error)}") from None
-        paths = None if force else cached_files(ref, cache_dir)
-        if paths is None:
+        cached_paths = None if force else cached_files(ref, cache_dir)
+        if cached_paths is None:
             raise ModelDownloadError(f"{ref}: cannot reach {endpoint} ({_first_line(error)}), and the model "
                                      f"is not in the Hugging Face cache ({cache_root(cache_dir)})") from None
         log.warning("%s: cannot reach %s (%s); using the cached copy", ref, endpoint, _first_line(error))
-        return paths + _cached_extra(ref, cache_dir, extra_files) if extra_files else paths
+        return cached_paths + _cached_extra(ref, cache_dir, extra_files) if extra_files else cached_paths
     commit = info.sha
     if not commit:
         raise ModelDownloadError(f"{ref}: {endpoint} did not say which commit it serves")

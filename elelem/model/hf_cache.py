@@ -100,9 +100,9 @@ def _cached_or_raise(ref: HubRef, cache_dir, reason: str) -> list[Path]:
 def _cached_extra(ref: HubRef, cache_dir, patterns: tuple[str, ...]) -> list[Path]:
     folder = _snapshot(_storage(cache_root(cache_dir), ref.repo_id), ref.revision)
     files = _snapshot_files(folder) if folder is not None else []
-    out = []
+    out: list[Path] = []
     for pattern in patterns:
-        found = [folder / p for p in files if fnmatch.fnmatchcase(p, pattern)]
+        found = [folder / p for p in files if fnmatch.fnmatchcase(p, pattern)] if folder is not None else []
         if not found:
             raise ModelNotFoundError(f"{ref}: no file {pattern!r} in the cached repository")
         out += found
@@ -136,14 +136,14 @@ class CachedModel:
 def list_cached(cache_dir: str | os.PathLike | None = None) -> list[CachedModel]:
     """Every complete GGUF model in the Hugging Face cache, by repository and commit."""
     root = cache_root(cache_dir)
-    out = []
+    out: list[CachedModel] = []
     if not root.is_dir():
         return out
     for storage in sorted(root.glob("models--*")):
         repo_id = storage.name[len("models--"):].replace("--", "/", 1)
         if "/" not in repo_id:  # a repository without an organisation: no hf:// reference names it
             continue
-        refs = {}
+        refs: dict[str, list[str]] = {}
         for ref_file in sorted((storage / "refs").rglob("*")) if (storage / "refs").is_dir() else []:
             if ref_file.is_file():
                 try:

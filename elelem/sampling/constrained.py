@@ -110,9 +110,10 @@ class TokenConstraint:
 
     def next_forced(self) -> Optional[int]:
         """The token the constraint forces next, or None where a grammar chooses."""
-        if self.complete or not isinstance(self._phases[self._phase], Forced):
+        if self.complete:
             return None
-        return self._phases[self._phase].token_ids[self._forced_at]
+        phase = self._phases[self._phase]
+        return phase.token_ids[self._forced_at] if isinstance(phase, Forced) else None
 
     def sample(self, sampler, logits: np.ndarray, recent: Sequence[int]) -> int:
         """The next token: forced, or drawn by ``sampler`` among the valid ones."""

@@ -202,6 +202,8 @@ class LazyConstraint:
         if self._region is not None:
             return self._region
         span = self._reasoning
+        if span is None:  # unreachable: without a reasoning span the region is 0 from the start
+            return 0
         if not self._reasoning_open:
             stripped = text.lstrip()
             if not stripped or span.start.startswith(stripped):

@@ -66,7 +66,7 @@ class RenderLimits:
     def __post_init__(self) -> None:
         for name in ("timeout_s", "max_output_chars", "max_work_chars", "max_range_items", "max_call_depth"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) > 0:
                 raise InvalidArgumentError(f"RenderLimits.{name} must be a positive number, got {value!r}")
 
 
@@ -303,10 +303,13 @@ def _checked_method_args(owner: Any, name: str, args: tuple, kwargs: dict) -> tu
 
 
 def _check_replace(text: Any, old: Any, new: Any, count: Any) -> None:
-    if not (isinstance(text, (str, bytes)) and isinstance(old, type(text)) and isinstance(new, type(text))):
-        return
-    occurrences = len(text) + 1 if not old else text.count(old)
-    if isinstance(count, numbers.Integral) and count >= 0:
+    if isinstance(text, str) and isinstance(old, str) and isinstance(new, str):
+        occurrences = text.count(old) if old else len(text) + 1
+    elif isinstance(text, bytes) and isinstance(old, bytes) and isinstance(new, bytes):
+        occurrences = text.count(old) if old else len(text) + 1
+    else:
+        return  # str.replace and bytes.replace refuse anything else themselves
+    if isinstance(count, numbers.Integral) and int(count) >= 0:
         occurrences = min(occurrences, int(count))
     growth = max(len(new) - len(old), 0)
     _budget().check_size(len(text) + occurrences * growth, "a string with replacements")

@@ -86,7 +86,7 @@ def _tojson(
     if isinstance(value, jinja2.Undefined):
         value._fail_with_undefined_error()  # jinja2 and llama.cpp's engine both refuse it (inside a list: null)
     indent_width = len(indent) if isinstance(indent, str) else indent
-    if isinstance(indent_width, numbers.Integral) and indent_width > _MAX_JSON_INDENT:
+    if isinstance(indent_width, numbers.Integral) and int(indent_width) > _MAX_JSON_INDENT:
         raise TemplateLimitError(f"tojson indent is limited to {_MAX_JSON_INDENT}")
     encoder = json.JSONEncoder(ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys,
                                default=_json_default)

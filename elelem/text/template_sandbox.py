@@ -55,7 +55,7 @@ import functools
 import itertools
 import math
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -176,24 +176,26 @@ class _GuardInserter(NodeTransformer):
     def __init__(self, environment: jinja2.Environment) -> None:
         self.environment = environment
 
-    def _guard(self, node: nodes.Expr, name: str) -> nodes.Expr:
+    def _guard(self, node: nodes.Node, name: str) -> nodes.Expr:
         guarded = nodes.Filter(node, name, [], [], None, None, lineno=node.lineno)
         guarded.set_environment(self.environment)
         return guarded
 
+    # generic_visit rewrites a node's children in place and returns the node itself.
+
     def visit_For(self, node: nodes.For) -> nodes.Node:
-        node = self.generic_visit(node)
+        self.generic_visit(node)
         node.iter = self._guard(node.iter, _LOOP_GUARD)
         return node
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
-        node = self.generic_visit(node)
+        self.generic_visit(node)
         parts = nodes.List(node.nodes, lineno=node.lineno)
         parts.set_environment(self.environment)
         return self._guard(parts, _CONCAT_GUARD)
 
     def visit_Output(self, node: nodes.Output) -> nodes.Node:
-        node = self.generic_visit(node)
+        self.generic_visit(node)
         node.nodes = [self._guard(child, _OUTPUT_GUARD) for child in node.nodes]
         return node
 
@@ -304,6 +306,7 @@ def _strftime_now(date_format: str) -> str:
 
 def _capped_range(*args: Any) -> range:
     budget = _budget()
+    length: float
     try:
         span = range(*args)
         length = len(span)
@@ -427,7 +430,7 @@ def render_template(template: jinja2.Template, variables: dict[str, Any], limits
     token = _BUDGET.set(budget)
     pieces: list[str] = []
     size = 0
-    chunks = None
+    chunks: Iterator[str] | None = None
     try:
         chunks = template.generate(variables)
         for chunk in chunks:
@@ -451,7 +454,7 @@ def render_template(template: jinja2.Template, variables: dict[str, Any], limits
     except Exception as error:  # anything a template expression can raise (TypeError, KeyError, ...)
         raise TemplateError(f"chat template failed: {type(error).__name__}: {error}") from error
     finally:
-        if chunks is not None:
+        if isinstance(chunks, types.GeneratorType):
             chunks.close()  # drop the suspended render and whatever it holds
         _BUDGET.reset(token)
     return "".join(pieces)

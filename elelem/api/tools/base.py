@@ -81,7 +81,7 @@ class ToolSpecs:
     def of(cls, tools: Any) -> "ToolSpecs":
         if isinstance(tools, ToolSpecs):
             return tools
-        functions = []
+        functions: list[Mapping[str, Any]] = []
         for tool in tools or ():
             if isinstance(tool, str):
                 functions.append({"name": tool})
@@ -318,8 +318,11 @@ class ToolCallParser:
 
     # -- whole replies and streams ---
 
-    def stream(self, tool_names: Any = (), *, extract_reasoning: bool = True) -> "CallStream":
-        """An incremental reader of one reply (``tool_names``: names, tools or a :class:`ToolSpecs`)."""
+    def stream(self, tool_names: Any = (), *, extract_reasoning: bool = True,
+               parse_calls: bool = True) -> "CallStream":
+        """An incremental reader of one reply (``tool_names``: names, tools or a :class:`ToolSpecs`).
+        ``extract_reasoning`` and ``parse_calls`` are for a format that carries the reasoning too
+        (``handles_reasoning``); one that only reads calls reads them whenever it streams."""
         return TaggedCallStream(self, ToolSpecs.of(tool_names))
 
     def parse(self, text: str, tool_names: Any = ()) -> ParsedReply:
@@ -352,6 +355,8 @@ class ToolCallParser:
 
 class CallStream:
     """An incremental reader of one reply: :meth:`feed` text deltas, then :meth:`finish`."""
+
+    _buffer: str  # the text fed and not yet read: each reader that drains a buffer starts it
 
     def __init__(self):
         self.calls: list[dict] = []

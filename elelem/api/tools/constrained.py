@@ -116,7 +116,8 @@ def ordered_parameters(function: Mapping[str, Any]) -> list[tuple[str, Any, bool
     """``(key, its schema, whether it is required)`` for a function's parameters, in the order a
     constrained call writes them: the required ones, then the optional ones, each in the schema's order."""
     schema = parameters_schema(function)
-    properties = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
+    declared = schema.get("properties")
+    properties: Mapping[str, Any] = declared if isinstance(declared, Mapping) else {}
     required = [k for k in schema.get("required", []) if k in properties]
     return [(k, properties[k], True) for k in required] + [(k, v, False) for k, v in properties.items()
                                                            if k not in required]

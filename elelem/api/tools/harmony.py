@@ -146,10 +146,10 @@ class HarmonyStream(CallStream):
             if self._kind == "call":
                 base = len(self._body)
                 self._body += commit
-                end = self._json.scan(self._body)
-                if end is not None and end >= 0:  # the arguments are whole: so is the call
-                    self._buffer = self._buffer[end - base:]
-                    self._body = self._body[:end]
+                json_end = self._json.scan(self._body)
+                if json_end is not None and json_end >= 0:  # the arguments are whole: so is the call
+                    self._buffer = self._buffer[json_end - base:]
+                    self._body = self._body[:json_end]
                     self._end_body(events)
                     self._mode = _HEADER
                     continue

@@ -80,8 +80,9 @@ class MistralParser(ToolCallParser):
             ok, value = load_json(stripped)
             if not ok or not isinstance(value, list) or not value:
                 return None
-            calls = [call_of_object(obj, tools) for obj in value]
-            if any(call is None for call in calls):
+            read = [call_of_object(obj, tools) for obj in value]
+            calls = [call for call in read if call is not None]
+            if len(calls) < len(read):
                 return None
             for call, obj in zip(calls, value):
                 if not (isinstance(obj.get("id"), str) and obj["id"]):

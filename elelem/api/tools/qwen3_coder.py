@@ -42,7 +42,7 @@ def parameters(inner: str) -> Optional[list[tuple[str, str]]]:
 
     A value ends at the first ``\n</parameter>`` (as the grammar ends it), or, for a value
     written inline (``<parameter=k>v</parameter>``), at ``</parameter>``."""
-    out = []
+    out: list[tuple[str, str]] = []
     pos = 0
     while True:
         opened = _OPEN.match(inner, pos)

@@ -59,10 +59,11 @@ class ToolPlan:
         tags, inside which a marker starts nothing."""
         if self.parser is None:
             return None
-        required = self.forced_functions is not None
+        forced = self.forced_functions
+        required = forced is not None
         vocab = tool_vocabulary(assets)
         try:
-            triggers = self.parser.call_triggers(self.forced_functions if required else self.functions, vocab,
+            triggers = self.parser.call_triggers(forced if forced is not None else self.functions, vocab,
                                                  required=required)
             return LazyConstraint(triggers, assets.grammar_tokenizer, vocab.encode, require_call=required,
                                   reasoning=reasoning, parallel=self.parallel)
@@ -104,7 +105,7 @@ def _plan(tools: Tools, tool_choice: ToolChoice, template_source: str, tool_call
         return ToolPlan(None, None, (), None, functions)
     parser = parser_for(template_source, tool_call_format)
     names = tuple(f["name"] for f in functions)
-    template_tools = [dict(t) for t in tools]
+    template_tools = [dict(t) for t in tools or ()]  # tools there are: they gave the functions
     if tool_choice == "auto":
         return ToolPlan(template_tools, parser, names, None, functions)
     if tool_choice == "required":
@@ -164,7 +165,7 @@ def _decoded_calls(message: Mapping[str, Any]) -> dict:
     for call in calls:
         function = call.get("function") if isinstance(call, Mapping) else None
         arguments = function.get("arguments") if isinstance(function, Mapping) else None
-        if isinstance(arguments, str):
+        if isinstance(function, Mapping) and isinstance(arguments, str):
             try:
                 call = {**call, "function": {**function, "arguments": json.loads(arguments)}}
             except ValueError:

@@ -54,7 +54,7 @@ class ByteLevelBPE:
         self._merges = merges
         self._ranks: Optional[dict[str, int]] = None  # built on first use
         self.pretokenizer = pretokenizer
-        self._cache = BoundedCache(cache_size)
+        self._cache: BoundedCache[tuple[int, ...]] = BoundedCache(cache_size)
 
     @property
     def ranks(self) -> dict[str, int]:
@@ -122,7 +122,7 @@ class SentencePieceStyleBPE:
         self._token_to_id = token_to_id
         self._merges = merges
         self._ranks: Optional[dict[str, int]] = None
-        self._cache = BoundedCache(cache_size)
+        self._cache: BoundedCache[tuple[int, ...]] = BoundedCache(cache_size)
 
     @property
     def ranks(self) -> dict[str, int]:

@@ -1,9 +1,10 @@
 """A size-bounded dictionary for per-word tokenization results."""
 from __future__ import annotations
 
-from typing import Callable, Generic, Hashable, Iterable, TypeVar
+from typing import Callable, Generic, Hashable, Iterable, Sequence, TypeVar
 
-V = TypeVar("V")
+# A word's or chunk's token ids.
+V = TypeVar("V", bound=Sequence[int])
 
 
 class BoundedCache(Generic[V]):
@@ -28,7 +29,7 @@ class BoundedCache(Generic[V]):
                 data.pop(old, None)  # another thread may have dropped it already
         data[key] = value
 
-    def extend_encoded(self, out: list, parts: Iterable[str], encode: Callable[[str], V], max_len: int) -> None:
+    def extend_encoded(self, out: list[int], parts: Iterable[str], encode: Callable[[str], V], max_len: int) -> None:
         """``out += encode(part)`` for each part, from the cache where it is there;
         parts longer than ``max_len`` characters are encoded but not kept."""
         get = self._data.get

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Union
 
 from ._unicode_classes import LETTER as _L, MARK as _M, NUMBER as _N, PUNCTUATION as _P
 
@@ -234,7 +234,11 @@ def _multi_pass(passes) -> Callable[[str], list[str]]:
     return split
 
 
-_QWEN2 = ("qwen2", QWEN2_PATTERN, False, False)
+# (family, pattern or passes, ignore_merges, add_bos[, has_bos])
+_Entry = Union[tuple[str, Union[str, tuple[str, ...]], bool, bool],
+               tuple[str, Union[str, tuple[str, ...]], bool, bool, bool]]
+
+_QWEN2: _Entry = ("qwen2", QWEN2_PATTERN, False, False)
 _QWEN35 = ("qwen35", QWEN35_PATTERN, False, False)
 _LLAMA3 = ("llama3", LLAMA3_PATTERN, True, True)
 _GPT2 = ("gpt2", GPT2_PATTERN, False, False)
@@ -243,7 +247,7 @@ _GPT4O = ("gpt4o", (GPT4O_PATTERN,), False, False)
 
 # tokenizer.ggml.pre -> (family, pattern or passes, ignore_merges, add_bos[, has_bos]),
 # as llama-vocab.cpp maps them.  A tuple of patterns is a list of std::regex passes.
-_BY_PRE = {
+_BY_PRE: dict[str, _Entry] = {
     **{k: _QWEN2 for k in ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez",
                            "stablelm2", "hunyuan", "solar-open")},
     "qwen35": _QWEN35,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from typing import Iterable, Union
+from typing import Iterable, Optional, Union
 
 Fragment = Union[str, int]  # raw text, or a special token id
 
@@ -31,7 +31,7 @@ class SpecialTokenSplitter:
             self._ids.setdefault(text, token_id)
         self._order = {text: rank for rank, text in enumerate(self._ids)}
         self._first_chars = frozenset(t[0] for t in self._ids)
-        self._finder = None  # compiled on first use
+        self._finder: Optional[re.Pattern[str]] = None  # compiled on first use
 
     def __bool__(self) -> bool:
         return bool(self._ids)
@@ -69,7 +69,7 @@ class SpecialTokenSplitter:
     @staticmethod
     def _occurrences(text: str, token_text: str, starts: list[int], ends: list[int]) -> list[tuple[int, int]]:
         """Left-to-right, non-overlapping occurrences that fit between earlier cuts."""
-        found = []
+        found: list[tuple[int, int]] = []
         size = len(token_text)
         pos = 0
         find = text.find

@@ -45,7 +45,7 @@ class SentencePieceBPE:
         self._vocab = vocab
         self._score_rank_table: Optional[dict[str, int]] = None  # built on first use
         self._byte_ids: Optional[list[Optional[int]]] = None
-        self._cache = BoundedCache(cache_size)
+        self._cache: BoundedCache[tuple[int, ...]] = BoundedCache(cache_size)
         # Tokens a cut before "▁" could split: "▁" after their first character.
         spanning = [t for t in vocab.tokens if SPACE_MARK in t[1:]]
         # At each position: the longest spanning token starting there.
@@ -98,7 +98,7 @@ class SentencePieceBPE:
 
     def _encode_symbols(self, symbols: list[str]) -> tuple[int, ...]:
         lookup = self._token_to_id.get
-        ids = []
+        ids: list[Optional[int]] = []
         for part in merge(symbols, self._score_ranks, ""):
             token_id = lookup(part)
             if token_id is not None:

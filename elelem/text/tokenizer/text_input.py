@@ -24,9 +24,11 @@ MAX_INPUT_BYTES = 64 * 1024 * 1024
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _replace_each_byte(error: UnicodeDecodeError):
+def _replace_each_byte(error: UnicodeError) -> tuple[str, int]:
     # One U+FFFD per invalid byte, like llama.cpp's unicode_cpts_from_utf8
     # (Python's "replace" would give one per maximal invalid sequence).
+    if not isinstance(error, UnicodeDecodeError):
+        raise error  # a decoding handler: nothing encodes with it
     return "\ufffd" * (error.end - error.start), error.end
 
 

@@ -84,9 +84,9 @@ class Tokenizer:
             return cls(vocab, SentencePieceStyleBPE(vocab.token_to_id, merges))
         if model_type == "bert":
             vocab = load_vocab(meta)
-            check_wordpiece_vocab(vocab)
+            unk_id = check_wordpiece_vocab(vocab)
             lowercase, strip_accents = wordpiece_options(meta)
-            return cls(vocab, WordPiece(vocab.token_to_id, vocab.unk_id, lowercase=lowercase,
+            return cls(vocab, WordPiece(vocab.token_to_id, unk_id, lowercase=lowercase,
                                         strip_accents=strip_accents))
         raise unsupported_model(model_type)
 
@@ -113,13 +113,14 @@ class Tokenizer:
         add_bos = self.add_bos if add_bos is None else add_bos
         if add_eos is None:
             add_eos = add_bos if self._wpm else self.add_eos
-        if add_bos and self.bos_id is None:
+        bos_id, end_id = self.bos_id, self._end_id
+        if add_bos and bos_id is None:
             raise InvalidArgumentError("add_bos=True, but this model has no BOS token")
-        if add_eos and self._end_id is None:
+        if add_eos and end_id is None:
             raise InvalidArgumentError("add_eos=True, but this model has no EOS token")
         raw = normalize_input(text, keep_raw_bytes=self._spm)
 
-        out: list[int] = [self.bos_id] if add_bos else []
+        out: list[int] = [bos_id] if add_bos and bos_id is not None else []
         fragments = (self._split_special if special else self._split_plain).split(raw)
         model = self._model
         if self._spm:
@@ -140,8 +141,8 @@ class Tokenizer:
                     out.append(fragment)
                 else:
                     model.encode(fragment, out)
-        if add_eos:
-            out.append(self._end_id)
+        if add_eos and end_id is not None:
+            out.append(end_id)
         return out
 
     # ----------------------------------------------------------------- decode

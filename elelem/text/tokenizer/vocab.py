@@ -281,15 +281,16 @@ def _detect_special_by_text(tokens: list[str], attrs: list[int],
             eog.add(ids[name])
 
     # o200k_harmony / solar-open: "<|end|>" ends a message, not the generation.
-    texts = {tokens[i]: i for i in eog}
-    if "<|end|>" in texts and (("<|return|>" in texts and ("<|call|>" in texts or "<|calls|>" in texts))
-                               or (("<|call|>" in texts or "<|calls|>" in texts) and "<|flush|>" in texts)):
-        end_id = texts["<|end|>"]
+    eog_texts = {tokens[i]: i for i in eog}
+    if "<|end|>" in eog_texts and (("<|return|>" in eog_texts and ("<|call|>" in eog_texts or "<|calls|>" in eog_texts))
+                                   or (("<|call|>" in eog_texts or "<|calls|>" in eog_texts)
+                                       and "<|flush|>" in eog_texts)):
+        end_id = eog_texts["<|end|>"]
         eog.discard(end_id)
         attrs[end_id] = ATTR_USER_DEFINED
     # gemma4 / plamo: "</s>" is an ordinary token there.
-    if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
-        s_id = texts["</s>"]
+    if "</s>" in eog_texts and ("<|tool_response>" in eog_texts or "<|plamo:eos|>" in eog_texts):
+        s_id = eog_texts["</s>"]
         eog.discard(s_id)
         attrs[s_id] = ATTR_NORMAL
     return eog

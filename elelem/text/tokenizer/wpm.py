@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Optional
+from typing import Optional, cast
 
 from ...errors import GGUFError
 from ._unicode_classes import CONTROL, LOWERCASE_PAIRS, MARK, NFD_FIRST_RANGES, PUNCTUATION
@@ -46,7 +46,7 @@ _DROP = re.compile(f"(?![{WHITESPACE}])[\\x00\\ufffd{CONTROL}]")
 _DROP_WITH_MARKS = re.compile(f"(?![{WHITESPACE}])[\\x00\\ufffd{CONTROL}{MARK}]")
 
 
-_MISSING = object()
+_MISSING = -1  # not a prefix of any token (token ids are never negative)
 
 
 def _hex_rows(text: str) -> list[list[int]]:
@@ -80,8 +80,9 @@ def split_words(text: str, *, lowercase: bool, strip_accents: bool) -> list[str]
     return _WORD.findall(text)
 
 
-def check_wordpiece_vocab(vocab: Vocab) -> None:
-    """Refuse a BERT vocabulary llama.cpp could not tokenize with: GGUFError naming the key."""
+def check_wordpiece_vocab(vocab: Vocab) -> int:
+    """Refuse a BERT vocabulary llama.cpp could not tokenize with: GGUFError naming the key.
+    Returns the id of its [UNK] token, which every word without a match becomes."""
     missing = [f"{role} (tokenizer.ggml.{key}; default id {default})"
                for role, name, key, default in (("[UNK]", "unk", "unknown_token_id", 100),
                                                 ("[CLS]", "bos", "bos_token_id", 101),
@@ -94,6 +95,7 @@ def check_wordpiece_vocab(vocab: Vocab) -> None:
     if byte_ids:  # llama.cpp aborts on these (token_to_byte has no WPM case)
         raise GGUFError(f"WordPiece (bert) vocabulary has byte tokens (tokenizer.ggml.token_type 6), "
                         f"e.g. id {byte_ids[0]} {vocab.tokens[byte_ids[0]]!r}")
+    return cast(int, vocab.unk_id)  # present: checked with the other special tokens above
 
 
 class WordPiece:
@@ -109,7 +111,7 @@ class WordPiece:
         self.lowercase = lowercase
         self.strip_accents = strip_accents
         self._prefixes: Optional[dict[str, Optional[int]]] = None  # built on first use
-        self._cache = BoundedCache(cache_size)
+        self._cache: BoundedCache[tuple[int, ...]] = BoundedCache(cache_size)
 
     def encode(self, text: str, out: list[int]) -> None:
         """Append the ids of ``text`` (a fragment with no special tokens) to ``out``."""
@@ -145,13 +147,14 @@ class WordPiece:
             return (whole,)
         lookup = self.prefixes.get
         n = len(word)
-        ids = []
+        ids: list[int] = []
         start = 0
         while start < n:
-            best_id, best_end = None, start
+            best_id: Optional[int] = None
+            best_end = start
             for end in range(start + 1, n + 1):
                 entry = lookup(word[start:end], _MISSING)
-                if entry is _MISSING:
+                if entry == _MISSING:
                     break
                 if entry is not None:
                     best_id, best_end = entry, end
