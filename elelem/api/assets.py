@@ -35,6 +35,8 @@ class ModelAssets:
         self._tokenizer: Optional[Tokenizer] = None
         self._chat_template: Optional[ChatTemplate] = None
         self._grammar_tokenizer: Optional[GrammarTokenizer] = None
+        #: The LLM's tool_call_format (a format's name); None: read from the chat template.
+        self.tool_call_format: Optional[str] = None
         self.eos_ids = self._metadata_eos_ids()
 
     @property

@@ -246,7 +246,7 @@ class TextAPI:
 
     def _tool_call_format(self, tool_call_format: Optional[str]) -> Optional[str]:
         # A call's own, else the LLM's (LLM(tool_call_format=...)), else None: read from the template.
-        return tool_call_format if tool_call_format is not None else getattr(self.assets, "tool_call_format", None)
+        return tool_call_format if tool_call_format is not None else self.assets.tool_call_format
 
     def _chat_text_stream(self, messages: Messages, plan: ToolPlan, max_tokens: Optional[int],
                           stop: StopArg, sampling: dict, output: Optional[Grammar], *,
