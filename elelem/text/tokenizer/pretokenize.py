@@ -18,11 +18,16 @@ match llama.cpp's, so the patterns here are written to reproduce the splitters:
 Every single-pass pattern has only single-level quantifiers and ends with ``|.``,
 so a match always advances and the split is linear in the length of the text.
 
-The other pre-tokenizers (DeepSeek, Falcon, GPT-4o / o200k, Mistral's Tekken)
-have no hand-written splitter in llama.cpp: it runs their regexes in
+The other pre-tokenizers (DeepSeek, Falcon, GPT-4o / o200k, Mistral's Tekken,
+Seed-Coder) have no hand-written splitter in llama.cpp: it runs their regexes in
 ``std::regex``, pass after pass, on a stand-in text (see "Regexes llama.cpp runs
 in std::regex" below), and so do these, with Python's ``re``, whose
-backtracking and leftmost-first alternation are ECMAScript's.
+backtracking and leftmost-first alternation are ECMAScript's.  A pass list may
+also hold a hand-written splitter's pattern (``_Custom``: Laguna's newline split
+before Qwen2's), which runs on the real text.
+
+Pre-tokenizers llama.cpp has that elelem does not reproduce are refused
+(``GGUFError`` naming the value) rather than replaced by another one.
 """
 from __future__ import annotations
 
@@ -31,7 +36,9 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Union
 
+from ...errors import GGUFError
 from ._unicode_classes import LETTER as _L, MARK as _M, NUMBER as _N, PUNCTUATION as _P
+from ._unicode_symbols import SYMBOL as _SYM
 
 log = logging.getLogger("elelem")
 
@@ -72,6 +79,47 @@ GPT2_PATTERN = (
 SMOLLM_PATTERN = (
     f"{_CONTRACTIONS_LOWER}| ?[{_L}]+|[{_N}]| ?[^{_W}{_L}{_N}]+"
     f"|[{_W}]+(?![^{_W}{_N}])|[{_W}]+|."
+)
+
+
+def _ranges(body: str) -> list[tuple[int, int]]:
+    """The code point ranges of a class body of 8-digit escapes (``_unicode_classes``)."""
+    return [(int(lo, 16), int(hi or lo, 16))
+            for lo, hi in re.findall(r"\\U([0-9a-f]{8})(?:-\\U([0-9a-f]{8}))?", body)]
+
+
+def _body(ranges: list[tuple[int, int]]) -> str:
+    return "".join(f"\\U{lo:08x}" if lo == hi else f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in ranges)
+
+
+def _minus(body: str, cut: list[tuple[int, int]]) -> str:
+    """A class body without the code points of ``cut`` (``re`` has no class subtraction)."""
+    out = []
+    for lo, hi in _ranges(body):
+        pieces = [(lo, hi)]
+        for c_lo, c_hi in cut:
+            pieces = [p for a, b in pieces
+                      for p in ((a, min(b, c_lo - 1)), (max(a, c_hi + 1), b)) if p[0] <= p[1]]
+        out.extend(pieces)
+    return _body(out)
+
+
+# Kimi-K2: llama.cpp's hand-written splitter (unicode_regex_split_custom_kimi_k2) for
+# tokenization_kimi.py's regex.  Han is unicode_cpt_is_han's ranges (whatever
+# their category); a letter run holds no Han and ignores case (the tokenizer.json
+# regex's \p{Lu}... / \p{Ll}... split is not in the splitter), marks are not
+# letters, and a contraction ends a letter run whatever its case.
+_HAN = [(0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+        (0x2B820, 0x2CEAF), (0x2CEB0, 0x2EBEF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F)]
+KIMI_K2_PATTERN = (
+    f"[{_body(sorted(_HAN))}]+"
+    f"|[^\\r\\n{_L}{_N}]?[{_minus(_L, _HAN)}]+(?:{_CONTRACTIONS_ANY_CASE})?"
+    f"|[{_N}]{{1,3}}"
+    f"| ?[^{_W}{_L}{_N}]+[\\r\\n]*"
+    f"|[{_W}]*[\\r\\n]+"
+    f"|[{_W}]+(?![^{_W}])"
+    f"|[{_W}]+"
+    f"|."
 )
 
 # --- Regexes llama.cpp runs in std::regex -------------------------------------------
@@ -178,6 +226,42 @@ FALCON_PASSES = (
     GPT2_PATTERN,
     "[0-9][0-9][0-9]",
 )
+# DeepSeek-V3 (also Hunyuan dense, Hy4, JoyAI): digits in threes, then runs of CJK
+# ideographs and kana (a std::wregex: code point ranges), then the words.  An
+# ASCII punctuation mark takes the ASCII letters after it ("[A-Za-z]" is
+# ASCII in the stand-in text too), and letter runs hold marks (\p{M}).
+_ASCII_PUNCT_AND_SYMBOLS = "!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~"
+DEEPSEEK3_PASSES = (
+    f"[{_N}]{{1,3}}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    (f"[{_ASCII_PUNCT_AND_SYMBOLS}][A-Za-z]+"
+     f"|[^\\r\\n{_L}{_P}{_SYM}]?[{_L}{_M}]+"
+     f"| ?[{_P}{_SYM}]+[\\r\\n]*"
+     f"|[{_S}]*[\\r\\n]+"
+     f"|[{_S}]+(?![^{_S}])"
+     f"|[{_S}]+"),
+)
+# Seed-Coder (Seed-OSS): Qwen2's words, but a punctuation run takes no newlines.
+# Its regex is not one llama.cpp has a splitter for, so it runs in std::regex.
+SEED_CODER_PASSES = (
+    (f"{_CONTRACTIONS_ANY_CASE}"
+     f"|[^\\r\\n{_L}{_N}]?[{_L}]+"
+     f"|[{_N}]"
+     f"| ?[^{_S}{_L}{_N}\\r\\n]+"
+     f"|[{_S}]*[\\r\\n]+"
+     f"|[{_S}]+(?![^{_S}])"
+     f"|[{_S}]+"),
+)
+
+
+class _Custom(str):
+    """A pass that is one of llama.cpp's hand-written splitters: it runs on the real text."""
+
+
+# Laguna: runs of newlines and runs of other text (unicode_regex_split_custom_newlines),
+# then Qwen2's splitter inside each, so no word spans a newline boundary.
+LAGUNA_PASSES = (_Custom("[^\n]+|\n+"), _Custom(QWEN2_PATTERN))
+
 # llama.cpp's "default" BPE pre-tokenizer.
 DEFAULT_PASSES = (
     f"[{_P}$+<=>^~|]+",
@@ -209,16 +293,17 @@ def _single_pass(pattern: str) -> Callable[[str], list[str]]:
 
 def _multi_pass(passes) -> Callable[[str], list[str]]:
     """llama.cpp's std::regex passes: each splits every piece into matches and the text between them."""
-    compiled = [re.compile(p, re.DOTALL) for p in passes]
+    compiled = [(re.compile(p, re.DOTALL), isinstance(p, _Custom)) for p in passes]
 
     def split(text: str) -> list[str]:
         stand_in = _stl_text(text)
         spans = [(0, len(text))] if text else []
-        for rx in compiled:
+        for rx, custom in compiled:
+            subject = text if custom else stand_in
             out = []
             for start, end in spans:
                 pos = start
-                for m in rx.finditer(stand_in, start, end):
+                for m in rx.finditer(subject, start, end):
                     m_start, m_end = m.span()
                     if m_start == m_end:
                         continue
@@ -268,18 +353,49 @@ _BY_PRE: dict[str, _Entry] = {
     "tekken": ("tekken", (TEKKEN_PATTERN,), True, True),
     "deepseek-llm": ("deepseek-llm", DEEPSEEK_LLM_PASSES, False, False),
     "deepseek-coder": ("deepseek-coder", DEEPSEEK_CODER_PASSES, False, False),
+    **{k: ("deepseek-v3", DEEPSEEK3_PASSES, False, False) for k in ("deepseek-v3", "hunyuan-dense",
+                                                                    "joyai-llm", "hy_v4")},
+    "seed-coder": ("seed-coder", SEED_CODER_PASSES, False, False),
+    "laguna": ("laguna", LAGUNA_PASSES, False, False),
+    "kimi-k2": ("kimi-k2", KIMI_K2_PATTERN, False, False),
+    # Grok 2's regex is Qwen2's, character for character (llama.cpp runs its splitter).
+    "grok-2": _QWEN2,
     "falcon": ("falcon", FALCON_PASSES, False, False),
+}
+
+
+# Values llama.cpp knows (llama_vocab::impl::load) whose splitting elelem does not
+# reproduce.  Any other pre-tokenizer would give other ids than the model's own, so
+# these are refused rather than replaced.
+_NOT_BYTE_LEVEL = ("BPE over raw UTF-8 pieces with spaces escaped (no GPT-2 byte encoding); elelem reads "
+                   "that kind as tokenizer.ggml.model \"gemma4\" only")
+_REFUSED: dict[str, str] = {
+    **{k: _NOT_BYTE_LEVEL for k in ("gemma4", "granite-embed-multi-311m", "sarvam-moe")},
+    "whitespace": "words split at whitespace, without GPT-2 byte encoding",
+    "afmoe": "its own digit grouping (by the length of the digit run modulo 3)",
+    **{k: "digit groups aligned from the right (a lookahead splitter)" for k in ("tiny_aya", "cohere2moe")},
+    "superbpe": "digit groups aligned from the right (a lookahead splitter)",
+    **{k: "its own regexes" for k in ("bailingmoe", "bailingmoe2", "llada-moe", "chameleon", "exaone-moe",
+                                      "jais-2", "minicpm5", "spark2_5", "ufakzeka", "youtu",
+                                      "granite-embed-multi-97m")},
+    **{k: "its own regexes" for k in ("bloom", "poro-chat", "gpt3-finnish", "viking")},
 }
 
 
 def pretokenizer_for(pre: str | None) -> PreTokenizer:
     """The pre-tokenizer for a ``tokenizer.ggml.pre`` value.
 
-    A missing value, ``"default"`` and any value elelem does not know use
-    llama.cpp's ``default`` BPE pre-tokenizer (what llama.cpp itself uses when
-    the key is missing); an unknown value also logs a warning, since the ids
-    will then likely differ from the model's own tokenizer.
+    A missing value, ``"default"`` and any value neither elelem nor llama.cpp
+    knows use llama.cpp's ``default`` BPE pre-tokenizer (what llama.cpp itself
+    uses when the key is missing); an unknown value also logs a warning, since
+    the ids will then likely differ from the model's own tokenizer.  A value
+    llama.cpp has a pre-tokenizer for that elelem does not reproduce raises
+    :class:`~elelem.errors.GGUFError` naming it.
     """
+    reason = _REFUSED.get(pre or "")
+    if reason is not None:
+        raise GGUFError(f"tokenizer.ggml.pre {pre!r} is not supported: llama.cpp's pre-tokenizer for it uses "
+                        f"{reason}, which elelem does not reproduce, and another one would give other token ids")
     entry = _BY_PRE.get(pre or "")
     if entry is not None:
         family, pattern, ignore_merges, add_bos, *rest = entry

@@ -69,7 +69,11 @@ class Tokenizer:
             vocab = load_vocab(meta, pre_add_bos=pre.add_bos, pre_has_bos=pre.has_bos)
             merges = meta.get("tokenizer.ggml.merges")
             if merges is None:
-                raise GGUFError("byte-level BPE GGUF has no tokenizer.ggml.merges")
+                # llama.cpp loads a Kimi-K2 vocabulary without merges (llama_vocab::impl::load:
+                # is_kimi_k2); its words then become single-character and byte tokens.
+                if pre.name != "kimi-k2":
+                    raise GGUFError("byte-level BPE GGUF has no tokenizer.ggml.merges")
+                merges = []
             merges = merges.tolist() if hasattr(merges, "tolist") else list(merges)
             return cls(vocab, ByteLevelBPE(vocab.token_to_id, merges, pre))
         if model_type == "llama":

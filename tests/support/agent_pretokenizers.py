@@ -1,0 +1,124 @@
+"""The pre-tokenizers of the agent-model families, against llama.cpp live: vocabularies and texts.
+
+Standard library only, like pretokenizer_corpus.py (whose corpus, probe vocabulary
+and GGUF writing this reuses): tests/support/fixtures/make_agent_pretokenizer_fixtures.py
+imports it under the llama.cpp reference python, tests/test_tokenizer_agent_families.py
+under elelem's.
+
+``tokenizer.ggml.pre`` of each family, as llama.cpp's converter writes it: the
+tokenizer hash table of conversion/base.py (get_vocab_base_pre) names its
+reference model for each value, and llama-vocab.cpp maps the value to a type:
+
+==========================  ===============  =======================================
+reference model             pre              llama.cpp type
+==========================  ===============  =======================================
+GLM-4.5-Air, GLM-4.7-Flash  glm4             CHATGLM4 (Llama 3's regex, no BOS)
+DeepSeek-V3                 deepseek-v3      DEEPSEEK3_LLM (three std::regex passes)
+Kimi-K2-Base                kimi-k2          KIMI_K2 (a splitter of its own)
+LFM2.5-350M, LFM2.5-8B-A1B  lfm2             LLAMA3
+granite-docling-258M        granite-docling  GRANITE_DOCLING (GPT-2's regex)
+Seed-Coder-8B-Base          seed-coder       SEED_CODER (std::regex)
+SmolLM-135M                 smollm           SMOLLM (StarCoder's regexes)
+MiniMax-M2                  minimax-m2       MINIMAX_M2 (GPT-4o's regex)
+Laguna-XS.2                 laguna           LAGUNA (newline runs, then Qwen2's)
+==========================  ===============  =======================================
+
+The other models of these families (Nemotron-H and Nemotron-3-Nano, Granite 4.0
+H, Seed-OSS, SmolLM3, DeepSeek-V2-Lite, Moonlight, ...) get whichever value
+their tokenizer's hash has in that table: ALREADY_SUPPORTED compares the values
+of the table that map to types elelem had before.
+
+No vocabulary of these families is in the sdist, so an sdist vocabulary
+(``models/ggml-vocab-<base>.gguf``) is given each ``pre`` (CONFIGS), and so is
+the probe vocabulary (pretokenizer_corpus.probe_vocab's construction over
+CORPUS), whose ids show every split.  CORPUS is pretokenizer_corpus.CORPUS plus
+texts for what these regexes add: Han next to kana and Hangul, the CJK
+extensions and compatibility ideographs Kimi-K2 counts as Han, symbols (\\p{S})
+against punctuation, an ASCII mark before ASCII and non-ASCII letters, marks in
+words, whitespace before newlines (Laguna splits there first), code.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pretokenizer_corpus as base_corpus
+
+#: The new pre-tokenizers: (base vocabulary, tokenizer.ggml.pre); base "probe" is probe_vocab().
+CONFIGS = [
+    ("deepseek-llm", "deepseek-v3"), ("qwen2", "deepseek-v3"), ("probe", "deepseek-v3"),
+    ("qwen2", "kimi-k2"), ("probe", "kimi-k2"),
+    ("qwen2", "seed-coder"), ("llama-bpe", "seed-coder"), ("probe", "seed-coder"),
+    ("qwen2", "laguna"), ("probe", "laguna"),
+]
+#: Family names llama.cpp maps to a type elelem already had, on the probe vocabulary: ids equal.
+ALREADY_SUPPORTED = ["glm4", "deepseek-llm", "lfm2", "granite-docling", "smollm", "minimax-m2", "dbrx", "refact",
+                     "llama-bpe", "smaug-bpe", "tekken", "pixtral", "gpt-2"]
+#: Other names of the new types, on the probe vocabulary: ids equal to the named one's.
+ALIASES = {"hunyuan-dense": "deepseek-v3", "joyai-llm": "deepseek-v3", "hy_v4": "deepseek-v3", "grok-2": "qwen2"}
+#: Kimi-K2's GGUFs may lack merges (llama.cpp then skips them): the probe vocabulary without them.
+NO_MERGES = ("probe", "kimi-k2")
+BARE_DROPPED_KEYS = base_corpus.BARE_DROPPED_KEYS
+
+_EXTRA = [
+    # Han, kana, Hangul, full-width and CJK punctuation side by side
+    "漢字ひらがなカタカナ한글", "中文テスト中文", "日本語「引用」です。", "ｶﾀｶﾅ半角", "龥龦鿿", "\u9fa6\u9fff\u3400\u4dbf",
+    "\U00020000\U0002a6df\U0002a700\U0002b81f\U0002ebef", "\uf900\ufa6e\ufaff\U0002f800\U0002fa1f", "〇一二三", "々〆ヶ",
+    "ゝゞヽヾ", "中a文B字c", "中1文22字333", "ﾟ゛゜", "テスト'S", "中'文", "我's",
+    # ASCII punctuation and symbols before letters
+    "\"quoted\" 'single' `tick`", "#include", "@decorator", "$var", "~home", "^caret", "|pipe|", "<tag>", "a+b=c",
+    "'éclair", "\"Émile\"", "_private", "__dunder__", "-flag", "--long-flag", "./run.sh", "\\escape", "[link](url)",
+    "{key}", "(paren)", "1+1=2", "x<=y>=z", "#Ωmega", "@Ñandú",
+    # symbols (\p{S}) and punctuation
+    "©2026 ®™", "5€ £3 ¥", "±×÷", "→←↑↓", "∑∫√∞", "°C", "©\n", "™\r\n\r\n", "♥♦♣♠", "⌘⌥⇧", "¬¦", "¨´¸",
+    "˂˃˄˅", "⁄", "%‰", "&§", "¶†", "a©b", " ©", "  ©©  ", "!©!", "«»", "‹›", "。、", "!!\n\n", "?? \n",
+    # marks inside and at the start of words
+    "e\u0301te\u0301", "\u0301abc", "a\u0301\u0302\u0303", "ma\u0308dchen", "क़िताब", "नमस्ते", "ภาษา\u0e31", "\u20dd",
+    "x\u0327", "Ç\u0327",
+    # whitespace before newlines, newline runs, carriage returns
+    "a  \nb", "a \n\n b", "x\t\n\ty", "  \n\n  ", "a\r\nb", "a \r\n b", "a\n \nb", "\n a", "a \n", "end \n\n",
+    " \u3000\n", "a\u00a0\nb", "a\n\n\n b\n\n", "line1\nline2\n\nline4", "\r\r\n\n", "x \r",
+    # contractions in every case, after CJK and digits
+    "I'LL", "we'RE", "they'Ve", "SHE'd", "it'S", "don'T", "I'M", "'LL", "ab'c", "a'sb", "Ω's", "ÉCOLE'LL",
+    # numbers
+    "1234567", "12 345 678", "٣٤٥٦", "١٢٣٤٥٦٧", "１２３４", "³⁴", "⅓⅔", "3.14e10", "0b1010_1010",
+    # code
+    "def f(x: int) -> int:\n    return x ** 2  # square\n",
+    "async fn run() -> Result<(), E> {\n\tlet x = vec![1, 2];\n}\n",
+    "const π = 3.14159; // 圆周率\nlet s = `${a}+${b}`;",
+    "SELECT name, COUNT(*) FROM users GROUP BY 1 HAVING COUNT(*) > 10;",
+    "if (a && b || !c) { x |= 0xFF; }",
+    "<div class=\"a\">中文</div>\n",
+    "    \n        \n",
+    "emoji 🤖🧠 in code: print('🚀')",
+]
+
+CORPUS: list[str] = [*base_corpus.CORPUS, *_EXTRA]
+
+
+def probe_vocab() -> tuple[list[str], list[str]]:
+    """pretokenizer_corpus.probe_vocab's construction over this CORPUS: (tokens, merges)."""
+    saved = base_corpus.CORPUS
+    base_corpus.CORPUS = CORPUS
+    try:
+        return base_corpus.probe_vocab()
+    finally:
+        base_corpus.CORPUS = saved
+
+
+def probe_metadata(pre: str, merges: bool = True) -> dict:
+    """The probe vocabulary as GGUF metadata, with ``tokenizer.ggml.pre = pre`` (and without merges if asked)."""
+    tokens, merge_list = probe_vocab()
+    meta = {"general.architecture": "llama", "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
+            "tokenizer.ggml.tokens": tokens}
+    if merges:
+        meta["tokenizer.ggml.merges"] = merge_list
+    return meta
+
+
+def digest() -> str:
+    """What a stored fixture must have been made from."""
+    data = json.dumps({"corpus": CORPUS, "configs": CONFIGS, "already": ALREADY_SUPPORTED, "aliases": ALIASES,
+                       "no_merges": NO_MERGES, "bare": BARE_DROPPED_KEYS,
+                       "probe_max_chars": base_corpus.PROBE_MAX_CHARS}, ensure_ascii=False)
+    return hashlib.sha256(data.encode("utf-8")).hexdigest()
