@@ -23,10 +23,15 @@ MiniMax-M2                  minimax-m2       MINIMAX_M2 (GPT-4o's regex)
 Laguna-XS.2                 laguna           LAGUNA (newline runs, then Qwen2's)
 ==========================  ===============  =======================================
 
-The other models of these families (Nemotron-H and Nemotron-3-Nano, Granite 4.0
-H, Seed-OSS, SmolLM3, DeepSeek-V2-Lite, Moonlight, ...) get whichever value
-their tokenizer's hash has in that table: ALREADY_SUPPORTED compares the values
-of the table that map to types elelem had before.
+The other models of these families get whichever value their tokenizer's hash
+has in that table.  Their GGUFs, as llama.cpp prints their metadata in bug
+reports, carry: Nemotron-3-Nano ``pixtral`` (LLAMA3), SmolLM3 ``smaug-bpe``
+(Llama 3's regex), Granite 4.0 ``dbrx`` (Llama 3's regex), Granite 3
+``refact`` (StarCoder's), DeepSeek-V2-Lite ``deepseek-llm``.  Moonlight's
+converter (deepseek2's set_vocab) writes ``kimi-k2`` or refuses the tokenizer.
+Seed-OSS shares Seed-Coder's 155,136-token vocabulary (``seed-coder``, not
+seen in a GGUF here).  ALREADY_SUPPORTED compares the values that map to types
+elelem had before.
 
 No vocabulary of these families is in the sdist, so an sdist vocabulary
 (``models/ggml-vocab-<base>.gguf``) is given each ``pre`` (CONFIGS), and so is
