@@ -27,30 +27,15 @@ cdef ggml_threadpool_new_t _cpu_threadpool_new = NULL
 cdef ggml_threadpool_free_t _cpu_threadpool_free = NULL
 cdef ggml_backend_cpu_set_threadpool_t _cpu_set_threadpool = NULL
 cdef dict _cpu_choice = {}
-# The loaded CPU module runs quantized matmuls of two or more columns through
-# llamafile's tinyBLAS (x86 with AVX: Q8_0, Q4_0, Q5_0 and IQ4_NL weights).
-cdef bint _cpu_tinyblas_quantized = False
-# ...and K-quant (and IQ) matmuls of this many columns or more through its
-# tiled kernel (ggml-cpu/tiled: x86 with AVX; 8, or 1 with
-# GGML_CPU_TILED_MM_FORCE=1; never with GGML_CPU_TILED_MM=0).
-cdef int64_t _cpu_tiled_min_columns = INT64_MAX
-# graph/blocks.pxi: the instruction set of elelem's kernels for 1-8 generated
-# tokens (kernels/small_batch.h), ELELEM_SMALL_BATCH_NONE when they are off.
-cdef int _small_batch_isa = ELELEM_SMALL_BATCH_NONE
-# "0": leave those steps to ggml's one-column kernels; "avx2": the AVX2
-# kernels even where the CPU has AVX-512 VNNI (for tests and benchmarks).
+# What the loaded module and this CPU offer graph/matmul.pxi's kernel choice
+# (_cpu_kernels, CpuKernels) is set below when the module is loaded.
+# "0" in SMALL_BATCH_ENV leaves steps of generated tokens to ggml's
+# one-column kernels; "avx2" takes the AVX2 kernels even where the CPU has
+# AVX-512 VNNI (for tests and benchmarks).
 SMALL_BATCH_ENV = "ELELEM_SMALL_BATCH"
-# Whether one-token steps take elelem's AVX-512 kernels too (only they can:
-# the AVX2 ones are even with ggml's there), which pays on some CPUs only
-# (kernels/small_batch.c, elelem_small_batch_one_token_pays); "0"/"1" in
-# ONE_TOKEN_ENV overrides the choice, for benchmarks.
-cdef bint _small_batch_one_token = False
-# Whether one-token steps take elelem's one-column kernels of the K-quants
-# where it has them: repacked Q4_K (kernels/small_batch_q4_k.c, AVX2) and
-# Q6_K (kernels/small_batch_avx512_q6_k.c, two rows a zmm), ggml's numbers
-# with the weight read ahead; on every CPU with those instruction sets (and
-# the small-batch kernels on), unless ONE_TOKEN_ENV is "0".
-cdef bint _one_column_k_quants = False
+# "0"/"1" overrides whether one-token steps take elelem's AVX-512 kernels of
+# every type (kernels/small_batch.c, elelem_small_batch_one_token_pays); "0"
+# also keeps them off the one-column K-quant kernels.  For benchmarks.
 ONE_TOKEN_ENV = "ELELEM_SMALL_BATCH_ONE_TOKEN"
 SMALL_BATCH_ISAS = {"": ELELEM_SMALL_BATCH_NONE, "avx2": ELELEM_SMALL_BATCH_AVX2,
                     "avx512": ELELEM_SMALL_BATCH_AVX512}
@@ -181,11 +166,9 @@ cdef void _load_cpu_backend() except *:
             ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU) == NULL:
         raise ImportError(f"{paths[chosen]} is not a ggml CPU backend elelem can drive")
     _cpu_choice.update(variant=chosen, path=paths[chosen], scores=scores, forced=bool(forced))
-    global _cpu_tinyblas_quantized, _cpu_tiled_min_columns, _small_batch_isa, _small_batch_one_token
-    global _one_column_k_quants
     compiled = {name for name, value in _cpu_features() if value == "1"}
-    _cpu_tinyblas_quantized = "LLAMAFILE" in compiled and "AVX" in compiled
-    _cpu_tiled_min_columns = INT64_MAX if "AVX" not in compiled or _env_int("GGML_CPU_TILED_MM", 1) == 0 \
+    _cpu_kernels.tinyblas_quantized = "LLAMAFILE" in compiled and "AVX" in compiled
+    _cpu_kernels.tiled_min_columns = INT64_MAX if "AVX" not in compiled or _env_int("GGML_CPU_TILED_MM", 1) == 0 \
         else 1 if _env_int("GGML_CPU_TILED_MM_FORCE", 0) == 1 else 8
     # elelem's kernels give the numbers of the module's one-column kernels only
     # where those are ggml's AVX2 ones (kernels/small_batch_avx2.c).
@@ -195,10 +178,10 @@ cdef void _load_cpu_backend() except *:
     if requested not in ("", "1", "0", "avx2", "avx512"):
         _log.warning("%s=%r: expected 0, avx2 or avx512; using the best kernels for this CPU", SMALL_BATCH_ENV, requested)
     wanted = SMALL_BATCH_ISAS[requested] if requested in ("avx2", "avx512") else cpu_isa
-    _small_batch_isa = ELELEM_SMALL_BATCH_NONE if requested == "0" or not {"AVX2", "FMA", "F16C"} <= compiled \
+    _cpu_kernels.small_batch_isa = ELELEM_SMALL_BATCH_NONE if requested == "0" or not {"AVX2", "FMA", "F16C"} <= compiled \
         else min(cpu_isa, wanted)
-    _small_batch_one_token = _one_token_choice(_small_batch_isa)
-    _one_column_k_quants = os.environ.get(ONE_TOKEN_ENV, "").strip() != "0"
+    _cpu_kernels.small_batch_one_token = _one_token_choice(_cpu_kernels.small_batch_isa)
+    _cpu_kernels.one_column_k_quants = os.environ.get(ONE_TOKEN_ENV, "").strip() != "0"
     _log.debug("CPU backend: %s (scores %s)", chosen, scores)
 
 
@@ -275,10 +258,10 @@ def cpu_backend_info():
         "features": _cpu_features(),
         "extra_buffer_types": _cpu_extra_buffer_types(),
         "small_batch_cpu": _cpu_choice["small_batch_cpu"],
-        "small_batch_isa": _isa_name(_small_batch_isa),
-        "small_batch_kernels": _small_batch_isa != ELELEM_SMALL_BATCH_NONE,
-        "small_batch_one_token": _small_batch_one_token,
-        "one_column_k_quants": _one_column_k_quants and _small_batch_isa != ELELEM_SMALL_BATCH_NONE,
+        "small_batch_isa": _isa_name(_cpu_kernels.small_batch_isa),
+        "small_batch_kernels": _cpu_kernels.small_batch_isa != ELELEM_SMALL_BATCH_NONE,
+        "small_batch_one_token": _cpu_kernels.small_batch_one_token,
+        "one_column_k_quants": _cpu_kernels.one_column_k_quants and _cpu_kernels.small_batch_isa != ELELEM_SMALL_BATCH_NONE,
     }
 
 
@@ -290,15 +273,14 @@ def _set_small_batch_isa(str name):
     """Use the small-batch kernels of this instruction set ("" = off) in
     graphs built from now on; returns the one in use before.  For tests that
     check the AVX2 kernels on a CPU that would choose AVX-512's."""
-    global _small_batch_isa, _small_batch_one_token
     if name not in SMALL_BATCH_ISAS:
         raise ValueError(f"unknown small-batch kernels {name!r}: expected one of {sorted(SMALL_BATCH_ISAS)}")
     cdef int isa = SMALL_BATCH_ISAS[name]
     if isa > elelem_small_batch_cpu():
         raise ValueError(f"this CPU cannot run the {name} small-batch kernels")
-    before = _isa_name(_small_batch_isa)
-    _small_batch_isa = isa
-    _small_batch_one_token = _one_token_choice(isa)
+    before = _isa_name(_cpu_kernels.small_batch_isa)
+    _cpu_kernels.small_batch_isa = isa
+    _cpu_kernels.small_batch_one_token = _one_token_choice(isa)
     return before
 
 

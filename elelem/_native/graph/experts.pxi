@@ -9,7 +9,7 @@
 # expert with the one-column kernel, whatever else is in the step; on plain
 # experts too (vec_dot) -- except K-quant and IQ experts (Q6_K, Q5_K, Q4_K
 # not repacked, Q3_K, Q2_K, IQ*: _tiled_experts), which ggml's tiled kernel
-# (ggml-cpu/tiled) takes over, expert by expert, once _cpu_tiled_min_columns
+# (ggml-cpu/tiled) takes over, expert by expert, once _cpu_kernels.tiled_min_columns
 # (8) of the step's rows chose that expert, and which rounds otherwise than
 # vec_dot (its int sums scaled once per block, vec_dot's lanes summed at the
 # end).  A token decoded alone is one row for each of its experts: vec_dot;
@@ -17,7 +17,7 @@
 # 30B-A3B Q4_K_M's Q6_K ffn_down_exps: streams parted from their solo tokens
 # after 9-56).  So for such experts the step's rows go through the experts
 # in groups (_expert_groups) in which an expert gets the rows it gets in the
-# rows' own steps: at most _cpu_tiled_min_columns - 1 rows a group where
+# rows' own steps: at most _cpu_kernels.tiled_min_columns - 1 rows a group where
 # each row stands for a one-token step (decode_kernels), and in a prompt
 # step of several sequences their runs (or runs of output rows), packed
 # together below that count, a longer run alone.  Within the tiled kernel a
@@ -34,14 +34,14 @@ DEF MAX_USED_EXPERTS = 64       # experts a token is routed to, at most (elelem.
 DEF MAX_EXPERT_GROUPS = 16      # groups of a step's rows through the experts, at most (else not split)
 
 
-cdef inline bint _tiled_experts(const ggml_tensor * w) noexcept:
-    """Experts whose mul_mat_id rows take vec_dot below _cpu_tiled_min_columns
-    rows an expert and ggml's tiled kernel from there (a plain CPU buffer:
-    repacked experts take their gemv for every row).  Not with the tiled
-    kernel off, nor forced for every count (GGML_CPU_TILED_MM_FORCE=1)."""
-    return (w != NULL and _cpu_tiled_min_columns > 1 and _cpu_tiled_min_columns != INT64_MAX
-            and w.extra == NULL and w.buffer != NULL and ggml_backend_buffer_is_host(w.buffer)
-            and _tiled_type(w.type))
+cdef inline bint _tiled_experts(Step * st, const ggml_tensor * w) noexcept:
+    """Experts whose mul_mat_id rows take vec_dot below the tiled kernel's
+    width and ggml's tiled kernel from there (a plain CPU buffer: repacked
+    experts take their gemv for every row)."""
+    if w == NULL:
+        return False
+    cdef MatmulCase c = matmul_case(st, w, NULL, 1)
+    return _tiled_weight(&c, &_cpu_kernels)
 
 
 cdef int _pack_runs(int n_runs, const int * run_length, int64_t cap, int * start, int * length) noexcept:
@@ -60,27 +60,16 @@ cdef int _pack_runs(int n_runs, const int * run_length, int64_t cap, int * start
 
 
 cdef inline bint _experts_kernel_takes(Step * st, const ggml_tensor * w, int64_t n_tokens) noexcept:
-    """Whether elelem's experts kernel (kernels/experts.h) computes the chosen
-    experts of w for a step of n_tokens rows.  It gives each row the numbers
-    of ggml's one-column kernel of that type, reading each chosen expert once
-    for all the rows that chose it (ggml: once a row).
-    - Repacked Q4_K: ggml's CPU_REPACK mul_mat_id runs its one-column gemv
-      for every row of every step, so these are its numbers, prompt or not.
-    - Q6_K (with AVX-512): ggml's vec_dot is its one-column kernel, which a
-      row of a one-token step takes; in a step of generated tokens each row
-      is such a step's.  A prompt's rows keep ggml's tiled kernel, which
-      llama.cpp's prompt takes from 8 rows an expert.
-    One-token steps only where the one-column K-quant kernels are on."""
-    if w == NULL or _small_batch_isa == ELELEM_SMALL_BATCH_NONE or (n_tokens == 1 and not _one_column_k_quants):
+    """Whether elelem's experts kernel computes w's chosen experts for a step
+    of n_tokens rows (matmul.pxi: experts_kernel_takes)."""
+    if w == NULL:
         return False
-    if _repacked_q4_k(w):
-        return True
-    return (w.type == GGML_TYPE_Q6_K and _small_batch_isa == ELELEM_SMALL_BATCH_AVX512 and _plain_quantized(w)
-            and (st.decode_kernels or n_tokens == 1))
+    cdef MatmulCase c = matmul_case(st, w, NULL, n_tokens)
+    return experts_kernel_takes(&c, &_cpu_kernels)
 
 
 cdef inline bint _splits_rows(Step * st, const ggml_tensor * w, int64_t n_tokens) noexcept:
-    return _tiled_experts(w) and not _experts_kernel_takes(st, w, n_tokens)
+    return _tiled_experts(st, w) and not _experts_kernel_takes(st, w, n_tokens)
 
 
 cdef int _expert_groups(Step * st, LayerWeights * lw, int64_t n_rows, int * start, int * length) noexcept:
@@ -91,7 +80,7 @@ cdef int _expert_groups(Step * st, LayerWeights * lw, int64_t n_rows, int * star
     if not (_splits_rows(st, lw.ffn_down_exps, n_rows) or _splits_rows(st, lw.ffn_up_exps, n_rows)
             or _splits_rows(st, lw.ffn_gate_exps, n_rows) or _splits_rows(st, lw.ffn_gate_up_exps, n_rows)):
         return 1
-    cdef int64_t cap = _cpu_tiled_min_columns - 1
+    cdef int64_t cap = _cpu_kernels.tiled_min_columns - 1
     if n_rows <= cap:
         return 1
     cdef int g, n_groups
@@ -123,7 +112,7 @@ cdef inline ggml_tensor * matmul_id(Step * st, ggml_tensor * w, ggml_tensor * x,
                            ggml_new_tensor_2d(st.ctx, GGML_TYPE_Q8_K, x.ne[0], x.ne[1] * x.ne[2]))
         args[1] = ids
         return ggml_custom_4d(st.ctx, GGML_TYPE_F32, w.ne[1], ids.ne[0], ids.ne[1], 1, args, 2,
-                              elelem_experts_matmul_avx512 if _small_batch_isa == ELELEM_SMALL_BATCH_AVX512
+                              elelem_experts_matmul_avx512 if _cpu_kernels.small_batch_isa == ELELEM_SMALL_BATCH_AVX512
                               else elelem_experts_matmul, GGML_N_TASKS_MAX, <void *> w)
     return ggml_mul_mat_id(st.ctx, w, x, ids)
 
