@@ -41,15 +41,7 @@ cdef class Context:
     cdef readonly list rpc_endpoints
     cdef readonly double rpc_timeout
     cdef bint lost                      # a server was lost mid-call: the context is unusable
-    # A hybrid model's snapshots of recurrent states (see seq_rm): per
-    # sequence, a list of [position, state bytes, taken before a step of
-    # generated tokens, kept, last used], by position.  The ones taken before
-    # steps are at most max_snapshots a sequence; the kept ones (keep_snapshot:
-    # where prompts and generations ended, which the next turn resumes from)
-    # stay until the engine drops them (drop_snapshot), within its budget.
-    cdef dict snapshots
-    cdef public int max_snapshots
-    cdef long snapshot_clock
+    cdef readonly RecurrentSnapshots snapshots   # a hybrid model's (snapshots.pxi)
     cdef readonly long n_replayed       # tokens evaluated again to rewind a recurrent state
 
     def __cinit__(self):
@@ -65,9 +57,7 @@ cdef class Context:
         self.abort_flag = 0
         self.rpc_endpoints = []
         self.rpc_timeout = 0
-        self.snapshots = {}
-        self.max_snapshots = 4
-        self.snapshot_clock = 0
+        self.snapshots = RecurrentSnapshots()
         self.n_replayed = 0
         self.lost = False
 
@@ -140,13 +130,13 @@ cdef class Context:
         changes, ascending: a row's numbers differ between a step narrower
         than one of these and a step at least as wide.  2: one column takes
         the one-token kernels, not tinyBLAS; ggml's tiled K-quant matmul from
-        _cpu_tiled_min_columns columns; flash attention's tiled kernel from
+        _cpu_kernels.tiled_min_columns columns; flash attention's tiled kernel from
         FA_TILE_ROWS query rows (an F16 or F32 cache).  The engine
         re-evaluates a reused prompt's tail in a step of its fresh
         evaluation's class (engine.py, Engine.exact_tail)."""
         widths = {2}
-        if _cpu_tiled_min_columns != INT64_MAX:
-            widths.add(<int> _cpu_tiled_min_columns)
+        if _cpu_kernels.tiled_min_columns != INT64_MAX:
+            widths.add(<int> _cpu_kernels.tiled_min_columns)
         if self.flash_attn and self.cache is not None and self.cache.type_k in ("f16", "f32"):
             widths.add(FA_TILE_ROWS)
         return tuple(sorted(widths))
@@ -473,11 +463,11 @@ cdef class Context:
         if p == length:
             return
         if p == 0:
-            self.snapshots.pop(s, None)
+            self.snapshots.clear(s)
             return cache.seq_rm(s, 0)
         tokens = cache.seq_tokens(s)
-        pos, state, generated = self._latest_snapshot(s, p)
-        self.snapshots[s] = [snap for snap in self.snapshots.get(s, []) if snap[0] <= pos]
+        pos, state, generated = self.snapshots.latest(s, p)
+        self.snapshots.keep_to(s, pos)
         cache._seq_rm(s, pos)
         if state is None:
             cache._clear_state(s)
@@ -501,19 +491,19 @@ cdef class Context:
         if not cache.hybrid or count == cache.seq_length[a]:
             cache.seq_cp(src, dst, count)
             if cache.hybrid:
-                self.snapshots[cache._check_seq(dst)] = [list(snap) for snap in self.snapshots.get(a, [])]
+                self.snapshots.copy(a, cache._check_seq(dst), None)
             return
         cdef int b = cache._check_seq(dst)
         if a == b or cache.seq_length[b] != 0 or not 0 <= count <= cache.seq_length[a]:
             return cache.seq_cp(src, dst, count)   # its error
         tokens = cache.seq_tokens(a)
-        pos, state, generated = self._latest_snapshot(a, count)
+        pos, state, generated = self.snapshots.latest(a, count)
         cache._fork_cells(a, b, pos)
         if state is None:
             cache._clear_state(b)
         else:
             cache.set_recurrent_state(b, state)
-        self.snapshots[b] = [list(snap) for snap in self.snapshots.get(a, []) if snap[0] <= pos]
+        self.snapshots.copy(a, b, pos)
         if pos < count:
             _log.info("sequence %d forks %d positions of sequence %d; evaluating positions %d..%d again from "
                       "the nearest snapshot of its recurrent state", b, count, a, pos, count - 1)
@@ -537,7 +527,7 @@ cdef class Context:
         p = _as_integer("the position", p)
         if not self.cache.hybrid or p >= self.cache.seq_length[s]:
             return p
-        return max((snap[0] for snap in self.snapshots.get(s, []) if snap[0] <= p), default=0)
+        return self.snapshots.resume_point(s, p)
 
     def _replay(self, int s, tokens, bint generated):
         """Evaluate ``tokens`` again on sequence ``s`` (its logits are not wanted)."""
@@ -547,44 +537,25 @@ cdef class Context:
             self.decode(chunk, [s] * len(chunk), None, False, generated)
         self.n_replayed += len(tokens)
 
-    def _latest_snapshot(self, int s, p):
-        """``(position, state, generated)`` of sequence ``s``'s latest snapshot
-        at or before ``p`` (marked used), or ``(0, None, False)``: the empty state."""
-        usable = [snap for snap in self.snapshots.get(s, []) if snap[0] <= p]
-        if not usable:
-            return 0, None, False
-        snap = max(usable, key=lambda snap: snap[0])
-        self.snapshot_clock += 1
-        snap[4] = self.snapshot_clock
-        return snap[0], snap[1], snap[2]
-
     def _snapshot_before(self, present, counts, bint generated):
         """Keep sequences' recurrent states before a step gives them several
         tokens (a prompt, or generated guesses to verify), which a rewind
         into them restores; at most max_snapshots a sequence besides the
         kept ones, the oldest dropped."""
-        if self.max_snapshots <= 0:
+        if self.snapshots.max_transient <= 0:
             return
         for q, c in zip(present, counts):
             if c >= 2:
-                self._take_snapshot(int(q), generated, False)
+                self.snapshots.take(self.cache, int(q), generated, False)
 
-    cdef list _take_snapshot(self, int s, bint generated, bint keep):
-        at = self.cache.seq_length[s]
-        kept = self.snapshots.setdefault(s, [])
-        self.snapshot_clock += 1
-        for snap in kept:
-            if snap[0] == at:
-                snap[3] = snap[3] or keep
-                snap[4] = self.snapshot_clock
-                return snap
-        snap = [at, self.cache.recurrent_state(s), generated, keep, self.snapshot_clock]
-        kept.append(snap)
-        kept.sort(key=lambda snap: snap[0])
-        transient = [snap for snap in kept if not snap[3]]
-        for old in transient[:max(0, len(transient) - self.max_snapshots)]:
-            kept.remove(old)
-        return snap
+    @property
+    def max_snapshots(self):
+        """Transient snapshots kept a sequence (:meth:`_snapshot_before`)."""
+        return self.snapshots.max_transient
+
+    @max_snapshots.setter
+    def max_snapshots(self, int n):
+        self.snapshots.max_transient = n
 
     def keep_snapshot(self, seq):
         """Keep sequence ``seq``'s recurrent state where it ends now (the end of
@@ -593,24 +564,17 @@ cdef class Context:
         self._check_idle()
         cdef int s = self.cache._check_seq(seq)
         if self.cache.hybrid and self.cache.seq_length[s] > 0:
-            self._take_snapshot(s, False, True)
+            self.snapshots.take(self.cache, s, False, True)
 
     def kept_snapshots(self):
         """``[(last used, seq, position, bytes), ...]`` of every kept snapshot;
         states shared by forked sequences count once, under the first."""
-        seen, out = set(), []
-        for s, kept in self.snapshots.items():
-            for snap in kept:
-                if snap[3]:
-                    fresh = id(snap[1]) not in seen
-                    seen.add(id(snap[1]))
-                    out.append((snap[4], s, snap[0], len(snap[1]) if fresh else 0))
-        return out
+        return self.snapshots.kept()
 
     def drop_snapshot(self, seq, p):
         """Forget sequence ``seq``'s snapshot at position ``p``, if any."""
         cdef int s = self.cache._check_seq(seq)
-        self.snapshots[s] = [snap for snap in self.snapshots.get(s, []) if snap[0] != p]
+        self.snapshots.drop(s, p)
 
     def snapshot_state(self, seq, p):
         """The state of sequence ``seq``'s first ``p`` positions, as
@@ -624,15 +588,15 @@ cdef class Context:
             return None
         if p == self.cache.seq_length[s]:
             return self.seq_state(s)
-        snap = next((snap for snap in self.snapshots.get(s, []) if snap[0] == p), None)
-        if snap is None:
+        state = self.snapshots.state_at(s, p)
+        if state is None:
             return None
-        return np.concatenate([_read_seq_state(self.cache, s, p), snap[1]])
+        return np.concatenate([_read_seq_state(self.cache, s, p), state])
 
     @property
     def snapshot_bytes(self):
         """The memory the snapshots of recurrent states hold."""
-        return sum(len(snap[1]) for kept in self.snapshots.values() for snap in kept)
+        return self.snapshots.nbytes()
 
     def step_ops(self):
         """{op: count} of the graph the last step ran (ggml_op_desc names; elelem's
@@ -688,7 +652,7 @@ cdef class Context:
                                               f"bytes for this model, got {len(data):,}")
         _load_seq_state(self.cache, s, ids, data[:cells], count)
         self.cache.set_recurrent_state(s, np.frombuffer(data[cells:], dtype=np.uint8))
-        self.snapshots.pop(s, None)
+        self.snapshots.clear(s)
 
     cdef void _check_idle(self) except *:
         self._check_open()
