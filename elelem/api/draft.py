@@ -31,14 +31,16 @@ def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, r
         gguf = read_gguf(path)
         spec = model_spec(gguf)
         check_same_vocabulary(target_gguf, target_n_vocab, gguf, spec.hparams["n_vocab"])
-        model = owned = open_model(path, spec.arch.builder, spec.hparams, spec.global_tensors,
-                                   spec.layer_tensors, spec.description, spec.matmul_weights(), repack,
-                                   use_mmap, amx_types(amx), shards=gguf.shard_paths)
+        model = owned = open_model(
+            path=path, builder=spec.arch.builder, hparams=spec.hparams, global_tensors=spec.global_tensors,
+            layer_tensors=spec.layer_tensors, description=spec.description, matmul_weights=spec.matmul_weights(),
+            repack=repack, use_mmap=use_mmap, amx_types=amx_types(amx), shards=gguf.shard_paths)
     try:
         # The target's cache types: a model drafting for itself then computes what the target does.
         cache = context.cache
-        draft_context = new_context(model, context.kv_size, context.n_batch, context.n_threads, cache.type_k,
-                                    context.flash_attn, context.n_seq_max, cache.type_v)
+        draft_context = new_context(model=model, kv_size=context.kv_size, n_batch=context.n_batch,
+                                    n_threads=context.n_threads, kv_type=cache.type_k, type_v=cache.type_v,
+                                    flash_attn=context.flash_attn, n_seq_max=context.n_seq_max)
     except BaseException:
         if owned is not None:
             owned.close()
