@@ -11,16 +11,24 @@ Each format is a :class:`ToolCallParser` in its own module (see
 ``harmony``               ``<|channel|>commentary to=functions.NAME...``         gpt-oss
 ``mistral``               ``[TOOL_CALLS]NAME[ARGS]{...}``, ``[TOOL_CALLS][...]``  Mistral, Ministral, Devstral
 ``llama3``                ``{"name", "parameters"}``, after ``<|python_tag|>``  Llama 3.1, 3.2, 3.3
-``glm``                   ``<tool_call>NAME<arg_key>k</arg_key><arg_value>v...``  GLM-4.5, 4.6, 4.7
+``glm``                   ``<tool_call>NAME<arg_key>k</arg_key><arg_value>v...``  GLM-4.5, 4.6, 4.7, Laguna
+``lfm2``                  ``<|tool_call_start|>[NAME(k="v")]<|tool_call_end|>``  LFM2, LFM2.5
+``template``              the markup the template writes, derived from it        MiniMax-M2, Seed-OSS,
+                                                                                 Nemotron Nano 2, DeepSeek V3.1
 ========================  =====================================================  =================
 
 :func:`parser_for` reads the template's source as llama.cpp's chat-format
 detection does (``common_chat_try_specialized_template`` and its
 autoparser): gpt-oss's ``<|channel|>``, Mistral's ``[TOOL_CALLS]``,
-Qwen3-Coder's ``<function=``/``<parameter=`` inside ``<tool_call>``,
-GLM's ``<arg_key>``, Hermes' ``<tool_call>``, Llama 3's ``ipython`` role,
-in that order; a template that shows none of them gets Hermes (llama.cpp's
-generic fallback, and what the ChatML fallback template writes).
+LFM2's tool list, Qwen3-Coder's ``<function=``/``<parameter=`` inside
+``<tool_call>``, GLM's ``<arg_key>``, then the markup the template itself
+writes for a probe call (:mod:`.template_markers`, as llama.cpp's
+autoparser diffs renders), then Hermes' ``<tool_call>``, Llama 3's
+``ipython`` role, in that order; a template that shows none of them gets
+Hermes (llama.cpp's generic fallback, and what the ChatML fallback template
+writes).  The hand-written formats come first where llama.cpp has a
+specialized handler or where they read more than the markers say (Hermes'
+bare JSON calls); the derived one needs no code for a new model.
 :func:`format_named` gives a format by name (``LLM(tool_call_format=...)``,
 or per call); :func:`register_parser` adds one.
 """
@@ -29,11 +37,13 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ...errors import InvalidArgumentError
-from . import glm, harmony, hermes, llama3, mistral, qwen3_coder
+from . import derived, glm, harmony, hermes, lfm2, llama3, mistral, qwen3_coder
 from .base import ParsedReply, ToolCallParser, new_call_id, tool_call_dict
+from .derived import TemplateFormatParser
 from .glm import GLMParser
 from .harmony import HarmonyParser
 from .hermes import HermesParser
+from .lfm2 import LFM2Parser
 from .llama3 import Llama3Parser
 from .mistral import MistralParser
 from .qwen3_coder import Qwen3CoderParser
@@ -42,8 +52,10 @@ from .qwen3_coder import Qwen3CoderParser
 PARSERS: list[tuple[type[ToolCallParser], Callable[[str], bool]]] = [
     (HarmonyParser, harmony.matches),
     (MistralParser, mistral.matches),
+    (LFM2Parser, lfm2.matches),
     (Qwen3CoderParser, qwen3_coder.matches),
     (GLMParser, glm.matches),
+    (TemplateFormatParser, derived.matches),
     (HermesParser, hermes.matches),
     (Llama3Parser, llama3.matches),
 ]
@@ -52,12 +64,15 @@ DEFAULT_PARSER: type[ToolCallParser] = HermesParser
 #: The formats by name, and the other names they are known by.
 FORMATS: dict[str, type[ToolCallParser]] = {
     "hermes": HermesParser, "qwen3_coder": Qwen3CoderParser, "harmony": HarmonyParser,
-    "mistral": MistralParser, "llama3": Llama3Parser, "glm": GLMParser,
+    "mistral": MistralParser, "llama3": Llama3Parser, "glm": GLMParser, "lfm2": LFM2Parser,
+    "template": TemplateFormatParser,
 }
 ALIASES = {"qwen": "hermes", "qwen2.5": "hermes", "qwen3": "hermes", "chatml": "hermes",
            "qwen3-coder": "qwen3_coder", "qwen3.5": "qwen3_coder", "qwen3_xml": "qwen3_coder",
            "gpt-oss": "harmony", "gpt_oss": "harmony", "llama-3": "llama3", "llama3.x": "llama3",
-           "llama3_json": "llama3", "glm4.5": "glm", "glm-4.5": "glm", "glm45": "glm", "mistral-nemo": "mistral"}
+           "llama3_json": "llama3", "glm4.5": "glm", "glm-4.5": "glm", "glm45": "glm", "mistral-nemo": "mistral",
+           "lfm2.5": "lfm2", "liquid": "lfm2", "derived": "template", "minimax-m2": "template",
+           "seed-oss": "template", "seed_oss": "template"}
 
 
 def register_parser(parser: type[ToolCallParser], matches: Callable[[str], bool]) -> None:
@@ -93,4 +108,4 @@ def format_named(name: str) -> type[ToolCallParser]:
 
 __all__ = ["PARSERS", "FORMATS", "ALIASES", "DEFAULT_PARSER", "register_parser", "parser_for", "format_named",
            "ToolCallParser", "ParsedReply", "HermesParser", "Qwen3CoderParser", "HarmonyParser", "MistralParser",
-           "Llama3Parser", "GLMParser", "new_call_id", "tool_call_dict"]
+           "Llama3Parser", "GLMParser", "LFM2Parser", "TemplateFormatParser", "new_call_id", "tool_call_dict"]

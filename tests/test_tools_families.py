@@ -1,0 +1,285 @@
+"""Chat and tools of the 2026 agent families: GLM-4.7, MiniMax-M2, Seed-OSS, LFM2/LFM2.5,
+NVIDIA Nemotron (Nano 2 and 3), Granite 4, SmolLM3, DeepSeek V3.1.
+
+For each family's real template (llama.cpp's corpus, models/templates/ of the pinned sdist):
+
+* the format elelem picks, and, where it is derived from the template (api/tools/template_markers.py),
+  that its markers are the ones llama.cpp's own analysis finds (its grammar trigger and preserved
+  tokens, from scripts/chat_template_driver.cpp, live when it is built);
+* model-like replies parsed whole and streamed at every split (several calls, arguments split across
+  deltas), with the reasoning the family writes, read after the prompt the template renders;
+* broken replies given back as content, never an exception;
+* a conversation with two calls, reasoning and tool results rendered as llama.cpp renders it.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from elelem.api.reasoning import reply_parser, think_tags
+from elelem.api.tools import GLMParser, HermesParser, LFM2Parser, Qwen3CoderParser, TemplateFormatParser, parser_for
+from elelem.api.tools.base import collect
+from elelem.api.tools.lfm2 import python_calls
+from elelem.api.tools.base import ToolSpecs
+from elelem.api.tools.template_markers import NAMED_JSON, OBJECT_JSON, TAGGED, derive
+from elelem.text.chat_template import ChatTemplate
+
+import llamacpp_templates as engine
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                         "metric": {"type": "boolean"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time in a zone", "parameters": {
+        "type": "object", "properties": {"tz": {"type": "string"}}}}},
+]
+PARIS2 = ("get_weather", {"city": "Paris", "days": 2})
+UTC = ("get_time", {"tz": "UTC"})
+
+#: family -> (template, parser class, derived shape or None, reasoning start tag or None, reply, expected)
+#: The reply is what the model writes after the prompt (reasoning opened there when the template opens it);
+#: expected is (content, reasoning, calls).
+FAMILIES = {
+    "minimax-m2": ("MiniMax-M2.jinja", TemplateFormatParser, TAGGED, "<think>",
+                   "The user wants two things.\n</think>\n\nChecking.\n<minimax:tool_call>\n"
+                   '<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+                   '<parameter name="days">2</parameter>\n</invoke>\n<invoke name="get_time">\n'
+                   '<parameter name="tz">UTC</parameter>\n</invoke>\n</minimax:tool_call>',
+                   ("Checking.", "The user wants two things.", [PARIS2, UTC])),
+    "seed-oss": ("ByteDance-Seed-OSS.jinja", TemplateFormatParser, TAGGED, "<seed:think>",
+                 "<seed:think>Weather, then time.</seed:think>\n<seed:tool_call>\n<function=get_weather>\n"
+                 "<parameter=city>Paris</parameter>\n<parameter=days>2</parameter>\n</function>\n"
+                 "</seed:tool_call>\n<seed:tool_call>\n<function=get_time>\n<parameter=tz>UTC</parameter>\n"
+                 "</function>\n</seed:tool_call>",
+                 (None, "Weather, then time.", [PARIS2, UTC])),
+    "glm-4.7": ("GLM-4.7-Flash.jinja", GLMParser, None, "<think>",
+                "Two calls.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+                "<arg_key>days</arg_key><arg_value>2</arg_value></tool_call><tool_call>get_time<arg_key>tz"
+                "</arg_key><arg_value>UTC</arg_value></tool_call>",
+                (None, "Two calls.", [PARIS2, UTC])),
+    "nemotron-nano-2": ("NVIDIA-Nemotron-Nano-v2.jinja", TemplateFormatParser, OBJECT_JSON, "<think>",
+                        "Use the tools.\n</think>\n\n<TOOLCALL>[{\"name\": \"get_weather\", \"arguments\": "
+                        "{\"city\": \"Paris\", \"days\": 2}}, {\"name\": \"get_time\", \"arguments\": "
+                        "{\"tz\": \"UTC\"}}]</TOOLCALL>",
+                        (None, "Use the tools.", [PARIS2, UTC])),
+    "nemotron-3-nano": ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", Qwen3CoderParser, None, "<think>",
+                        "Use the tools.\n</think>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+                        "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+                        "<function=get_time>\n<parameter=tz>\nUTC\n</parameter>\n</function>\n</tool_call>",
+                        (None, "Use the tools.", [PARIS2, UTC])),
+    "lfm2": ("LFM2-8B-A1B.jinja", LFM2Parser, None, None,
+             "Sure.<|tool_call_start|>[get_weather(city=\"Paris\", days=2), get_time(tz='UTC')]<|tool_call_end|>",
+             ("Sure.", None, [PARIS2, UTC])),
+    "lfm2.5-thinking": ("LFM2.5-8B-A1B.jinja", LFM2Parser, None, "<think>",
+                        "<think>Both.</think><|tool_call_start|>[get_weather(city=\"Paris\", days=2), "
+                        "get_time(tz=\"UTC\")]<|tool_call_end|>",
+                        (None, "Both.", [PARIS2, UTC])),
+    "granite-4": ("ibm-granite-granite-4.0.jinja", HermesParser, None, None,
+                  '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>\n'
+                  '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>',
+                  (None, None, [PARIS2, UTC])),
+    "smollm3": ("HuggingFaceTB-SmolLM3-3B.jinja", HermesParser, None, "<think>",
+                '<think>\nOK.\n</think>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+                '"days": 2}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n'
+                '</tool_call>',
+                (None, "OK.", [PARIS2, UTC])),
+    "deepseek-v3.1": ("deepseek-ai-DeepSeek-V3.1.jinja", TemplateFormatParser, NAMED_JSON, "<think>",
+                      "Both.</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+                      "{\"city\": \"Paris\", \"days\": 2}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time"
+                      "<｜tool▁sep｜>{\"tz\": \"UTC\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+                      (None, "Both.", [PARIS2, UTC])),
+}
+
+#: family -> replies that must come back as content (markup included), without calls or an exception
+BROKEN = {
+    "minimax-m2": ['<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris',
+                   '<minimax:tool_call>\n<invoke name="launch_rockets">\n<parameter name="n">3</parameter>\n'
+                   '</invoke>\n</minimax:tool_call>',
+                   '<minimax:tool_call>\nnot a call at all\n</minimax:tool_call>'],
+    "seed-oss": ["<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris\n</function>\n</seed:tool_call>",
+                 "<seed:tool_call><function=></function></seed:tool_call>"],
+    "nemotron-nano-2": ['<TOOLCALL>[{"name": "get_weather", "arguments": {"city": </TOOLCALL>',
+                        '<TOOLCALL>[{"nom": "get_weather"}]</TOOLCALL>'],
+    "lfm2": ["<|tool_call_start|>[get_weather(city=)]<|tool_call_end|>",
+             "<|tool_call_start|>[get_weather('Paris')]<|tool_call_end|>",
+             "<|tool_call_start|>[__import__('os').system('x')]<|tool_call_end|>",
+             "<|tool_call_start|>get_weather(city=\"Paris\")<|tool_call_end|>"],
+    "deepseek-v3.1": ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": "
+                      "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"],
+}
+
+
+@pytest.fixture(scope="module")
+def sources() -> dict:
+    import llamacpp_sdist
+
+    try:
+        directory = llamacpp_sdist.templates_dir()
+    except Exception as error:  # no sdist here and no network to fetch it
+        pytest.skip(f"llama.cpp's template corpus is not available: {error}")
+    return {name: (directory / name).read_text(encoding="utf-8") for name, *_ in FAMILIES.values()}
+
+
+def summary(reply) -> tuple:
+    calls = [(c["function"]["name"], __import__("json").loads(c["function"]["arguments"])) for c in reply.tool_calls]
+    return reply.content, reply.reasoning, calls
+
+
+def prompt_of(source: str) -> str:
+    template = ChatTemplate(source, bos_token="<s>", eos_token="</s>")
+    return template.render([{"role": "user", "content": "Weather in Paris for 2 days, and the time?"}],
+                           tools=TOOLS, enable_thinking=True)
+
+
+def reader(source: str):
+    fmt = parser_for(source)
+    return fmt, reply_parser(fmt, source, prompt_of(source), parse_calls=True, tools=TOOLS)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_family_format_is_read_from_its_template(family, sources):
+    name, cls, shape, think, *_ = FAMILIES[family]
+    fmt = parser_for(sources[name])
+    assert type(fmt) is cls
+    if shape is not None:
+        assert fmt.markers.shape == shape
+    tags = think_tags(sources[name])
+    assert (tags.start if tags else None) == think
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_family_reply_parses_whole_and_streamed_at_every_split(family, sources):
+    name, _, _, _, reply, expected = FAMILIES[family]
+    fmt, parser = reader(sources[name])
+    assert summary(parser.parse(reply)) == expected
+    for size in range(1, 9):
+        deltas = [reply[i:i + size] for i in range(0, len(reply), size)]
+        assert summary(collect(parser.stream(), deltas)) == expected, size
+    rng = random.Random(family)
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(1, len(reply)), 6))
+        deltas = [reply[a:b] for a, b in zip([0, *cuts], [*cuts, len(reply)])]
+        assert summary(collect(parser.stream(), deltas)) == expected
+    # no markup ever shows as content, even held at a split inside a marker
+    stream = parser.stream()
+    shown = "".join(v for d in reply for k, v in stream.feed(d) if k == "content")
+    assert "<" not in shown.replace(expected[0] or "", "")
+
+
+@pytest.mark.parametrize("family", BROKEN)
+def test_broken_family_replies_come_back_as_content(family, sources):
+    name = FAMILIES[family][0]
+    fmt = parser_for(sources[name])
+    for reply in BROKEN[family]:
+        for deltas in ([reply], list(reply)):
+            got = collect(fmt.stream(TOOLS), deltas)
+            assert got.tool_calls == [] and got.content == reply, (reply, got)
+
+
+def test_a_reply_that_stops_inside_the_closing_markup_keeps_its_calls(sources):
+    fmt = parser_for(sources["MiniMax-M2.jinja"])
+    reply = '<minimax:tool_call>\n<invoke name="get_time">\n<parameter name="tz">UTC</parameter>\n</invoke>\n'
+    assert summary(fmt.parse(reply, TOOLS)) == (None, None, [UTC])
+
+
+def test_values_are_typed_by_the_schema_and_keep_their_text(sources):
+    fmt = parser_for(sources["ByteDance-Seed-OSS.jinja"])
+    reply = ("<seed:tool_call>\n<function=get_weather>\n<parameter=city>  New\nYork </parameter>\n"
+             "<parameter=days>3</parameter>\n<parameter=metric>true</parameter>\n</function>\n</seed:tool_call>")
+    assert summary(fmt.parse(reply, TOOLS))[2] == [("get_weather", {"city": "  New\nYork ", "days": 3,
+                                                                    "metric": True})]
+
+
+# -- the derived markers against llama.cpp's analysis of the same template ----------
+
+DERIVED = ["MiniMax-M2.jinja", "ByteDance-Seed-OSS.jinja", "NVIDIA-Nemotron-Nano-v2.jinja",
+           "deepseek-ai-DeepSeek-V3.1.jinja", "MiniMax-M1.jinja", "GLM-4.7-Flash.jinja"]
+
+
+def test_derived_markers_are_llama_cpps(sources):
+    """llama.cpp's autoparser (common/chat-diff-analyzer.cpp) finds its grammar trigger and preserved
+    tokens in the same templates: the derived start marker is its trigger, and every tag the derived
+    markup holds is one of its preserved tokens."""
+    import llamacpp_sdist
+
+    directory = llamacpp_sdist.templates_dir()
+    texts = {name: (directory / name).read_text(encoding="utf-8") for name in DERIVED}
+    results = engine.run([dict(engine.request(texts[name], "tool_round_trip")) for name in DERIVED])
+    if results is None:
+        pytest.skip(engine.not_built())
+    for name, result in zip(DERIVED, results):
+        markers = derive(texts[name])
+        assert markers is not None, name
+        triggers = {t["value"].strip() for t in result["grammar_triggers"]}
+        assert markers.start in triggers, (name, markers.start, triggers)
+        assert set(markers.tokens) <= set(result["preserved_tokens"]) | {"<function=", "<parameter="}, name
+
+
+# -- the family's prompts as llama.cpp renders them -----------------------------------
+
+AGENT_TURNS = {
+    "messages": [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "user", "content": "Weather in Paris for 2 days, and the time?"},
+        {"role": "assistant", "content": "Checking both.", "reasoning_content": "Two tools, one turn.",
+         "tool_calls": [
+             {"id": "call00001", "type": "function",
+              "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 2}"}},
+             {"id": "call00002", "type": "function",
+              "function": {"name": "get_time", "arguments": "{\"tz\": \"UTC\"}"}}]},
+        {"role": "tool", "tool_call_id": "call00001", "content": "{\"temp\": 21}"},
+        {"role": "tool", "tool_call_id": "call00002", "content": "09:30"},
+    ],
+    "tools": TOOLS,
+    "chat_template_kwargs": {"enable_thinking": True},
+    "add_generation_prompt": True,
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_agent_turn_renders_as_llama_cpp(family, sources):
+    """Two calls with reasoning and their results, as each family's template renders them in llama.cpp."""
+    from elelem.api.prompts import render_chat
+    from elelem.api.tools.request import messages_for_template
+    import template_corpus_cases as cases
+
+    source = sources[FAMILIES[family][0]]
+    request = dict(AGENT_TURNS, mode="apply", template=source, bos_token=cases.BOS, eos_token=cases.EOS)
+    results = engine.run([request])
+    if results is None:
+        pytest.skip(engine.not_built())
+    expected = results[0]
+    template = ChatTemplate(source, bos_token=cases.BOS, eos_token=cases.EOS)
+    kwargs = {"enable_thinking": True, "datetime": cases.FIXED_NOW.strftime("%b %d %Y"),
+              "date_string": cases.FIXED_NOW.strftime("%d %b %Y")}
+    if family.startswith("lfm2"):
+        pytest.skip("llama.cpp's LFM2 handler copies reasoning_content to 'thinking' (parsers/lfm2.cpp)") \
+            if "thinking" in source else None
+    got = render_chat(template, messages_for_template(AGENT_TURNS["messages"]), tools=TOOLS,
+                      add_generation_prompt=True, **kwargs)
+    assert "error" not in expected, expected
+    assert got == expected["prompt"]
+
+
+# -- LFM2's Python-style calls --------------------------------------------------------
+
+@pytest.mark.parametrize("text, calls", [
+    ('[get_weather(city="Paris")]', [("get_weather", {"city": "Paris"})]),
+    ("[get_weather(city='Zürich', days=3, metric=True)]", [("get_weather", {"city": "Zürich", "days": 3,
+                                                                            "metric": True})]),
+    ('[get_weather(city="a\\"b", metric=false), get_time()]', [("get_weather", {"city": 'a"b', "metric": False}),
+                                                               ("get_time", {})]),
+    ('[ get_time(tz=None) , get_time(tz=null) ]', [("get_time", {"tz": None}), ("get_time", {"tz": None})]),
+    ('[get_weather(city="x", opts={"a": [1, 2.5]})]', [("get_weather", {"city": "x", "opts": {"a": [1, 2.5]}})]),
+    ("[get_weather(city=\"(paren]\")]", [("get_weather", {"city": "(paren]"})]),
+])
+def test_lfm2_python_calls(text, calls):
+    got = python_calls(text, ToolSpecs())
+    assert [(c["function"]["name"], __import__("json").loads(c["function"]["arguments"])) for c in got] == calls
+
+
+@pytest.mark.parametrize("text", ["", "[]", "[get_weather(1)]", "[get_weather(**x)]", "[f(a=b)]", "[f(a=1)",
+                                  "[f(a=1) g(b=2)]", "[f(a=1)]]", "[f.g(a=1)]", "[f(a=1 + 2)]"])
+def test_lfm2_not_calls(text):
+    assert python_calls(text, ToolSpecs.of(["get_weather", "f"])) is None
