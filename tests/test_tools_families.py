@@ -283,3 +283,48 @@ def test_lfm2_python_calls(text, calls):
                                   "[f(a=1) g(b=2)]", "[f(a=1)]]", "[f.g(a=1)]", "[f(a=1 + 2)]"])
 def test_lfm2_not_calls(text):
     assert python_calls(text, ToolSpecs.of(["get_weather", "f"])) is None
+
+
+# -- constrained calls in the derived formats and LFM2's, on tiny models that speak them ----
+
+BOUNDED = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+        "required": ["city", "days"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {
+        "tz": {"type": "string", "enum": ["CET", "UTC"]}}, "required": ["tz"]}}},
+]
+
+
+@pytest.mark.parametrize("family", ["minimax-m2", "seed-oss", "nemotron-nano-2", "deepseek-v3.1", "lfm2"])
+def test_a_constrained_call_in_each_agent_format(family, tmp_path):
+    import json
+
+    import elelem
+    import jsonschema
+    import llamacpp_sdist
+    from agent_format_models import AGENT_FAMILIES, write_agent_model
+
+    try:
+        directory = llamacpp_sdist.templates_dir()
+    except Exception as error:
+        pytest.skip(f"llama.cpp's template corpus is not available: {error}")
+    name, _, _, marker = AGENT_FAMILIES[family]
+    model = write_agent_model(tmp_path / f"{family}.gguf", family, (directory / name).read_text(encoding="utf-8"))
+    bias = {model.ids[t]: 8.0 for t in ("</think>", "</seed:think>") if t in model.ids}
+    bias[model.ids[marker]] = 10.0
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    with elelem.LLM(model.path, n_threads=1, n_ctx=2048) as llm:
+        for seed, choice in ((0, "required"), (1, {"type": "function", "function": {"name": "get_time"}})):
+            response = llm.create_chat_completion(question, tools=BOUNDED, tool_choice=choice, max_tokens=300,
+                                                  temperature=1.0, seed=seed, logit_bias=bias)
+            out = response["choices"][0]
+            assert out["finish_reason"] == "tool_calls", out
+            (call,) = out["message"]["tool_calls"]
+            schema = next(t["function"]["parameters"] for t in BOUNDED
+                          if t["function"]["name"] == call["function"]["name"])
+            jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
+            assert marker not in (out["message"]["content"] or "")
+        text = llm.chat(question, tools=BOUNDED, tool_choice="required", max_tokens=300, temperature=1.0, seed=0,
+                        logit_bias=bias)
+        assert marker in text
