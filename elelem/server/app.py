@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import asynccontextmanager
-from typing import Callable, Optional
+from typing import Awaitable, Callable, Optional, Union
 
 import anyio
 import anyio.to_thread
@@ -81,6 +81,8 @@ def create_app(config: ServerConfig, registry: Optional[ModelRegistry] = None) -
                                         error_response=anthropic.error_response), methods=["POST"]),
         Route("/v1/responses", _endpoint(state, responses.handler()), methods=["POST"]),
     ]
+    # ServerConfig.__post_init__ sets max_requests when it is not given.
+    assert config.max_requests is not None
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_exception, Exception: _unexpected},
                     middleware=[Middleware(RequestLimit, limit=config.max_requests,
@@ -89,11 +91,14 @@ def create_app(config: ServerConfig, registry: Optional[ModelRegistry] = None) -
     return app
 
 
-def _endpoint(state: ServerState, handler, *, auth: bool = True, x_api_key: bool = False,
-              error_response: Callable[[APIError], Response] = APIError.response):
+def _endpoint(state: ServerState, handler: Callable[[ServerState, Request], Awaitable[Union[Response, Generation]]],
+              *, auth: bool = True, x_api_key: bool = False,
+              error_response: Callable[[APIError], Response] = APIError.response
+              ) -> Callable[[Request], Awaitable[Union[Response, Generation]]]:
     """A route: checks the key, runs ``handler(state, request)``, logs, and answers every error before
     a generation with ``error_response`` (OpenAI's JSON unless the protocol has its own)."""
-    async def endpoint(request: Request) -> Response:
+    # A generation is an ASGI app of its own, answered like a response (Starlette awaits either).
+    async def endpoint(request: Request) -> Union[Response, Generation]:
         t0 = time.perf_counter()
         try:
             if auth:
@@ -153,8 +158,10 @@ async def _embeddings(state: ServerState, request: Request) -> Response:
         model.release()
 
 
-async def _http_exception(request: Request, error: HTTPException) -> Response:
-    # Starlette's own 404 (no such route) and 405 (wrong method), in OpenAI's shape.
+async def _http_exception(request: Request, error: Exception) -> Response:
+    # Starlette's own 404 (no such route) and 405 (wrong method), in OpenAI's shape.  Registered for
+    # HTTPException, so Starlette passes only those, though its handler type takes any exception.
+    assert isinstance(error, HTTPException)
     return APIError(error.status_code, f"{request.method} {request.url.path}: {error.detail}",
                     type="invalid_request_error").response()
 

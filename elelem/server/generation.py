@@ -21,11 +21,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Generator
 from typing import Any, Callable, Optional
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from starlette.responses import JSONResponse
 
 from .call import Answer, Call, start
@@ -35,6 +37,9 @@ from .registry import ServedModel
 from .wire import Wire
 
 log = logging.getLogger("elelem.server")
+
+# What the worker hands the event loop: a kind ("event", "whole", "end", "error", "cancelled") and its value.
+_Result = tuple[str, Any]
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                 (b"x-accel-buffering", b"no")]
@@ -59,7 +64,7 @@ class Generation:
         self._live = live  # the server's running generations, for cancel-all at shutdown
         self.status = 200
         self.accepted = time.perf_counter()
-        self._session = None
+        self._session: Any = None  # the session the registry lent this request, while it runs
         self._session_lock = threading.Lock()
         self._cancelled = False
         self._started = False
@@ -71,6 +76,8 @@ class Generation:
     async def __call__(self, scope, receive, send) -> None:
         self.metrics.queued(+1)
         self._live.add(self)
+        to_loop: MemoryObjectSendStream[_Result]
+        from_worker: MemoryObjectReceiveStream[_Result]
         to_loop, from_worker = anyio.create_memory_object_stream(0)
         try:
             async with anyio.create_task_group() as group:
@@ -113,11 +120,11 @@ class Generation:
         self.status = 499  # nginx's 'client closed request', for the logs and metrics
         self.cancel()
 
-    async def _run_worker(self, to_loop) -> None:
+    async def _run_worker(self, to_loop: MemoryObjectSendStream[_Result]) -> None:
         async with to_loop:
             await anyio.to_thread.run_sync(self._work, to_loop, limiter=self.limiter)
 
-    async def _respond(self, results, scope, receive, send) -> None:
+    async def _respond(self, results: MemoryObjectReceiveStream[_Result], scope, receive, send) -> None:
         kind, value = await results.receive()
         if kind != "event":
             if kind == "cancelled":
@@ -143,7 +150,7 @@ class Generation:
 
     # -- the worker thread side --------------------------------------------------
 
-    def _work(self, to_loop) -> None:
+    def _work(self, to_loop: MemoryObjectSendStream[_Result]) -> None:
         def put(kind: str, value: Any = None) -> None:
             try:
                 anyio.from_thread.run(to_loop.send, (kind, value))
@@ -182,6 +189,8 @@ class Generation:
             put("whole", self.wire.whole(response, answer.usage()))  # the library's usage, with the drafts
             return
         chunks = answer.chunks()
+        # The chunk builders are generator functions: closing one early ends its stream (below).
+        assert isinstance(chunks, Generator)
         try:
             last = time.perf_counter()
             for chunk in chunks:
@@ -227,7 +236,9 @@ async def accept(state, request, call: Call, wire: Callable[[str], Wire]) -> Gen
 
 def _announces_role(chunk: dict) -> bool:
     choices = chunk.get("choices")
-    return bool(choices) and choices[0].get("delta") == {"role": "assistant"}
+    if not choices:
+        return False
+    return choices[0].get("delta") == {"role": "assistant"}
 
 
 def _shutting_down(retry_after: int) -> APIError:

@@ -12,8 +12,14 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING, Optional
 
 import uvicorn
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+    from .app import ServerState
 
 log = logging.getLogger("elelem.server")
 
@@ -25,27 +31,33 @@ class ElelemServer(uvicorn.Server):
     """uvicorn's server, which prints its URL once it accepts connections and
     cancels the generations still running ``grace`` seconds into a shutdown."""
 
-    def __init__(self, app, *, host: str, port: int, grace: float):
-        config = app.state.server.config
+    def __init__(self, app: Starlette, *, host: str, port: int, grace: float):
+        # The app's ServerState, kept as itself: uvicorn's config.app is typed as any kind of ASGI app.
+        self.app_state: ServerState = app.state.server
+        config = self.app_state.config
         # Requests past config.max_requests get OpenAI's 503 from the app (limits.py); connections
         # past twice that get uvicorn's plain one, so idle clients cannot pile up without bound.
+        assert config.max_requests is not None  # ServerConfig.__post_init__ sets it when it is not given
         connections = 2 * config.max_requests
+        # uvicorn annotates timeout_graceful_shutdown as an int, but only hands it to asyncio's
+        # timeout, which takes any number of seconds: the float stays as the grace period makes it.
         super().__init__(uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
-                                        lifespan="on", timeout_graceful_shutdown=grace + _BACKSTOP_SECONDS,
+                                        lifespan="on",
+                                        timeout_graceful_shutdown=grace + _BACKSTOP_SECONDS,  # type: ignore[arg-type]
                                         limit_concurrency=connections))
         self.grace = grace
-        self.url = None
+        self.url: Optional[str] = None
 
     async def startup(self, sockets=None):
         await super().startup(sockets)
         if self.started:
             host, port = self.servers[0].sockets[0].getsockname()[:2]
             self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-            names = ", ".join(m.id for m in self.config.app.state.server.registry.models)
+            names = ", ".join(m.id for m in self.app_state.registry.models)
             print(f"elelem: serving {names} at {self.url}/v1", file=sys.stderr, flush=True)
 
     async def shutdown(self, sockets=None):
-        state = self.config.app.state.server
+        state = self.app_state
         timer = asyncio.get_running_loop().call_later(self.grace, self._cancel_running, state)
         try:
             await super().shutdown(sockets)

@@ -29,6 +29,11 @@ from .errors import error_body, error_response
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
+def _stop_reason(finish_reason: Optional[str]) -> str:
+    """Anthropic's stop_reason for a chat finish_reason; end_turn for any other, or for none."""
+    return _STOP_REASONS.get(finish_reason, "end_turn") if finish_reason is not None else "end_turn"
+
+
 def tool_use_id(call_id: str) -> str:
     """Anthropic's ``toolu_`` id for a chat tool call's ``call_`` one (any other id stays as it is)."""
     return "toolu_" + call_id[len("call_"):] if call_id.startswith("call_") else call_id
@@ -76,7 +81,7 @@ class MessagesWire(Wire):
         for call in message.get("tool_calls") or []:
             content.append({"type": "tool_use", "id": tool_use_id(call["id"]), "name": call["function"]["name"],
                             "input": arguments_object(call["function"].get("arguments"))})
-        return {**self._message(content, _STOP_REASONS.get(choice.get("finish_reason"), "end_turn")),
+        return {**self._message(content, _stop_reason(choice.get("finish_reason"))),
                 "usage": self._usage(usage)}
 
     def _message(self, content: list, stop_reason: Optional[str]) -> dict:
@@ -115,7 +120,7 @@ class MessagesWire(Wire):
     def end(self, usage: dict) -> list[bytes]:
         out = self._start() + self._close_block()
         out.append(sse({"type": "message_delta", "delta": {
-            "stop_reason": _STOP_REASONS.get(self._finish, "end_turn"), "stop_sequence": None},
+            "stop_reason": _stop_reason(self._finish), "stop_sequence": None},
             "usage": self._usage(usage)}, event="message_delta"))
         out.append(sse({"type": "message_stop"}, event="message_stop"))
         return out

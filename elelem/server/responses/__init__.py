@@ -16,21 +16,27 @@ from .request import ResponsesRequest, responses_request
 from .store import ResponseStore
 from .wire import ResponsesWire
 
-__all__ = ["handler", "ResponsesRequest", "responses_request", "ResponseStore", "ResponsesWire"]
+__all__ = ["handler", "ResponsesHandler", "ResponsesRequest", "responses_request", "ResponseStore", "ResponsesWire"]
 
 
-def handler():
-    """The route's handler, ``handler(state, request)``, with the store of its conversations.
+class ResponsesHandler:
+    """The route's handler, called as ``handler(state, request)``, and ``store``, the conversations
+    of the responses it stored.
 
     The store belongs to the handler, so to the app that routes to it (one
     per :func:`~..app.create_app`).
     """
-    store = ResponseStore()
 
-    async def respond(state, request: Request) -> Generation:
+    def __init__(self) -> None:
+        self.store = ResponseStore()
+
+    async def __call__(self, state, request: Request) -> Generation:
+        store = self.store
         checked = responses_request(await read_json(request, state.config.max_body_bytes), state.config, store)
         return await accept(state, request, checked.call, lambda model_id: ResponsesWire(
             model_id, checked.echo, checked.conversation, store if checked.store else None))
 
-    respond.store = store
-    return respond
+
+def handler() -> ResponsesHandler:
+    """The route's handler, ``handler(state, request)``, with a new store of its conversations."""
+    return ResponsesHandler()
