@@ -316,12 +316,7 @@ class Llama:
                logits_processor=None, grammar=None, idx: Optional[int] = None) -> int:
         """A token drawn from the logits of the last ``eval`` (row ``idx`` with ``logits_all``)."""
         _no_mirostat(mirostat_mode)
-        if idx is not None and self._logits_all:
-            logits = self.scores[idx]
-        elif self._last_logits is not None:
-            logits = self._last_logits
-        else:
-            raise InvalidArgumentError("nothing to sample from: eval() tokens first")
+        logits = self.scores[idx] if idx is not None and self._logits_all else self._logits_to_sample()
         sampler = Sampler(self._sampling_params(temp, top_k, top_p, min_p, typical_p, repeat_penalty,
                                                 frequency_penalty, presence_penalty, self._generate_seed()),
                           n_vocab=self.n_vocab())
@@ -360,7 +355,7 @@ class Llama:
         generated: list[int] = []
         eog = sorted(self._llm.tokenizer.eog_ids)
         while True:
-            row = _processed(self._last_logits, logits_processor, lambda: self._input_ids)
+            row = _processed(self._logits_to_sample(), logits_processor, lambda: self._input_ids)
             if constraint is not None and constraint.complete:  # the grammar is done: only an end may follow
                 row = np.where(np.isin(np.arange(row.size), eog), row, -np.inf).astype(row.dtype)
                 token = sampler.sample(row, generated)
@@ -373,6 +368,12 @@ class Llama:
             generated.append(token)
             more = yield token
             self.eval([token, *(more or [])])
+
+    def _logits_to_sample(self) -> np.ndarray:
+        """The logits of the last ``eval`` (or prefill), which the next token is drawn from."""
+        if self._last_logits is None:
+            raise InvalidArgumentError("nothing to sample from: eval() tokens first")
+        return self._last_logits
 
     # -- llama-cpp-python's dicts ---------------------------------------------------
 
