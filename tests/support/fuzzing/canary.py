@@ -60,8 +60,11 @@ _HARMLESS = frozenset({"os.listxattr", "sys.excepthook", "sys.unraisablehook"})
 # function that registers template-defined functions as Jinja internals.
 _JINJA_DEBUG = os.path.join("jinja2", "debug.py")
 _JINJA_UTILS = os.path.join("jinja2", "utils.py")
-# The sandbox's attribute lookups: Jinja's, and elelem's override of them.
-_SANDBOX_FILES = (os.path.join("jinja2", "sandbox.py"), os.path.join("elelem", "template_sandbox.py"))
+# The sandbox's code, whose attribute reads are its lookups: Jinja's, and elelem's environment, render
+# budget and filters (:func:`plant` checks that Jinja's and elelem's sandbox modules are still there).
+_SANDBOX_FILES = (os.path.join("jinja2", "sandbox.py"), os.path.join("elelem", "text", "template_sandbox.py"),
+                  os.path.join("elelem", "text", "template_budget.py"),
+                  os.path.join("elelem", "text", "template_filters.py"))
 PEEK = "peek: "
 
 _lock = threading.Lock()
@@ -158,6 +161,7 @@ def plant() -> None:
     global _planted
     if _planted:
         return
+    _check_sandbox_files()
     canary = object.__new__(ElelemFuzzCanary)
     setattr(builtins, NAME, canary)
     setattr(os, NAME, canary)
@@ -166,6 +170,16 @@ def plant() -> None:
     _first_template_error()
     sys.addaudithook(_audit)
     _planted = True
+
+
+def _check_sandbox_files() -> None:
+    """Fail, rather than record every sandbox peek as an escape, if a sandbox module moved."""
+    import jinja2.sandbox
+
+    import elelem.text.template_sandbox
+    for module in (jinja2.sandbox, elelem.text.template_sandbox):
+        if not (module.__file__ or "").endswith(_SANDBOX_FILES):
+            raise RuntimeError(f"{module.__name__} is {module.__file__}, not among canary._SANDBOX_FILES")
 
 
 def _first_template_error() -> None:
