@@ -328,3 +328,35 @@ def test_a_constrained_call_in_each_agent_format(family, tmp_path):
         text = llm.chat(question, tools=BOUNDED, tool_choice="required", max_tokens=300, temperature=1.0, seed=0,
                         logit_bias=bias)
         assert marker in text
+
+
+# -- reasoning markup derived from the template ------------------------------------------
+
+@pytest.mark.parametrize("name, start, end", [
+    ("Cohere2MoE.jinja", "<|START_THINKING|>", "<|END_THINKING|>"),
+    ("MiniMax-M3.jinja", "<mm:think>", "</mm:think>"),
+    ("tencent-Hy3.jinja", "<think:opensource>", "</think:opensource>"),
+    ("ByteDance-Seed-OSS.jinja", "<seed:think>", "</seed:think>"),
+    ("MiniMax-M2.jinja", "<think>", "</think>"),
+])
+def test_reasoning_markup_is_read_off_the_template_as_llama_cpp_reads_it(name, start, end):
+    """Where no known markup is in the source, the markers around a turn's reasoning_content in a render;
+    llama.cpp's analysis (its thinking_start_tag and thinking_end_tags) finds the same."""
+    import llamacpp_sdist
+    from elelem.api.tools.template_markers import derive_reasoning
+
+    try:
+        source = (llamacpp_sdist.templates_dir() / name).read_text(encoding="utf-8")
+    except Exception as error:
+        pytest.skip(f"llama.cpp's template corpus is not available: {error}")
+    assert derive_reasoning(source) == (start, end)
+    tags = think_tags(source)
+    assert (tags.start, tags.end) == (start, end)
+    results = engine.run([dict(engine.request(source, "reasoning"))])
+    if results is None:
+        pytest.skip(engine.not_built())
+    assert results[0]["thinking_start_tag"].strip() == start
+    assert end in [t.strip() for t in results[0]["thinking_end_tags"]]
+    parser = reply_parser(parser_for(source), source, "", parse_calls=False)
+    got = parser.parse(f"{start}Plan it.{end}Done.")
+    assert (got.reasoning, got.content) == ("Plan it.", "Done.")

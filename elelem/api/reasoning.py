@@ -7,7 +7,10 @@ shows:
   GLM-4.5+, SmolLM3, ...), ``[THINK]...[/THINK]`` (Magistral, Ministral 3
   Reasoning), ``<seed:think>...</seed:think>`` (Seed-OSS): read here;
 * gpt-oss's ``analysis`` channel: read by its tool-call format
-  (:mod:`.tools.harmony`), which carries the whole reply.
+  (:mod:`.tools.harmony`), which carries the whole reply;
+* any other markup a template writes around a turn's ``reasoning_content``
+  (``<|START_THINKING|>``, ``<mm:think>``, ...), read off a render of it
+  (:func:`.tools.template_markers.derive_reasoning`).
 
 A template that opens the block in the prompt (Qwen3.5's and Qwen3's
 generation prompt ends with ``<think>\\n`` when thinking is on; llama.cpp's
@@ -33,6 +36,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ..errors import InvalidArgumentError
 from ..sampling.lazy import ReasoningSpan
+from .tools.template_markers import derive_reasoning
 from .tools.base import CallStream, Event, ParsedReply, ToolCallParser, ToolSpecs, collect, find_first, partial_suffix
 
 REASONING_FORMATS = ("auto", "none", "deepseek")
@@ -62,12 +66,16 @@ def extracts_reasoning(reasoning_format: Optional[str]) -> bool:
 
 
 def think_tags(template_source: str) -> Optional[ThinkTags]:
-    """The reasoning markup a chat template shows, or None."""
+    """The reasoning markup a chat template shows, or None: one of :data:`THINK_TAGS` in its
+    source, else the markup it writes around a turn's ``reasoning_content`` (derived from a
+    render, as llama.cpp's autoparser derives it: Cohere's ``<|START_THINKING|>``, MiniMax-M3's
+    ``<mm:think>``, Hunyuan's ``<think:opensource>``)."""
     source = template_source or ""
     for tags in THINK_TAGS:
         if tags.start in source and tags.end in source:
             return tags
-    return None
+    derived = derive_reasoning(source)
+    return ThinkTags(*derived) if derived is not None else None
 
 
 def thinking_forced_open(tags: ThinkTags, prompt: str) -> bool:

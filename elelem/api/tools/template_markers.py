@@ -326,3 +326,61 @@ def describe(markers: Any) -> str:
     return (f"{markers.shape}: {markers.section_open!r} {markers.call_open!r} NAME {markers.name_close!r} "
             f"{markers.key_open!r} KEY {markers.key_close!r} VALUE {markers.value_close!r} "
             f"{markers.call_close!r} {markers.separator!r} {markers.section_close!r}")
+
+
+# -- reasoning markup -------------------------------------------------------------------
+
+_REASONING = "zqreasoningtext"
+# What a reasoning tag is called (<think>, <seed:think>, <|START_THINKING|>, [THINK], <thought>):
+# a template may write the reasoning inside other markup (a message's channel), which is not its own.
+_REASONING_WORD = re.compile(r"think|thought|reason", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=32)
+def derive_reasoning(source: str) -> Optional[tuple[str, str]]:
+    """The markers a chat template writes around an assistant turn's ``reasoning_content``, as
+    (start, end), or None when it writes none (or none that look like markup).
+
+    As llama.cpp's analysis of reasoning (``analyze_reasoning``, chat-diff-analyzer.cpp): the turn
+    rendered with and without its reasoning; what the reasoning adds, around the reasoning's text,
+    is the markup."""
+    if not source or not isinstance(source, str):
+        return None
+    try:
+        template = ChatTemplate(source)
+    except Exception:  # noqa: BLE001 -- a template that does not compile shows no markers
+        return None
+    turns = []
+    for reasoning in (_REASONING, None):
+        assistant = {"role": "assistant", "content": _CONTENT}
+        if reasoning is not None:
+            assistant["reasoning_content"] = reasoning
+        try:
+            # the turn after the last user message: the one templates keep the reasoning of
+            turns.append(template.render([{"role": "user", "content": "zquserquestion"}, assistant],
+                                         add_generation_prompt=False, enable_thinking=True))
+        except Exception as error:  # noqa: BLE001 -- a template may refuse the probe in any way
+            log.debug("the chat template does not render the reasoning probe: %s", error)
+            return None
+    with_reasoning, plain = turns
+    head = _common_prefix(with_reasoning, plain)
+    tail = _common_suffix(with_reasoning[len(head):], plain[len(head):])
+    region = with_reasoning[len(head):len(with_reasoning) - len(tail)]
+    at = region.find(_REASONING)
+    if at < 0 or region.count(_REASONING) != 1:
+        return None
+    # the text both renders share may hold the markers (a template that writes an empty block
+    # without reasoning): the start is the tag before the reasoning, the end the tag after it
+    start = _opening_tag(head, region[:at])
+    after = (region[at + len(_REASONING):] + tail).lstrip()
+    end_tag = _TAG.match(after)
+    if not start or end_tag is None or not _TAG.fullmatch(start) or not _REASONING_WORD.search(start):
+        return None
+    return start, end_tag.group(0)
+
+
+def _opening_tag(head: str, before: str) -> str:
+    """The reasoning's opening marker: the text before it in the render, back to where its tag opens."""
+    text = (head + before).rstrip()
+    at = max(text.rfind("<"), text.rfind("["))
+    return text[at:] if at >= 0 else ""
