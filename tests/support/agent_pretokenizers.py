@@ -55,12 +55,18 @@ CONFIGS = [
     ("qwen2", "kimi-k2"), ("probe", "kimi-k2"),
     ("qwen2", "seed-coder"), ("llama-bpe", "seed-coder"), ("probe", "seed-coder"),
     ("qwen2", "laguna"), ("probe", "laguna"),
+    # the other std::regex and digit-group pre-tokenizers of llama.cpp
+    *[("probe", pre) for pre in ("bailingmoe", "ufakzeka", "minicpm5", "jais-2", "exaone-moe", "spark2_5", "youtu",
+                                 "tiny_aya", "afmoe", "granite-embed-multi-97m", "bloom", "viking", "chameleon",
+                                 "superbpe")],
 ]
 #: Family names llama.cpp maps to a type elelem already had, on the probe vocabulary: ids equal.
 ALREADY_SUPPORTED = ["glm4", "deepseek-llm", "lfm2", "granite-docling", "smollm", "minimax-m2", "dbrx", "refact",
                      "llama-bpe", "smaug-bpe", "tekken", "pixtral", "gpt-2"]
 #: Other names of the new types, on the probe vocabulary: ids equal to the named one's.
-ALIASES = {"hunyuan-dense": "deepseek-v3", "joyai-llm": "deepseek-v3", "hy_v4": "deepseek-v3", "grok-2": "qwen2"}
+ALIASES = {"hunyuan-dense": "deepseek-v3", "joyai-llm": "deepseek-v3", "hy_v4": "deepseek-v3", "grok-2": "qwen2",
+           "bailingmoe2": "bailingmoe", "llada-moe": "bailingmoe", "cohere2moe": "tiny_aya",
+           "poro-chat": "bloom", "gpt3-finnish": "bloom"}
 #: Kimi-K2's GGUFs may lack merges (llama.cpp then skips them): the probe vocabulary without them.
 NO_MERGES = ("probe", "kimi-k2")
 BARE_DROPPED_KEYS = base_corpus.BARE_DROPPED_KEYS
@@ -96,6 +102,8 @@ _EXTRA = [
     "<div class=\"a\">中文</div>\n",
     "    \n        \n",
     "emoji 🤖🧠 in code: print('🚀')",
+    # Chameleon's sentinel and image tokens, BLOOM's excluded marks
+    "<sentinel:0><sentinel:123>", "IMGIMGABZ IMGIMGIIIIZ IMGIMGJZ", "a (b|c) d", "x.y,z!w?v…u。t，s、r।q۔p،o",
 ]
 
 CORPUS: list[str] = [*base_corpus.CORPUS, *_EXTRA]

@@ -19,14 +19,16 @@ Every single-pass pattern has only single-level quantifiers and ends with ``|.``
 so a match always advances and the split is linear in the length of the text.
 
 The other pre-tokenizers (DeepSeek, Falcon, GPT-4o / o200k, Mistral's Tekken,
-Seed-Coder) have no hand-written splitter in llama.cpp: it runs their regexes in
-``std::regex``, pass after pass, on a stand-in text (see "Regexes llama.cpp runs
-in std::regex" below), and so do these, with Python's ``re``, whose
-backtracking and leftmost-first alternation are ECMAScript's.  A pass list may
-also hold a hand-written splitter's pattern (``_Custom``: Laguna's newline split
-before Qwen2's), which runs on the real text.
+Seed-Coder, ...) have no hand-written splitter in llama.cpp: it runs their
+regexes in ``std::regex``, pass after pass, on a stand-in text (see "Regexes
+llama.cpp runs in std::regex" below), and so do these, with Python's ``re``,
+whose backtracking and leftmost-first alternation are ECMAScript's.  A pass list
+may also hold a hand-written splitter: a pattern that runs on the real text
+(``_Custom``: Laguna's newline split before Qwen2's) or the digit grouping of
+Arcee and Tiny Aya (``_DigitGroups``).
 
-Pre-tokenizers llama.cpp has that elelem does not reproduce are refused
+The pre-tokenizers of llama.cpp that are not byte-level BPE (``whitespace``,
+``gemma4`` under ``tokenizer.ggml.model = "gpt2"``, ...) are refused
 (``GGUFError`` naming the value) rather than replaced by another one.
 """
 from __future__ import annotations
@@ -262,6 +264,121 @@ class _Custom(str):
 # then Qwen2's splitter inside each, so no word spans a newline boundary.
 LAGUNA_PASSES = (_Custom("[^\n]+|\n+"), _Custom(QWEN2_PATTERN))
 
+
+class _DigitGroups:
+    """llama.cpp's unicode_regex_split_custom_afmoe: each run of \\p{N} in groups of three
+    from the right.  The text before a run is not a piece of its own: it goes with the
+    run's first group (later passes split it off)."""
+
+    _number = re.compile(f"[{_N}]+")
+
+    def split(self, text: str, start: int, end: int) -> list[tuple[int, int]]:
+        out, prev = [], start
+        for m in self._number.finditer(text, start, end):
+            first = m.start() + len(m.group()) % 3
+            cuts = ([first] if first != m.start() else []) + list(range(first + 3, m.end() + 1, 3))
+            for cut in cuts:
+                out.append((prev, cut))
+                prev = cut
+        if prev < end:
+            out.append((prev, end))
+        return out
+
+
+def _wide_cased() -> str:
+    """The letter words of o200k-style regexes where llama.cpp's collapsed \\p{Lu}, \\p{Ll}, ...
+    are all \\p{L}: case plays no part (Tiny Aya, Youtu)."""
+    word = f"[{_L}{_M}]"
+    return (f"[^\\r\\n{_L}{_N}]?{word}*{word}+(?:{_CONTRACTIONS_ANY_CASE})?"
+            f"|[^\\r\\n{_L}{_N}]?{word}+{word}*(?:{_CONTRACTIONS_ANY_CASE})?")
+
+
+_WS_TAIL = f"|[{_S}]*[\\r\\n]+|[{_S}]+(?![^{_S}])|[{_S}]+"
+# Ling / Ring (bailingmoe, bailingmoe2, llada-moe): Qwen2's regex spelled otherwise (its
+# "\s*[\r\n]" ends where "\s*[\r\n]+" does), run as written since llama.cpp runs it in std::regex.
+BAILINGMOE_PASSES = ((f"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n{_L}{_N}]?[{_L}]+|[{_N}]"
+                      f"| ?[^{_S}{_L}{_N}]+[\\r\\n]*|[{_S}]*[\\r\\n]|[{_S}]+(?![^{_S}])|[{_S}]+"),)
+# ufakzeka: Qwen2's without contractions.
+UFAKZEKA_PASSES = (f"[^\\r\\n{_L}{_N}]?[{_L}]+|[{_N}]| ?[^{_S}{_L}{_N}]+[\\r\\n]*{_WS_TAIL}",)
+# MiniCPM5: digits in threes, then Qwen2's words with digit runs.
+MINICPM5_PASSES = (f"[{_N}]{{1,3}}",
+                   f"{_CONTRACTIONS_ANY_CASE}|[^\\r\\n{_L}{_N}]?[{_L}]+|[{_N}]+| ?[^{_S}{_L}{_N}]+[\\r\\n]*{_WS_TAIL}")
+# Jais 2: Llama 3's words, whitespace runs cut into powers of two.
+JAIS2_PASSES = ((f"{_CONTRACTIONS_ANY_CASE}|[^\\r\\n{_L}{_N}]?[{_L}]+|[{_N}]{{1,3}}| ?[^{_S}{_L}{_N}]+[\\r\\n]*"
+                 f"|[{_S}]*[\\r\\n]+"
+                 + "".join(f"|[{_S}]{{{n}}}(?![^{_S}])" for n in (512, 256, 128, 64, 32, 16, 8, 4))
+                 + f"|[{_S}]{{1,2}}(?![^{_S}])|[{_S}]"),)
+# K-EXAONE (exaone-moe): letter runs hold marks and single spaces between letters.
+EXAONE_MOE_PASSES = ((f"{_CONTRACTIONS_ANY_CASE}|[^\\r\\n{_L}{_N}]?(?:[{_L}][{_M}]*(?: [{_L}][{_M}]*)*)+|[{_N}]"
+                      f"| ?[^{_S}{_L}{_N}]+[\\r\\n/]?|[{_S}]*[\\r\\n]|[{_S}]+(?![^{_S}])|[{_S}]+"),)
+# Spark 2.5: DeepSeek-V3's passes, punctuation runs without newlines, then digits alone.
+SPARK2_5_PASSES = (
+    f"[{_N}]{{1,3}}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    (f"[{_ASCII_PUNCT_AND_SYMBOLS}][A-Za-z]+|[^\\r\\n{_L}{_P}{_SYM}]?[{_L}{_M}]+| ?[{_P}{_SYM}]+|[\\r\\n]"
+     f"|[{_S}]+(?![^{_S}])|[{_S}]+"),
+    f"[{_N}]",
+)
+# Youtu: runs of Hangul, CJK punctuation, Bopomofo, CJK and kana (a std::wregex), then the words.
+YOUTU_PASSES = (
+    ("[\uac00-\ud7a3\u3131-\u318e]+|[\uff01\u2026\u201c\u201d\u2018\u2019\u2014\uff1a\uff1b\uff0c"
+     "\u3001-\u303f\ufe30-\ufe4f]+|[\u3105-\u312f]+|[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"),
+    f"{_wide_cased()}|[{_N}]| ?[^{_S}{_L}{_N}]+[\\r\\n/]*{_WS_TAIL}",
+)
+# Tiny Aya, North (cohere2moe): digit groups from the right, then o200k's words.
+TINY_AYA_PASSES = (_DigitGroups(), f"{_wide_cased()}|[{_N}]{{1,3}}| ?[^{_S}{_L}{_N}]+[\\r\\n/]*{_WS_TAIL}")
+# Arcee (afmoe): digit groups from the right, CJK and Southeast Asian scripts (a std::wregex; its
+# first range starts at U+8C48, as llama.cpp writes it), then DeepSeek-V3's words.
+AFMOE_PASSES = (
+    _DigitGroups(),
+    ("[\u4e00-\u9fff\u3400-\u4dbf\u8c48-\ufaff\u3040-\u309f\u30a0-\u30ff\uff65-\uff9f\u2f00-\u2fdf"
+     "\u0e40-\u0e7f\u0e80-\u0eff\u1780-\u17ff\u1000-\u109f\uaa60-\uaa7f\ua9e0-\ua9ff\uac00-\ud7af"
+     "\u1100-\u11ff]+"),
+    (f"[{_ASCII_PUNCT_AND_SYMBOLS}][A-Za-z]+|[^\\r\\n{_L}{_P}{_SYM}]?[{_L}{_M}]+| ?[{_P}{_SYM}]+[\\r\\n]*"
+     f"{_WS_TAIL}"),
+)
+# BLOOM, Poro, GPT-3 Finnish: runs of anything but whitespace and these marks (a std::wregex:
+# "(", "|" and ")" are members of the class); Viking also isolates each digit.
+BLOOM_PASSES = (f" ?[^({_S}|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+",)
+VIKING_PASSES = (*BLOOM_PASSES, f"[{_N}]")
+# Chameleon: its sentinel and image tokens, tabs, newlines and space pairs, digits, punctuation
+# (\\p{P} and ASCII's), then GPT-2's regex (which llama.cpp runs with its GPT-2 splitter).
+CHAMELEON_PASSES = (
+    "<sentinel:[0-9]+>",
+    "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
+    "([\t\n]|    |  )",
+    f"[{_N}]",
+    f"[{_P}!-/:-@\\[-`{{-~]",
+    _Custom(GPT2_PATTERN),
+)
+
+
+class _RightDigitGroups(_DigitGroups):
+    """SuperBPE's second pass, (?=(\\d{3})+(?!\\d)) in std::wregex: a match of nothing wherever
+    a multiple of three ASCII digits follows up to the next non-digit, so each run of
+    ASCII digits is cut into threes from the right (the empty words give no tokens)."""
+
+    _number = re.compile("[0-9]+")
+
+    def split(self, text: str, start: int, end: int) -> list[tuple[int, int]]:
+        out, prev = [], start
+        for m in self._number.finditer(text, start, end):
+            for cut in range(m.start() + len(m.group()) % 3, m.end(), 3):
+                if cut > prev:
+                    out.append((prev, cut))
+                    prev = cut
+        if prev < end:
+            out.append((prev, end))
+        return out
+
+
+SUPERBPE_PASSES = (f"[{_N}]+", _RightDigitGroups())
+# Granite embedding multilingual (97m): o200k's words with marks counted as letters of both cases.
+GRANITE_EMB_MULTI_PASSES = ((
+    f"[^\\r\\n{_L}{_N}]?[{_UPPERISH}{_M}]*[{_LOWERISH}{_M}]+(?:{_CONTRACTIONS_ANY_CASE})?"
+    f"|[^\\r\\n{_L}{_N}]?[{_UPPERISH}{_M}]+[{_LOWERISH}{_M}]*(?:{_CONTRACTIONS_ANY_CASE})?"
+    f"|[{_N}]{{1,3}}| ?[^{_S}{_L}{_N}]+[\\r\\n/]*{_WS_TAIL}"),)
+
 # llama.cpp's "default" BPE pre-tokenizer.
 DEFAULT_PASSES = (
     f"[{_P}$+<=>^~|]+",
@@ -293,12 +410,17 @@ def _single_pass(pattern: str) -> Callable[[str], list[str]]:
 
 def _multi_pass(passes) -> Callable[[str], list[str]]:
     """llama.cpp's std::regex passes: each splits every piece into matches and the text between them."""
-    compiled = [(re.compile(p, re.DOTALL), isinstance(p, _Custom)) for p in passes]
+    compiled = [p if isinstance(p, _DigitGroups) else (re.compile(p, re.DOTALL), isinstance(p, _Custom))
+                for p in passes]
 
     def split(text: str) -> list[str]:
         stand_in = _stl_text(text)
         spans = [(0, len(text))] if text else []
-        for rx, custom in compiled:
+        for step in compiled:
+            if isinstance(step, _DigitGroups):
+                spans = [span for start, end in spans for span in step.split(text, start, end)]
+                continue
+            rx, custom = step
             subject = text if custom else stand_in
             out = []
             for start, end in spans:
@@ -320,8 +442,8 @@ def _multi_pass(passes) -> Callable[[str], list[str]]:
 
 
 # (family, pattern or passes, ignore_merges, add_bos[, has_bos])
-_Entry = Union[tuple[str, Union[str, tuple[str, ...]], bool, bool],
-               tuple[str, Union[str, tuple[str, ...]], bool, bool, bool]]
+_Passes = Union[str, tuple[Union[str, _DigitGroups], ...]]
+_Entry = Union[tuple[str, _Passes, bool, bool], tuple[str, _Passes, bool, bool, bool]]
 
 _QWEN2: _Entry = ("qwen2", QWEN2_PATTERN, False, False)
 _QWEN35 = ("qwen35", QWEN35_PATTERN, False, False)
@@ -360,6 +482,20 @@ _BY_PRE: dict[str, _Entry] = {
     "kimi-k2": ("kimi-k2", KIMI_K2_PATTERN, False, False),
     # Grok 2's regex is Qwen2's, character for character (llama.cpp runs its splitter).
     "grok-2": _QWEN2,
+    **{k: ("bailingmoe", BAILINGMOE_PASSES, False, False) for k in ("bailingmoe", "bailingmoe2", "llada-moe")},
+    "ufakzeka": ("ufakzeka", UFAKZEKA_PASSES, False, False),
+    "minicpm5": ("minicpm5", MINICPM5_PASSES, True, False),
+    "jais-2": ("jais-2", JAIS2_PASSES, False, False),
+    "exaone-moe": ("exaone-moe", EXAONE_MOE_PASSES, False, False),
+    "spark2_5": ("spark2_5", SPARK2_5_PASSES, False, False),
+    "youtu": ("youtu", YOUTU_PASSES, True, False),
+    **{k: ("tiny_aya", TINY_AYA_PASSES, False, False) for k in ("tiny_aya", "cohere2moe")},
+    "afmoe": ("afmoe", AFMOE_PASSES, False, False),
+    "granite-embed-multi-97m": ("granite-embed-multi-97m", GRANITE_EMB_MULTI_PASSES, True, False),
+    **{k: ("bloom", BLOOM_PASSES, False, False) for k in ("bloom", "poro-chat", "gpt3-finnish")},
+    "viking": ("viking", VIKING_PASSES, False, False),
+    "chameleon": ("chameleon", CHAMELEON_PASSES, False, True),
+    "superbpe": ("superbpe", SUPERBPE_PASSES, False, False),
     "falcon": ("falcon", FALCON_PASSES, False, False),
 }
 
@@ -372,13 +508,6 @@ _NOT_BYTE_LEVEL = ("BPE over raw UTF-8 pieces with spaces escaped (no GPT-2 byte
 _REFUSED: dict[str, str] = {
     **{k: _NOT_BYTE_LEVEL for k in ("gemma4", "granite-embed-multi-311m", "sarvam-moe")},
     "whitespace": "words split at whitespace, without GPT-2 byte encoding",
-    "afmoe": "its own digit grouping (by the length of the digit run modulo 3)",
-    **{k: "digit groups aligned from the right (a lookahead splitter)" for k in ("tiny_aya", "cohere2moe")},
-    "superbpe": "digit groups aligned from the right (a lookahead splitter)",
-    **{k: "its own regexes" for k in ("bailingmoe", "bailingmoe2", "llada-moe", "chameleon", "exaone-moe",
-                                      "jais-2", "minicpm5", "spark2_5", "ufakzeka", "youtu",
-                                      "granite-embed-multi-97m")},
-    **{k: "its own regexes" for k in ("bloom", "poro-chat", "gpt3-finnish", "viking")},
 }
 
 
