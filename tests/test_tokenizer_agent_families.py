@@ -1,5 +1,6 @@
 """The pre-tokenizers of the agent-model families (GLM-4.x, DeepSeek-V3, Kimi-K2, LFM2,
-Granite, Seed, SmolLM, MiniMax-M2, Laguna) against llama.cpp.
+Granite, Seed, SmolLM, MiniMax-M2, Laguna, Nemotron), and the rest of llama.cpp's
+byte-level ones (Ling, Arcee, Tiny Aya, MiniCPM5, ...), against llama.cpp.
 
 * No vocabulary test file of the sdist has these pre-tokenizers, so sdist
   vocabularies and a probe vocabulary whose ids show every split are given each

@@ -33,6 +33,9 @@ Seed-OSS shares Seed-Coder's 155,136-token vocabulary (``seed-coder``, not
 seen in a GGUF here).  ALREADY_SUPPORTED compares the values that map to types
 elelem had before.
 
+The other byte-level pre-tokenizers of llama.cpp's table (Ling's, Arcee's, Tiny
+Aya's, MiniCPM5's, ...) are compared on the probe vocabulary too.
+
 No vocabulary of these families is in the sdist, so an sdist vocabulary
 (``models/ggml-vocab-<base>.gguf``) is given each ``pre`` (CONFIGS), and so is
 the probe vocabulary (pretokenizer_corpus.probe_vocab's construction over
