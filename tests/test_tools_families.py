@@ -9,7 +9,11 @@ For each family's real template (llama.cpp's corpus, models/templates/ of the pi
 * model-like replies parsed whole and streamed at every split (several calls, arguments split across
   deltas), with the reasoning the family writes, read after the prompt the template renders;
 * broken replies given back as content, never an exception;
-* a conversation with two calls, reasoning and tool results rendered as llama.cpp renders it.
+* a conversation with two calls, reasoning and tool results rendered as llama.cpp renders it;
+* the same replies read by llama.cpp's own parser (tests/support/chat_parse_driver.cpp, built by
+  tests/support/llamacpp_chat_parse.py), which must read them as elelem does, but where
+  LLAMA_CPP_DIFFERS says why not;
+* constrained calls in each new format on tiny models that speak it (tests/support/agent_format_models.py).
 """
 from __future__ import annotations
 
@@ -360,3 +364,60 @@ def test_reasoning_markup_is_read_off_the_template_as_llama_cpp_reads_it(name, s
     parser = reply_parser(parser_for(source), source, "", parse_calls=False)
     got = parser.parse(f"{start}Plan it.{end}Done.")
     assert (got.reasoning, got.content) == ("Plan it.", "Done.")
+
+
+# -- the same replies through llama.cpp's own parser -----------------------------------------
+
+def _calls_of(message: dict) -> list:
+    import json
+
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"] or "{}"))
+            for c in message.get("tool_calls") or ()]
+
+
+#: Where llama.cpp's parser reads a family's reply otherwise, and why elelem keeps its reading.
+LLAMA_CPP_DIFFERS = {
+    "minimax-m2": "llama.cpp's autoparser refuses several <invoke> in one <minimax:tool_call> block (its tests "
+                  "cover one call), though the template writes a turn's calls so; one call is compared instead",
+    "smollm3": "llama.cpp finds no call markup in SmolLM3's template (it does not write calls back) and reads the "
+               "reply as content; elelem reads the <tool_call> JSON the template's system prompt asks for",
+}
+ONE_MINIMAX_CALL = ("Weather first.\n</think>\n\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n"
+                    "<parameter name=\"city\">Paris</parameter>\n<parameter name=\"days\">2</parameter>\n"
+                    "</invoke>\n</minimax:tool_call>")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_replies_parse_as_llama_cpps_parser_reads_them(family, sources):
+    """llama.cpp's parser for the template and the request (tests/support/chat_parse_driver.cpp:
+    common_chat_templates_apply, then common_chat_peg_parse) reads each family's reply to the content,
+    reasoning and calls elelem reads (whitespace around the reasoning and the content aside: elelem
+    drops it); broken replies are content in elelem, whatever llama.cpp makes of them (it refuses most,
+    reads Seed-OSS's unclosed parameter up to the end)."""
+    import llamacpp_chat_parse
+
+    name, _, _, _, reply, expected = FAMILIES[family]
+    source = sources[name]
+    broken = BROKEN.get(family, [])
+    replies = [reply, ONE_MINIMAX_CALL] if family == "minimax-m2" else [reply]
+    request = {"template": source, "bos_token": "<s>", "eos_token": "</s>", "tools": TOOLS,
+               "parallel_tool_calls": True,
+               "messages": [{"role": "user", "content": "Weather in Paris for 2 days, and the time?"}],
+               "replies": [*replies, *broken]}
+    results = llamacpp_chat_parse.run([request])
+    if results is None:
+        pytest.skip("llama.cpp's chat parser is not built (python tests/support/llamacpp_chat_parse.py)")
+    result = results[0]
+    assert "error" not in result, result
+    _, tools_reader = reader(source)
+    for text, theirs in zip(replies, result["parsed"]):
+        ours = summary(tools_reader.parse(text))
+        got = (((theirs.get("content") or "").strip() or None), (theirs.get("reasoning_content") or "").strip()
+               or None, _calls_of(theirs)) if "error" not in theirs else theirs
+        if family in LLAMA_CPP_DIFFERS and text == reply:
+            assert got != ours, f"llama.cpp now reads {family}'s reply as elelem does: drop LLAMA_CPP_DIFFERS' entry"
+            continue
+        assert got == ours, (text, theirs)
+    fmt = parser_for(source)
+    for text in broken:
+        assert collect(fmt.stream(TOOLS), [text]).tool_calls == []
