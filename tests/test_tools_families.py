@@ -241,7 +241,19 @@ AGENT_TURNS = {
 }
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+def _agent_turn_cases():
+    for family in FAMILIES:
+        marks = ()
+        if family == "lfm2.5-thinking":
+            # llama.cpp's LFM2 handler (parsers/lfm2.cpp) copies each turn's reasoning_content to "thinking",
+            # which this template prints; elelem does that for gpt-oss's only (api/text_api.py asks
+            # reasoning_messages for it when the format carries the reasoning), so the reasoning of
+            # earlier turns is missing from LFM2.5's prompt
+            marks = (pytest.mark.xfail(strict=True, reason="LFM2.5's reasoning_content is not given as 'thinking'"),)
+        yield pytest.param(family, marks=marks)
+
+
+@pytest.mark.parametrize("family", _agent_turn_cases())
 def test_an_agent_turn_renders_as_llama_cpp(family, sources):
     """Two calls with reasoning and their results, as each family's template renders them in llama.cpp."""
     from elelem.api.prompts import render_chat
@@ -257,9 +269,6 @@ def test_an_agent_turn_renders_as_llama_cpp(family, sources):
     template = ChatTemplate(source, bos_token=cases.BOS, eos_token=cases.EOS)
     kwargs = {"enable_thinking": True, "datetime": cases.FIXED_NOW.strftime("%b %d %Y"),
               "date_string": cases.FIXED_NOW.strftime("%d %b %Y")}
-    if family.startswith("lfm2"):
-        pytest.skip("llama.cpp's LFM2 handler copies reasoning_content to 'thinking' (parsers/lfm2.cpp)") \
-            if "thinking" in source else None
     got = render_chat(template, messages_for_template(AGENT_TURNS["messages"]), tools=TOOLS,
                       add_generation_prompt=True, **kwargs)
     assert "error" not in expected, expected

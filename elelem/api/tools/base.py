@@ -283,6 +283,9 @@ class ToolCallParser:
     bare_calls = False
     #: Whether the format also carries the reply's reasoning (gpt-oss's channels).
     handles_reasoning = False
+    #: Whether the family's template reads a turn's reasoning as ``thinking`` (llama.cpp's gpt-oss and
+    #: LFM2 handlers copy ``reasoning_content`` there before rendering).
+    reasoning_as_thinking = False
 
     @classmethod
     def for_template(cls, source: str) -> "ToolCallParser":

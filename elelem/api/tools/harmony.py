@@ -57,6 +57,7 @@ class HarmonyParser(ToolCallParser):
     start_tag = CHANNEL
     preserved_tokens = (CHANNEL, MESSAGE, START, END, CONSTRAIN)
     handles_reasoning = True
+    reasoning_as_thinking = True
 
     def stream(self, tool_names: Any = (), *, extract_reasoning: bool = True,
                parse_calls: bool = True) -> "HarmonyStream":

@@ -103,6 +103,7 @@ class LFM2Parser(ToolCallParser):
     start_tag = "<|tool_call_start|>"
     end_tag = "<|tool_call_end|>"
     preserved_tokens = ("<|tool_call_start|>", "<|tool_call_end|>")
+    reasoning_as_thinking = True  # parsers/lfm2.cpp: LFM2.5's thinking template prints message.thinking
 
     def parse_call(self, body: str) -> Optional[dict]:
         calls = python_calls(body, ToolSpecs())
