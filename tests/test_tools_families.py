@@ -22,7 +22,8 @@ import random
 import pytest
 
 from elelem.api.reasoning import reply_parser, think_tags
-from elelem.api.tools import GLMParser, HermesParser, LFM2Parser, Qwen3CoderParser, TemplateFormatParser, parser_for
+from elelem.api.tools import (GLMParser, HermesParser, KimiK2Parser, LFM2Parser, Qwen3CoderParser, TemplateFormatParser,
+                              parser_for)
 from elelem.api.tools.base import collect
 from elelem.api.tools.lfm2 import python_calls
 from elelem.api.tools.base import ToolSpecs
@@ -93,6 +94,12 @@ FAMILIES = {
                       "{\"city\": \"Paris\", \"days\": 2}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time"
                       "<｜tool▁sep｜>{\"tz\": \"UTC\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
                       (None, "Both.", [PARIS2, UTC])),
+    "kimi-k2-thinking": ("Kimi-K2-Thinking.jinja", KimiK2Parser, None, "<think>",
+                         "<think>Both at once.</think>Checking.<|tool_calls_section_begin|><|tool_call_begin|>"
+                         "functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\", \"days\": 2}"
+                         "<|tool_call_end|><|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>"
+                         "{\"tz\": \"UTC\"}<|tool_call_end|><|tool_calls_section_end|>",
+                         ("Checking.", "Both at once.", [PARIS2, UTC])),
 }
 
 #: family -> replies that must come back as content (markup included), without calls or an exception
@@ -109,6 +116,10 @@ BROKEN = {
              "<|tool_call_start|>[get_weather('Paris')]<|tool_call_end|>",
              "<|tool_call_start|>[__import__('os').system('x')]<|tool_call_end|>",
              "<|tool_call_start|>get_weather(city=\"Paris\")<|tool_call_end|>"],
+    "kimi-k2-thinking": ["<|tool_calls_section_begin|><|tool_call_begin|>get_weather<|tool_call_argument_begin|>"
+                         "{}<|tool_call_end|><|tool_calls_section_end|>",
+                         "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                         "<|tool_call_argument_begin|>{\"city\": <|tool_call_end|><|tool_calls_section_end|>"],
     "deepseek-v3.1": ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": "
                       "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"],
 }
@@ -309,7 +320,7 @@ BOUNDED = [
 ]
 
 
-@pytest.mark.parametrize("family", ["minimax-m2", "seed-oss", "nemotron-nano-2", "deepseek-v3.1", "lfm2"])
+@pytest.mark.parametrize("family", ["minimax-m2", "seed-oss", "nemotron-nano-2", "deepseek-v3.1", "kimi-k2", "lfm2"])
 def test_a_constrained_call_in_each_agent_format(family, tmp_path):
     import json
 
@@ -430,3 +441,14 @@ def test_replies_parse_as_llama_cpps_parser_reads_them(family, sources):
     fmt = parser_for(source)
     for text in broken:
         assert collect(fmt.stream(TOOLS), [text]).tool_calls == []
+
+
+def test_kimi_k2_call_ids_are_kept_and_a_bare_call_is_read(sources):
+    """The id (functions.NAME:INDEX) is the call's id, which the template writes back; a call may come
+    without its section markers, and its end marker may be missing at the end (kimi-k2.cpp)."""
+    fmt = parser_for(sources["Kimi-K2-Thinking.jinja"])
+    reply = ("<|tool_call_begin|>functions.get_time:3<|tool_call_argument_begin|>{\"tz\": \"UTC\"}<|tool_call_end|>"
+             "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:4<|tool_call_argument_begin|>{}")
+    got = fmt.parse(reply, TOOLS)
+    assert [c["id"] for c in got.tool_calls] == ["functions.get_time:3", "functions.get_time:4"]
+    assert summary(got)[2] == [UTC, ("get_time", {})]

@@ -1,5 +1,5 @@
 """Tiny random models with the agent families' chat templates and control tokens (MiniMax-M2,
-Seed-OSS, Nemotron Nano 2, DeepSeek V3.1, LFM2), for constrained calls in their formats.
+Seed-OSS, Nemotron Nano 2, DeepSeek V3.1, Kimi K2, LFM2), for constrained calls in their formats.
 
 As tests/support/format_models.py: a byte-level vocabulary, the family's control tokens as
 single tokens, and its real template (llama.cpp's corpus, models/templates/ of the pinned sdist).
@@ -27,6 +27,10 @@ AGENT_FAMILIES = {
                        "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
                        "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<think>", "</think>"],
                       "<｜end▁of▁sentence｜>", "<｜tool▁calls▁begin｜>"),
+    "kimi-k2": ("Kimi-K2-Thinking.jinja", ["<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>",
+                                            "<|im_middle|>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+                                            "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+                                            "<think>", "</think>"], "<|im_end|>", "<|tool_calls_section_begin|>"),
     "lfm2": ("LFM2-8B-A1B.jinja", ["<|startoftext|>", "<|im_start|>", "<|im_end|>", "<|tool_call_start|>",
                                    "<|tool_call_end|>", "<|tool_list_start|>", "<|tool_list_end|>", "<think>",
                                    "</think>"], "<|im_end|>", "<|tool_call_start|>"),

@@ -4,7 +4,8 @@
 * one module per format: :mod:`.hermes` (``<tool_call>{json}</tool_call>``),
   :mod:`.qwen3_coder` (Qwen3-Coder/Qwen3.5 XML), :mod:`.harmony` (gpt-oss),
   :mod:`.mistral` (``[TOOL_CALLS]``), :mod:`.llama3` (Llama 3.x JSON),
-  :mod:`.glm` (GLM-4.5 ``<arg_key>``/``<arg_value>``), :mod:`.lfm2` (LFM2's Python-style calls);
+  :mod:`.glm` (GLM-4.5 ``<arg_key>``/``<arg_value>``), :mod:`.lfm2` (LFM2's Python-style calls),
+  :mod:`.kimi_k2` (Kimi K2's ``functions.NAME:0`` ids);
 * :mod:`.template_markers` and :mod:`.derived` -- the markup a template writes, read off a probe
   render, and the format that reads calls with it (MiniMax-M2, Seed-OSS, Nemotron Nano 2, ...);
 * :mod:`.parsers` -- which format a chat template writes (or the one named);
@@ -26,6 +27,7 @@ from .derived import TemplateFormatParser
 from .glm import GLMParser
 from .harmony import HarmonyParser
 from .hermes import HermesParser
+from .kimi_k2 import KimiK2Parser
 from .lfm2 import LFM2Parser
 from .llama3 import Llama3Parser
 from .mistral import MistralParser
@@ -36,5 +38,5 @@ from .streaming import StreamingToolCallParser
 __all__ = [
     "Forced", "TokenConstraint", "Grammar", "tool_call_grammar", "ParsedReply", "ToolCallParser", "ToolSpecs",
     "CallStream", "HermesParser", "Qwen3CoderParser", "HarmonyParser", "MistralParser", "Llama3Parser",
-    "GLMParser", "LFM2Parser", "TemplateFormatParser", "FORMATS", "format_named", "parser_for", "register_parser", "StreamingToolCallParser",
+    "GLMParser", "LFM2Parser", "KimiK2Parser", "TemplateFormatParser", "FORMATS", "format_named", "parser_for", "register_parser", "StreamingToolCallParser",
 ]

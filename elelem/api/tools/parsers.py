@@ -13,6 +13,7 @@ Each format is a :class:`ToolCallParser` in its own module (see
 ``llama3``                ``{"name", "parameters"}``, after ``<|python_tag|>``  Llama 3.1, 3.2, 3.3
 ``glm``                   ``<tool_call>NAME<arg_key>k</arg_key><arg_value>v...``  GLM-4.5, 4.6, 4.7, Laguna
 ``lfm2``                  ``<|tool_call_start|>[NAME(k="v")]<|tool_call_end|>``  LFM2, LFM2.5
+``kimi_k2``               ``<|tool_call_begin|>functions.NAME:0<|tool_call_arg...``  Kimi K2
 ``template``              the markup the template writes, derived from it        MiniMax-M2, Seed-OSS,
                                                                                  Nemotron Nano 2, DeepSeek V3.1
 ========================  =====================================================  =================
@@ -20,7 +21,7 @@ Each format is a :class:`ToolCallParser` in its own module (see
 :func:`parser_for` reads the template's source as llama.cpp's chat-format
 detection does (``common_chat_try_specialized_template`` and its
 autoparser): gpt-oss's ``<|channel|>``, Mistral's ``[TOOL_CALLS]``,
-LFM2's tool list, Qwen3-Coder's ``<function=``/``<parameter=`` inside
+Kimi K2's tool-call section, LFM2's tool list, Qwen3-Coder's ``<function=``/``<parameter=`` inside
 ``<tool_call>``, GLM's ``<arg_key>``, then the markup the template itself
 writes for a probe call (:mod:`.template_markers`, as llama.cpp's
 autoparser diffs renders), then Hermes' ``<tool_call>``, Llama 3's
@@ -37,12 +38,13 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ...errors import InvalidArgumentError
-from . import derived, glm, harmony, hermes, lfm2, llama3, mistral, qwen3_coder
+from . import derived, glm, harmony, hermes, kimi_k2, lfm2, llama3, mistral, qwen3_coder
 from .base import ParsedReply, ToolCallParser, new_call_id, tool_call_dict
 from .derived import TemplateFormatParser
 from .glm import GLMParser
 from .harmony import HarmonyParser
 from .hermes import HermesParser
+from .kimi_k2 import KimiK2Parser
 from .lfm2 import LFM2Parser
 from .llama3 import Llama3Parser
 from .mistral import MistralParser
@@ -52,6 +54,7 @@ from .qwen3_coder import Qwen3CoderParser
 PARSERS: list[tuple[type[ToolCallParser], Callable[[str], bool]]] = [
     (HarmonyParser, harmony.matches),
     (MistralParser, mistral.matches),
+    (KimiK2Parser, kimi_k2.matches),
     (LFM2Parser, lfm2.matches),
     (Qwen3CoderParser, qwen3_coder.matches),
     (GLMParser, glm.matches),
@@ -65,14 +68,14 @@ DEFAULT_PARSER: type[ToolCallParser] = HermesParser
 FORMATS: dict[str, type[ToolCallParser]] = {
     "hermes": HermesParser, "qwen3_coder": Qwen3CoderParser, "harmony": HarmonyParser,
     "mistral": MistralParser, "llama3": Llama3Parser, "glm": GLMParser, "lfm2": LFM2Parser,
-    "template": TemplateFormatParser,
+    "kimi_k2": KimiK2Parser, "template": TemplateFormatParser,
 }
 ALIASES = {"qwen": "hermes", "qwen2.5": "hermes", "qwen3": "hermes", "chatml": "hermes",
            "qwen3-coder": "qwen3_coder", "qwen3.5": "qwen3_coder", "qwen3_xml": "qwen3_coder",
            "gpt-oss": "harmony", "gpt_oss": "harmony", "llama-3": "llama3", "llama3.x": "llama3",
            "llama3_json": "llama3", "glm4.5": "glm", "glm-4.5": "glm", "glm45": "glm", "mistral-nemo": "mistral",
            "lfm2.5": "lfm2", "liquid": "lfm2", "derived": "template", "minimax-m2": "template",
-           "seed-oss": "template", "seed_oss": "template"}
+           "seed-oss": "template", "seed_oss": "template", "kimi": "kimi_k2", "kimi-k2": "kimi_k2"}
 
 
 def register_parser(parser: type[ToolCallParser], matches: Callable[[str], bool]) -> None:
@@ -108,4 +111,4 @@ def format_named(name: str) -> type[ToolCallParser]:
 
 __all__ = ["PARSERS", "FORMATS", "ALIASES", "DEFAULT_PARSER", "register_parser", "parser_for", "format_named",
            "ToolCallParser", "ParsedReply", "HermesParser", "Qwen3CoderParser", "HarmonyParser", "MistralParser",
-           "Llama3Parser", "GLMParser", "LFM2Parser", "TemplateFormatParser", "new_call_id", "tool_call_dict"]
+           "Llama3Parser", "GLMParser", "LFM2Parser", "KimiK2Parser", "TemplateFormatParser", "new_call_id", "tool_call_dict"]
