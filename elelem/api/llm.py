@@ -35,6 +35,7 @@ from .devices import check_memory, connect_servers, kv_layer_bytes, parse_endpoi
 from .offload import Offload, keep_supported, plan_offload
 from .draft import open_draft
 from .embeddings import embed, embedding_response, model_pooling
+from .infill import DEFAULT_N_BATCH, Piece, infill_ids
 from .options import (DEFAULT_N_CTX, DEFAULT_N_SEQ_MAX, DEFAULT_RPC_TIMEOUT, FIELD_GROUP, GROUPS,  # noqa: F401
                       KV_CELL_PAD, MAX_N_CTX, CacheOptions, ContextOptions, PlacementOptions, SpeculativeOptions,
                       WeightOptions, build_options, padded_cells)
@@ -426,6 +427,22 @@ class LLM:
     def create_chat_completion(self, *args, **kwargs):
         """:meth:`~elelem.api.session.Session.create_chat_completion` on a free session."""
         return self._text_call("create_chat_completion", args, kwargs)
+
+    def infill(self, prefix: Piece, suffix: Piece, *, extra: Any = None, prompt: str = "",
+               n_batch: int = DEFAULT_N_BATCH, suffix_first: bool = False, stream: bool = False, **options: Any):
+        """The code between ``prefix`` and ``suffix``, with ``extra`` files of the repository as context
+        (a mapping of file names to texts, or llama.cpp's ``[{"filename", "text"}]``), on a free session.
+
+        The prompt is the one llama.cpp's server builds for ``/infill``
+        (:mod:`elelem.api.infill`), ``max_tokens`` standing for its ``-n``.
+        ``options`` are :meth:`generate`'s (``max_tokens``, ``stop``,
+        ``grammar``, sampling); ``stream=True`` gives :meth:`stream`'s
+        iterator of text deltas instead of the text.
+        """
+        max_tokens = options.get("max_tokens")
+        ids = infill_ids(self.assets, prefix, suffix, n_ctx=self.n_ctx, extra=extra, prompt=prompt, n_batch=n_batch,
+                         n_predict=-1 if max_tokens is None else max_tokens, suffix_first=suffix_first)
+        return self.stream(ids, **options) if stream else self.generate(ids, **options)
 
     def _text_call(self, name: str, args: tuple, kwargs: dict):
         with self._leased() as (session, release):
