@@ -23,6 +23,7 @@ from .config import ServerConfig
 from .embeddings import embedding_call, run_embedding
 from .errors import APIError, from_exception
 from .generation import Generation
+from .infill import error_response as llama_error_response, infill
 from .limits import RequestLimit
 from .metrics import Metrics
 from .registry import ModelRegistry
@@ -80,6 +81,7 @@ def create_app(config: ServerConfig, registry: Optional[ModelRegistry] = None) -
         Route("/v1/messages", _endpoint(state, anthropic.messages, x_api_key=True,
                                         error_response=anthropic.error_response), methods=["POST"]),
         Route("/v1/responses", _endpoint(state, responses.handler()), methods=["POST"]),
+        Route("/infill", _endpoint(state, infill, error_response=llama_error_response), methods=["POST"]),
     ]
     # ServerConfig.__post_init__ sets max_requests when it is not given.
     assert config.max_requests is not None

@@ -33,6 +33,9 @@ class Call:
     tools: Optional[list] = None
     tool_choice: Any = None
     prompt: Any = None
+    # A prompt only the model's tokenizer can build (/infill): called on the session, it gives the prompt,
+    # and may complete the options that need the vocabulary.
+    build_prompt: Optional[Callable[[Any, "Call"], Any]] = None
     echo: bool = False
     options: dict = field(default_factory=dict)   # max_tokens, stop and sampling, as the library takes them
 
@@ -76,6 +79,8 @@ def _chat(session, call: Call, model_id: str) -> Answer:
 
 
 def _completion(session, call: Call, model_id: str) -> Answer:
+    if call.build_prompt is not None:
+        call.prompt = call.build_prompt(session, call)
     text = session.stream(call.prompt, **call.options)
     base = 0 if text.logprobs is None else shapes.text_offset_base(call.prompt, session.detokenize)
     echo = shapes.prompt_text(call.prompt, session.detokenize) if call.echo else ""
