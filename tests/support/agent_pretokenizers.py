@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 
 import pretokenizer_corpus as base_corpus
 
@@ -109,7 +110,45 @@ _EXTRA = [
     "<sentinel:0><sentinel:123>", "IMGIMGABZ IMGIMGIIIIZ IMGIMGJZ", "a (b|c) d", "x.y,z!w?v…u。t，s、r।q۔p،o",
 ]
 
-CORPUS: list[str] = [*base_corpus.CORPUS, *_EXTRA]
+# Blocks to draw code points from: ASCII, Latin, marks, Greek to Armenian, Hebrew and Arabic,
+# Devanagari, Thai and Lao, Myanmar, Hangul Jamo, Khmer, punctuation and symbols, CJK radicals,
+# CJK punctuation and kana, Bopomofo, CJK and its extensions (and the unassigned ends of
+# their ranges), Hangul, private use, compatibility ideographs, variation selectors, half- and
+# full-width forms, emoji, mathematical letters, Linear B, tags.
+_BLOCKS = [(0x20, 0x7E)] * 6 + [
+    (0x80, 0x2FF), (0x300, 0x36F), (0x370, 0x52F), (0x590, 0x6FF), (0x900, 0x97F), (0xE00, 0xEFF), (0x1000, 0x109F),
+    (0x1100, 0x11FF), (0x1780, 0x17FF), (0x2000, 0x206F), (0x2070, 0x2BFF), (0x2E80, 0x2FDF), (0x3000, 0x30FF),
+    (0x3100, 0x31FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xA960, 0xA9FF), (0xAA60, 0xAA7F), (0xAC00, 0xD7FF),
+    (0xE000, 0xE0FF), (0xF900, 0xFAFF), (0xFE00, 0xFE6F), (0xFF00, 0xFFEF), (0x1F300, 0x1FAFF), (0x20000, 0x20100),
+    (0x2A6D0, 0x2A710), (0x2B730, 0x2B830), (0x2CE90, 0x2CEC0), (0x2EBD0, 0x2EBF5), (0x2F800, 0x2FA30),
+    (0x1D400, 0x1D7FF), (0x10000, 0x1007F), (0xE0000, 0xE007F),
+]
+_SPACES = [" ", "  ", "\n", "\r\n", "\t", "\u3000", "\u00a0", "\u2028", "\x0b", "\x85"]
+
+
+def _random_code_points(n: int, seed: int) -> list[str]:
+    """Short texts of code points from _BLOCKS, whitespace and numbers: where categories meet."""
+    rng = random.Random(seed)
+    texts: list[str] = []
+    while len(texts) < n:
+        parts = []
+        for _ in range(rng.randint(1, 9)):
+            r = rng.random()
+            if r < 0.2:
+                parts.append(rng.choice(_SPACES))
+            elif r < 0.3:
+                parts.append(str(rng.randint(0, 99999)))
+            else:
+                cp = rng.randint(*rng.choice(_BLOCKS))
+                if not 0xD800 <= cp <= 0xDFFF:
+                    parts.append(chr(cp) * rng.choice([1, 1, 1, 2, 3]))
+        text = "".join(parts)[:12]
+        if text and text not in texts:
+            texts.append(text)
+    return texts
+
+
+CORPUS: list[str] = [*base_corpus.CORPUS, *_EXTRA, *_random_code_points(250, 20261207)]
 
 
 def probe_vocab() -> tuple[list[str], list[str]]:
