@@ -142,3 +142,35 @@ def test_a_model_without_fim_tokens_is_a_400_naming_it(smollm_path):
     with TestClient(create_app(config), raise_server_exceptions=False) as client:
         llama_error(client.post("/infill", json={"input_prefix": "x", "input_suffix": ""}, headers=AUTH), 400,
                     "Infill is not supported by this model: prefix token is missing.")
+
+
+def test_n_indent_ends_the_text_at_the_first_line_indented_less():
+    from elelem.server.infill.wire import LineLimits
+    # The first line (the cursor's) is never checked; a blank line has no indentation either.
+    assert LineLimits(4).whole("a + b\n    c\nd = 1\n") == len("a + b\n    c\n")
+    assert LineLimits(4).whole("a + b\n\n    c") == len("a + b\n")
+    # A tab counts as one character of indentation, as in llama.cpp.
+    assert LineLimits(4).whole("x\n    y\n\t\t\t\tz") is None and LineLimits(4).whole("x\n\tz") == 3
+    assert LineLimits(0).whole("x\ny") is None
+    # Fed token by token, a line is checked one piece late, as llama.cpp checks it.
+    limits = LineLimits(4)
+    assert [limits.feed(p) for p in ["x\n", "    y\n", "z", "w"]] == [False, False, False, True]
+    assert limits.cut == len("x\n    y\n")
+
+
+@pytest.mark.real_model
+def test_n_indent_cuts_the_answer_and_stops_the_stream(qwen_app):
+    from elelem.server.infill.wire import LineLimits
+    body = {"input_prefix": "class Point:\n    def __init__(self, x, y):\n        ", "input_suffix": "",
+            "n_predict": 48, "temperature": 0}
+    free = qwen_app.post("/infill", json=body, headers=AUTH).json()["content"]
+    cut = LineLimits(8).whole(free)
+    assert cut is not None, free  # the model leaves the method within 48 tokens
+    limited = qwen_app.post("/infill", json={**body, "n_indent": 8}, headers=AUTH).json()
+    assert limited["content"] == free[:cut] and limited["stop_type"] == "limit"
+    with qwen_app.stream("POST", "/infill", json={**body, "n_indent": 8, "stream": True}, headers=AUTH) as response:
+        raw = "".join(response.iter_text())
+    events = [json.loads(line[len("data: "):]) for line in raw.split("\n\n") if line.startswith("data: ")]
+    streamed = "".join(e["content"] for e in events)
+    assert streamed.startswith(free[:cut]) and len(streamed) < len(free)
+    assert events[-1]["stop"] is True and events[-1]["stop_type"] == "limit"

@@ -20,7 +20,7 @@ from ..body import read_json
 from ..call import Call
 from ..generation import Generation, accept
 from .request import generation_options, infill_body
-from .wire import LlamaWire, error_response
+from .wire import LineLimits, LlamaWire, error_response
 
 __all__ = ["infill", "error_response"]
 
@@ -47,5 +47,6 @@ async def infill(state, request: Request) -> Generation:
         return assets.tokenizer.decode(ids, special=True).decode("utf-8", "replace")
 
     call = Call(chat=False, model=body.get("model"), stream=body.get("stream") is True, build_prompt=build_prompt)
-    return await accept(state, request, call,
-                        lambda model_id: LlamaWire(model_id, prompt_text, settings, body.get("response_fields")))
+    limits = LineLimits(body.get("n_indent") or 0, body.get("t_max_predict_ms") or 0)
+    return await accept(state, request, call, lambda model_id: LlamaWire(
+        model_id, prompt_text, settings, body.get("response_fields"), limits))

@@ -9,11 +9,12 @@ them: ``n_predict`` (or ``max_tokens``; -1: no limit), ``temperature``,
 ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``, ``seed``
 (-1: random), ``logit_bias`` (llama.cpp's ``[[token, bias]]`` pairs or
 ``{token: bias}`` object, a token as an id or a text, ``false`` to ban it),
-``ignore_eos``, ``stop``, ``grammar`` and ``stream``.  Samplers elelem lacks
+``ignore_eos``, ``stop``, ``grammar``, ``stream``, and the editor plugins'
+``n_indent`` and ``t_max_predict_ms`` (:class:`.wire.LineLimits`).  Samplers elelem lacks
 (mirostat, DRY, XTC, dynamic temperature, top-n-sigma) are refused unless
 off; what changes nothing here is accepted and left unread (``cache_prompt``:
 prefixes are always reused; ``id_slot``, ``samplers``, ``n_keep``,
-``n_indent``, ``t_max_predict_ms``, ``t_max_prompt_ms``, ...).  As in
+``t_max_prompt_ms``, ...).  As in
 llama-server, other unknown fields are ignored: editor plugins send many.
 """
 from __future__ import annotations
@@ -56,6 +57,7 @@ SPEC = Spec({
     "ignore_eos": Field(BOOLEAN),
     "grammar": Field(STRING),
     "n_probs": Field(_INTEGER),
+    "n_indent": Field(_INTEGER), "t_max_predict_ms": Field(_INTEGER),
     "response_fields": Field(Kind("a list of strings", lambda value: isinstance(value, list) and all(
         isinstance(v, str) for v in value))),
     **{name: Field(kind) for name, kind in _SAMPLING.items()},
@@ -79,6 +81,8 @@ def infill_body(body: Any, config: ServerConfig) -> dict:
         raise bad_request("n_probs is not supported on /infill by this server", "n_probs")
     if body.get("n_cmpl", body.get("n", 1)) != 1:
         raise bad_request("one completion per request: n_cmpl must be 1", "n_cmpl")
+    if (body.get("n_indent") or 0) < 0:
+        raise bad_request(f"n_indent must be 0 or more, got {body['n_indent']}", "n_indent")
     max_tokens_limit(body, config)
     return body
 
