@@ -59,6 +59,20 @@ static inline int32_t load32(const int8_t * p) {
     return v;
 }
 
+/* Ask for the weight PREFETCH_BLOCKS interleaved blocks ahead of b. */
+static inline __attribute__((always_inline)) TARGET void prefetch_ahead(const block_q4_Kx8_t * b) {
+    for (int line = 0; line < (int) sizeof(block_q4_Kx8_t); line += 64) {
+        _mm_prefetch((const char *) (b + PREFETCH_BLOCKS) + line, _MM_HINT_T0);
+    }
+}
+
+/* A column's 8 sub-block sums (pairs of its Q8_K bsums), two int16 a sub-block pair. */
+static inline __attribute__((always_inline)) TARGET void pair_sums_of(const block_q8_K_t * column, int32_t out[4]) {
+    const __m128i bsums_0_7 = _mm_loadu_si128((const __m128i *) column->bsums);
+    const __m128i bsums_8_15 = _mm_loadu_si128((const __m128i *) (column->bsums + 8));
+    _mm_storeu_si128((__m128i *) out, _mm_hadd_epi16(bsums_0_7, bsums_8_15));
+}
+
 static inline __attribute__((always_inline)) TARGET void q4_k_groups(
         const int N, int64_t nb, const block_q4_Kx8_t * w, int64_t g0, int64_t g1,
         const block_q8_K_t * const * columns, float * out, size_t out_stride) {
@@ -77,16 +91,12 @@ static inline __attribute__((always_inline)) TARGET void q4_k_groups(
         }
         for (int64_t ib = 0; ib < nb; ib++) {
             const block_q4_Kx8_t * b = &wg[ib];
-            for (int line = 0; line < (int) sizeof(block_q4_Kx8_t); line += 64) {
-                _mm_prefetch((const char *) (b + PREFETCH_BLOCKS) + line, _MM_HINT_T0);
-            }
+            prefetch_ahead(b);
             __m256i sums[8], min_sums[8];
             int32_t pair_sums[8][4];   /* a column's sub-block sums, two int16 a sub-block pair */
             _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
                 sums[c] = min_sums[c] = _mm256_setzero_si256();
-                const __m128i bsums_0_7 = _mm_loadu_si128((const __m128i *) columns[c][ib].bsums);
-                const __m128i bsums_8_15 = _mm_loadu_si128((const __m128i *) (columns[c][ib].bsums + 8));
-                _mm_storeu_si128((__m128i *) pair_sums[c], _mm_hadd_epi16(bsums_0_7, bsums_8_15));
+                pair_sums_of(&columns[c][ib], pair_sums[c]);
             }
             for (int sb = 0; sb < 4; sb++) {   /* sub-blocks 2 sb (low nibbles) and 2 sb + 1 (high) */
                 const __m128i first = scales_and_mins(b->scales + 24 * sb);
@@ -167,18 +177,14 @@ static inline __attribute__((always_inline)) SMALL_BATCH_AVX512_TARGET void q4_k
         }
         for (int64_t ib = 0; ib < nb; ib++) {
             const block_q4_Kx8_t * b = &wg[ib];
-            for (int line = 0; line < (int) sizeof(block_q4_Kx8_t); line += 64) {
-                _mm_prefetch((const char *) (b + PREFETCH_BLOCKS) + line, _MM_HINT_T0);
-            }
+            prefetch_ahead(b);
             __m512i sums[8];
             __m256i min_sums[8];
             int32_t pair_sums[8][4];
             _Pragma("GCC unroll 8") for (int c = 0; c < N; c++) {
                 sums[c] = _mm512_setzero_si512();
                 min_sums[c] = _mm256_setzero_si256();
-                const __m128i bsums_0_7 = _mm_loadu_si128((const __m128i *) columns[c][ib].bsums);
-                const __m128i bsums_8_15 = _mm_loadu_si128((const __m128i *) (columns[c][ib].bsums + 8));
-                _mm_storeu_si128((__m128i *) pair_sums[c], _mm_hadd_epi16(bsums_0_7, bsums_8_15));
+                pair_sums_of(&columns[c][ib], pair_sums[c]);
             }
             for (int sb = 0; sb < 4; sb++) {
                 const __m128i first = scales_and_mins(b->scales + 24 * sb);
@@ -229,32 +235,21 @@ static inline __attribute__((always_inline)) SMALL_BATCH_AVX512_TARGET void q4_k
 
 /* Rows [8 g0, 8 g1) of a block_q4_Kx8 weight of nb super-blocks a row,
  * times n (1 to 8) Q8_K columns: out[c * out_stride + row]. */
+/* A constant count of columns keeps the accumulators in registers. */
+#define BY_COLUMN_COUNT(kernel, n, ...) do { switch (n) { \
+    case 1: kernel(1, __VA_ARGS__); break; case 2: kernel(2, __VA_ARGS__); break; \
+    case 3: kernel(3, __VA_ARGS__); break; case 4: kernel(4, __VA_ARGS__); break; \
+    case 5: kernel(5, __VA_ARGS__); break; case 6: kernel(6, __VA_ARGS__); break; \
+    case 7: kernel(7, __VA_ARGS__); break; default: kernel(8, __VA_ARGS__); break; } } while (0)
+
 static TARGET void rows_avx2(int n, int64_t nb, const block_q4_Kx8_t * w, int64_t g0, int64_t g1,
                              const block_q8_K_t * const * x, float * out, size_t out_stride) {
-    switch (n) {  /* a constant count of columns keeps the accumulators in registers */
-        case 1: q4_k_groups(1, nb, w, g0, g1, x, out, out_stride); break;
-        case 2: q4_k_groups(2, nb, w, g0, g1, x, out, out_stride); break;
-        case 3: q4_k_groups(3, nb, w, g0, g1, x, out, out_stride); break;
-        case 4: q4_k_groups(4, nb, w, g0, g1, x, out, out_stride); break;
-        case 5: q4_k_groups(5, nb, w, g0, g1, x, out, out_stride); break;
-        case 6: q4_k_groups(6, nb, w, g0, g1, x, out, out_stride); break;
-        case 7: q4_k_groups(7, nb, w, g0, g1, x, out, out_stride); break;
-        default: q4_k_groups(8, nb, w, g0, g1, x, out, out_stride); break;
-    }
+    BY_COLUMN_COUNT(q4_k_groups, n, nb, w, g0, g1, x, out, out_stride);
 }
 
 static SMALL_BATCH_AVX512_TARGET void rows_avx512(int n, int64_t nb, const block_q4_Kx8_t * w, int64_t g0, int64_t g1,
                                                   const block_q8_K_t * const * x, float * out, size_t out_stride) {
-    switch (n) {
-        case 1: q4_k_groups_vnni(1, nb, w, g0, g1, x, out, out_stride); break;
-        case 2: q4_k_groups_vnni(2, nb, w, g0, g1, x, out, out_stride); break;
-        case 3: q4_k_groups_vnni(3, nb, w, g0, g1, x, out, out_stride); break;
-        case 4: q4_k_groups_vnni(4, nb, w, g0, g1, x, out, out_stride); break;
-        case 5: q4_k_groups_vnni(5, nb, w, g0, g1, x, out, out_stride); break;
-        case 6: q4_k_groups_vnni(6, nb, w, g0, g1, x, out, out_stride); break;
-        case 7: q4_k_groups_vnni(7, nb, w, g0, g1, x, out, out_stride); break;
-        default: q4_k_groups_vnni(8, nb, w, g0, g1, x, out, out_stride); break;
-    }
+    BY_COLUMN_COUNT(q4_k_groups_vnni, n, nb, w, g0, g1, x, out, out_stride);
 }
 
 void elelem_small_batch_q4_k_rows(int isa, int n, int64_t nb, const void * weight, int64_t g0, int64_t g1,
