@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import elelem
-from elelem import _core
 from elelem.cpu import cpu_backend_info
 from elelem.engine.engine import REUSE_ALIGNMENT
 from kernel_choice import small_batch_isa, through_ggml_alone  # noqa: F401 (a fixture)
