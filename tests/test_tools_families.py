@@ -21,7 +21,7 @@ import random
 
 import pytest
 
-from elelem.api.reasoning import reply_parser, think_tags
+from elelem.api.reasoning import reasoning_messages, reply_parser, think_tags
 from elelem.api.tools import (GLMParser, HermesParser, KimiK2Parser, LFM2Parser, Qwen3CoderParser, TemplateFormatParser,
                               parser_for)
 from elelem.api.tools.base import collect
@@ -252,19 +252,7 @@ AGENT_TURNS = {
 }
 
 
-def _agent_turn_cases():
-    for family in FAMILIES:
-        marks = ()
-        if family == "lfm2.5-thinking":
-            # llama.cpp's LFM2 handler (parsers/lfm2.cpp) copies each turn's reasoning_content to "thinking",
-            # which this template prints; elelem does that for gpt-oss's only (api/text_api.py asks
-            # reasoning_messages for it when the format carries the reasoning), so the reasoning of
-            # earlier turns is missing from LFM2.5's prompt
-            marks = (pytest.mark.xfail(strict=True, reason="LFM2.5's reasoning_content is not given as 'thinking'"),)
-        yield pytest.param(family, marks=marks)
-
-
-@pytest.mark.parametrize("family", _agent_turn_cases())
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_an_agent_turn_renders_as_llama_cpp(family, sources):
     """Two calls with reasoning and their results, as each family's template renders them in llama.cpp."""
     from elelem.api.prompts import render_chat
@@ -280,8 +268,10 @@ def test_an_agent_turn_renders_as_llama_cpp(family, sources):
     template = ChatTemplate(source, bos_token=cases.BOS, eos_token=cases.EOS)
     kwargs = {"enable_thinking": True, "datetime": cases.FIXED_NOW.strftime("%b %d %Y"),
               "date_string": cases.FIXED_NOW.strftime("%d %b %Y")}
-    got = render_chat(template, messages_for_template(AGENT_TURNS["messages"]), tools=TOOLS,
-                      add_generation_prompt=True, **kwargs)
+    # As a session renders them (api/text_api.py): a template that prints an earlier turn's reasoning
+    # as message.thinking (LFM2.5's, as llama.cpp's parsers/lfm2.cpp gives it) gets it under that name.
+    messages = reasoning_messages(AGENT_TURNS["messages"], thinking_key=parser_for(source).reasoning_as_thinking)
+    got = render_chat(template, messages_for_template(messages), tools=TOOLS, add_generation_prompt=True, **kwargs)
     assert "error" not in expected, expected
     assert got == expected["prompt"]
 

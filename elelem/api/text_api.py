@@ -260,11 +260,13 @@ class TextAPI:
         variables = template_kwargs(chat_template_kwargs)
         extracts_reasoning(reasoning_format)  # a bad value fails before any compute
         source = self.assets.chat_template.source
+        template_format = parser_for(source, self._tool_call_format(tool_call_format))
         fmt = plan.parser
         if fmt is None:  # no calls to read; a format may still carry the reasoning (gpt-oss's)
-            fmt = parser_for(source, self._tool_call_format(tool_call_format))
-            fmt = fmt if fmt.handles_reasoning else None
-        messages = reasoning_messages(messages, thinking_key=fmt is not None and fmt.handles_reasoning)
+            fmt = template_format if template_format.handles_reasoning else None
+        # Templates that print an earlier turn's reasoning as message.thinking (gpt-oss's, LFM2.5's) get
+        # reasoning_content under that name too, as llama.cpp's handlers for them give it.
+        messages = reasoning_messages(messages, thinking_key=template_format.reasoning_as_thinking)
         prompt, ids = chat_prompt(self.assets, messages_for_template(messages), tools=plan.template_tools,
                                   **variables)
         reply = reply_parser(fmt, source, prompt, parse_calls=plan.parses_calls, tools=plan.functions,
