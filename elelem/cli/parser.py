@@ -121,10 +121,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", parents=[common, speculation, caching],
                                 help="serve models over an OpenAI-compatible HTTP API",
                                 description="An OpenAI-compatible server (/v1/chat/completions, /v1/completions, "
-                                            "/v1/models, /health, /metrics); needs pip install 'elelem[server]'.")
+                                            "/v1/models, /health, /metrics) of one model or several, the "
+                                            "request's model choosing; needs pip install 'elelem[server]'.")
     serve.add_argument("-m", "--model", action="append", default=None, metavar="M",
                        help=f"a .gguf path, a known model name or hf://ORG/REPO[:QUANT]; repeat to serve "
                             f"several (default: {DEFAULT_MODEL})")
+    serve.add_argument("--models-dir", default=None, metavar="DIR",
+                       help="also serve every .gguf file below DIR, named by its file (without --model: "
+                            "none is loaded before the first request)")
+    serve.add_argument("--max-loaded", type=_positive_int, default=None, metavar="N",
+                       help="keep at most N models loaded: the next unloads the least recently used idle one "
+                            "(default: no limit)")
+    serve.add_argument("--max-memory", type=_byte_size, default=None, metavar="SIZE",
+                       help="keep at most this much of models' weights and KV caches loaded (e.g. 8G), "
+                            "unloading as --max-loaded does (default: no limit)")
+    serve.add_argument("--load-timeout", default="2m", metavar="T",
+                       help="how long a request waits for another's load of its model, or for a loaded model "
+                            "to give way to it, before a 503 (default 2m)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=_non_negative_int, default=8080, help="port (default 8080; 0 picks a free one)")
     serve.add_argument("--api-key", default=None, metavar="KEY", help="require 'Authorization: Bearer KEY'")

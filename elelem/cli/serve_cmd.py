@@ -24,8 +24,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"elelem: error: the server needs its extra ({error.name} is missing): "
               "pip install 'elelem[server]'", file=sys.stderr)
         return 1
-    models = [model_path(name) for name in (args.model or [None])]  # known names are pulled first
-    config = ServerConfig(models=models, api_key=args.api_key, parallel=args.parallel, n_ctx=args.ctx,
+    # Known names are pulled first; with --models-dir alone, the folder's models are all there is.
+    models = [model_path(name) for name in (args.model or ([] if args.models_dir else [None]))]
+    load_timeout = parse_duration(args.load_timeout)
+    config = ServerConfig(models=models, models_dir=args.models_dir, max_loaded=args.max_loaded,
+                          max_memory=args.max_memory,
+                          load_timeout=float("inf") if load_timeout is None else load_timeout,
+                          api_key=args.api_key, parallel=args.parallel, n_ctx=args.ctx,
                           n_threads=args.threads, keep_alive=parse_duration(args.keep_alive),
                           speculative=args.speculative, flash_attn=args.flash_attn,
                           n_gpu_layers=args.n_gpu_layers, main_gpu=args.main_gpu, tensor_split=args.tensor_split,

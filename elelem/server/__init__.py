@@ -21,7 +21,9 @@ And what they share:
   thread, answered as JSON or SSE; :mod:`.wire` -- the base of each protocol's answer;
 * :mod:`.errors` -- every failure as OpenAI's error JSON, with its status;
 * :mod:`.config` -- the settings (``ServerConfig``) and their limits;
-* :mod:`.registry` -- the models: loaded on first use, unloaded when idle;
+* :mod:`.pool` -- the models by name, loaded on first use, unloaded when idle or to make room
+  (least recently used); :mod:`.served` -- one model's slots and sessions; :mod:`.registry` -- their names;
+* :mod:`.admin` -- ``/v1/models`` and the pool's load and unload endpoints;
 * :mod:`.metrics` -- the Prometheus text of ``/metrics``.
 """
 from __future__ import annotations

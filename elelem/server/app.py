@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from . import anthropic, chat, responses
+from . import admin, anthropic, chat, responses
 from .auth import check_key
 from .body import read_json
 from .chat_page import chat_page
@@ -58,7 +58,7 @@ def create_app(config: ServerConfig, registry: Optional[ModelRegistry] = None) -
     @asynccontextmanager
     async def lifespan(app):
         # The default model loads before the server accepts requests, so /health means ready.
-        await anyio.to_thread.run_sync(state.registry.default.load)
+        await anyio.to_thread.run_sync(state.registry.load_at_startup)
         state.registry.start_reaper()
         state.ready = True
         try:
@@ -72,8 +72,10 @@ def create_app(config: ServerConfig, registry: Optional[ModelRegistry] = None) -
         Route("/", _endpoint(state, _page, auth=False), methods=["GET"]),
         Route("/health", _endpoint(state, _health, auth=False), methods=["GET"]),
         Route("/metrics", _endpoint(state, _metrics, auth=False), methods=["GET"]),
-        Route("/v1/models", _endpoint(state, _models), methods=["GET"]),
-        Route("/v1/models/{model:path}", _endpoint(state, _model), methods=["GET"]),
+        Route("/v1/models", _endpoint(state, admin.models), methods=["GET"]),
+        Route("/v1/models/{model:path}", _endpoint(state, admin.model), methods=["GET"]),
+        Route("/models/load", _endpoint(state, admin.load), methods=["POST"]),
+        Route("/models/unload", _endpoint(state, admin.unload), methods=["POST"]),
         Route("/v1/chat/completions", _endpoint(state, chat.chat_completions), methods=["POST"]),
         Route("/v1/completions", _endpoint(state, chat.completions), methods=["POST"]),
         Route("/v1/embeddings", _endpoint(state, _embeddings), methods=["POST"]),
@@ -132,18 +134,6 @@ async def _health(state: ServerState, request: Request) -> Response:
 async def _metrics(state: ServerState, request: Request) -> Response:
     return PlainTextResponse(state.metrics.render(state.registry.models),
                              media_type="text/plain; version=0.0.4")
-
-
-def _model_object(state: ServerState, model) -> dict:
-    return {"id": model.id, "object": "model", "created": state.started, "owned_by": "elelem"}
-
-
-async def _models(state: ServerState, request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": [_model_object(state, m) for m in state.registry.models]})
-
-
-async def _model(state: ServerState, request: Request) -> Response:
-    return JSONResponse(_model_object(state, state.registry.get(request.path_params["model"])))
 
 
 async def _embeddings(state: ServerState, request: Request) -> Response:

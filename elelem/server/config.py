@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from ..api.options import FIELD_GROUP, build_options, override_options, padded_cells
 from ..errors import InvalidArgumentError
 
+_SPLIT = re.compile(r"-(\d{5})-of-\d{5}\.gguf$")
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -17,7 +19,13 @@ class ServerConfig:
     """What ``elelem serve`` was asked for.
 
     ``models`` are names or paths as given to ``LLM`` (the first is the
-    default, loaded at startup); ``parallel`` is how many requests run at once
+    default, loaded at startup unless ``preload`` is false); ``models_dir``
+    adds every GGUF file below that folder (:func:`find_models`), after them.
+    ``max_loaded`` models, and ``max_memory`` bytes of them (the files'
+    weights and their KV caches), are loaded at most (None: no bound): past
+    either, the least recently used idle model is unloaded for the next;
+    ``load_timeout`` bounds how long a request waits for its model to load
+    or for room to load it.  ``parallel`` is how many requests run at once
     per model (each on a session of its own); ``keep_alive`` is how long a
     model stays loaded without requests (None: forever); ``n_ctx`` is the
     context of each request (None: the model's, at most 4096).
@@ -37,7 +45,12 @@ class ServerConfig:
     ``/health`` and ``/metrics``.
     """
 
-    models: list[str]
+    models: list[str] = field(default_factory=list)
+    models_dir: Optional[str] = None
+    max_loaded: Optional[int] = None
+    max_memory: Optional[int] = None    # bytes
+    load_timeout: float = 120.0
+    preload: Optional[bool] = None      # None: when models were given (not only a models_dir)
     api_key: Optional[str] = None
     parallel: int = 8
     n_ctx: Optional[int] = None         # per request; None: the model's, at most 4096
@@ -62,8 +75,15 @@ class ServerConfig:
     llm_options: dict = field(default_factory=dict)  # more LLM() keywords (rpc_servers, tool_call_format, ...)
 
     def __post_init__(self) -> None:
+        if self.preload is None:
+            self.preload = bool(self.models)
+        if self.models_dir is not None:
+            self.models = [*self.models, *(m for m in find_models(self.models_dir) if m not in self.models)]
         if not self.models:
-            raise InvalidArgumentError("the server needs at least one model")
+            raise InvalidArgumentError("the server needs at least one model" + (
+                f": {self.models_dir} holds no .gguf file" if self.models_dir is not None else ""))
+        if self.max_loaded is not None and self.max_loaded < 1:
+            raise InvalidArgumentError(f"max_loaded must be at least 1, got {self.max_loaded}")
         if not 1 <= self.parallel <= 63:  # one sequence more is the LLM's default session
             raise InvalidArgumentError(f"parallel must be between 1 and 63, got {self.parallel}")
         if self.max_queue is None:
@@ -80,6 +100,22 @@ class ServerConfig:
         given = {name: getattr(self, name) for name in FIELD_GROUP if hasattr(self, name)}
         given.update(n_ctx=n_ctx, n_seq_max=self.parallel + 1, kv_size=padded_cells(n_ctx * self.parallel))
         return override_options(build_options(given), self.llm_options)
+
+
+def find_models(directory: str) -> list[str]:
+    """The models below ``directory``: every ``.gguf`` file, in path order, but for the
+    later parts of split models (``-00002-of-00003.gguf``: the first part opens them
+    all) and vision projectors (``mmproj``), which are no models of their own."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise InvalidArgumentError(f"models_dir: {directory} is not a folder")
+    found = []
+    for path in sorted(root.rglob("*.gguf")):
+        split = _SPLIT.search(path.name)
+        if (split and int(split.group(1)) != 1) or path.name.lower().startswith("mmproj"):
+            continue
+        found.append(str(path))
+    return found
 
 
 def parse_duration(text: str) -> Optional[float]:
