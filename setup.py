@@ -9,8 +9,9 @@ best one the running CPU supports, and ggml's RPC backend module
 (``libggml-rpc.so``), loaded when a model is split over RPC servers.
 
 Environment switches:
-  ELELEM_PORTABLE=1   build every x86-64 CPU variant (ggml's GGML_CPU_ALL_VARIANTS):
-                      one build that runs, at native speed, on any x86-64 CPU.
+  ELELEM_PORTABLE=1   build every CPU variant of ggml's GGML_CPU_ALL_VARIANTS (x86-64's,
+                      or Linux aarch64's): one build that runs, at native speed, on any
+                      CPU of the architecture.
                       Without it, one CPU module for the build machine's CPU.
   ELELEM_SANITIZE=1   compile ggml and the extension with ASan and UBSan.
   ELELEM_DEBUG=1      a debug build of ggml and the extension.
@@ -25,6 +26,7 @@ Environment switches:
                       headers themselves are vendored (third_party/vulkan-headers).
 """
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -209,6 +211,16 @@ def write_builder_includes() -> None:
         target.write_text(text)
 
 
+def kernel_sources() -> tuple[str, ...]:
+    """elelem's own kernels (elelem/_native/kernels) are x86-64 intrinsics;
+    on other CPUs their entry points are stubs that say none run, and the
+    core runs ggml's kernels only."""
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        return ("small_batch", "small_batch_avx2", "small_batch_avx512", "small_batch_avx512_q6_k",
+                "small_batch_q4_k", "experts")
+    return ("portable",)
+
+
 def extensions():
     import numpy
     from Cython.Build import cythonize
@@ -216,9 +228,7 @@ def extensions():
     write_builder_includes()
     core = Extension(
         "elelem._core",  # its sources are the native layer, elelem/_native/
-        sources=["elelem/_native/core.pyx"] + [f"elelem/_native/kernels/{name}.c" for name in (
-            "small_batch", "small_batch_avx2", "small_batch_avx512", "small_batch_avx512_q6_k", "small_batch_q4_k",
-            "experts")],
+        sources=["elelem/_native/core.pyx"] + [f"elelem/_native/kernels/{name}.c" for name in kernel_sources()],
         include_dirs=[str(GGML / "include"), numpy.get_include()],
         language="c++",
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

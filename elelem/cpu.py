@@ -7,15 +7,35 @@ kernels are used, and why (not).
 from __future__ import annotations
 
 import logging
+import platform
 from typing import Optional
 
 # The name itself, not `from . import _core`: that form reads as an import of the package
 # `elelem`, whose lazy LLM would then sit below this module in the import graph.
-from ._core import cpu_backend_info
+from ._core import cpu_backend_info, cpuinfo_features
 
-# Instruction sets that decide which ggml kernels run, as /proc/cpuinfo names them.
+# Instruction sets that decide which ggml kernels run, as /proc/cpuinfo names them:
+# x86-64's flags, then aarch64's Features.
 KERNEL_FLAGS = ("sse4_2", "avx", "f16c", "fma", "bmi2", "avx2", "avx_vnni", "avx512f", "avx512bw",
-                "avx512vl", "avx512_vbmi", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+                "avx512vl", "avx512_vbmi", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16",
+                "asimd", "fphp", "asimdhp", "asimddp", "i8mm", "bf16", "sve", "sve2", "svei8mm", "sme", "sme2")
+
+# aarch64's /proc/cpuinfo has no model name: its MIDR fields, CPU implementer
+# and CPU part, name the core (the kernel's arch/arm64/include/asm/cputype.h).
+ARM_IMPLEMENTERS = {0x41: "Arm", 0x42: "Broadcom", 0x43: "Cavium", 0x46: "Fujitsu", 0x48: "HiSilicon",
+                    0x4E: "NVIDIA", 0x51: "Qualcomm", 0x61: "Apple", 0x6D: "Microsoft", 0xC0: "Ampere"}
+ARM_PARTS = {
+    (0x41, 0xD03): "Cortex-A53", (0x41, 0xD04): "Cortex-A35", (0x41, 0xD05): "Cortex-A55",
+    (0x41, 0xD07): "Cortex-A57", (0x41, 0xD08): "Cortex-A72", (0x41, 0xD09): "Cortex-A73",
+    (0x41, 0xD0A): "Cortex-A75", (0x41, 0xD0B): "Cortex-A76", (0x41, 0xD0C): "Neoverse-N1",
+    (0x41, 0xD0D): "Cortex-A77", (0x41, 0xD40): "Neoverse-V1", (0x41, 0xD41): "Cortex-A78",
+    (0x41, 0xD44): "Cortex-X1", (0x41, 0xD46): "Cortex-A510", (0x41, 0xD47): "Cortex-A710",
+    (0x41, 0xD48): "Cortex-X2", (0x41, 0xD49): "Neoverse-N2", (0x41, 0xD4F): "Neoverse-V2",
+    (0x41, 0xD80): "Cortex-A520", (0x41, 0xD81): "Cortex-A720", (0x41, 0xD82): "Cortex-X4",
+    (0x41, 0xD84): "Neoverse-V3", (0x41, 0xD8E): "Neoverse-N3",
+    (0x61, 0x022): "M1 Icestorm", (0x61, 0x023): "M1 Firestorm", (0x61, 0x032): "M2 Blizzard",
+    (0x61, 0x033): "M2 Avalanche", (0xC0, 0xAC3): "AmpereOne",
+}
 
 # ggml types kept out of the AMX buffer type by default (they then take the
 # AVX-512 path): a type goes here when, on an AMX CPU, its AMX prefill or
@@ -31,27 +51,42 @@ AMX_BUFFER_TYPE = "AMX"
 log = logging.getLogger("elelem")
 
 
-def cpu_flags() -> set[str]:
-    """The running CPU's feature flags, as the kernel reports them (empty where unknown)."""
+def _cpuinfo() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.partition(":")[2].split())
+            return f.read()
     except OSError:
-        pass
-    return set()
+        return ""
+
+
+def cpu_flags() -> set[str]:
+    """The running CPU's feature flags, as the kernel reports them (x86's flags,
+    aarch64's Features; empty where unknown)."""
+    return cpuinfo_features(_cpuinfo()) or set()
+
+
+def cpu_model_name_from(text: str) -> Optional[str]:
+    """The CPU's name in the text of /proc/cpuinfo: x86's model name, or on
+    aarch64 the core its implementer and part numbers name (the first
+    processor's)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        key = key.strip()
+        if sep and key not in fields:
+            fields[key] = value.strip()
+    if fields.get("model name"):
+        return fields["model name"]
+    try:
+        implementer, part = int(fields["CPU implementer"], 16), int(fields["CPU part"], 16)
+    except (KeyError, ValueError):
+        return None
+    vendor = ARM_IMPLEMENTERS.get(implementer, f"implementer {implementer:#x}")
+    return f"{vendor} {ARM_PARTS.get((implementer, part), f'part {part:#x}')}"
 
 
 def cpu_model_name() -> Optional[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return None
+    return cpu_model_name_from(_cpuinfo())
 
 
 def amx_types(amx) -> Optional[list[str]]:
@@ -155,6 +190,8 @@ def small_batch_status(backend: dict) -> tuple[bool, str]:
         return True, (f"{isa}: Q8_0, Q5_0, Q4_0, Q4_1 and Q6_K matmuls (and AVX2: repacked Q4_K) of 2-8 "
                       f"generated tokens decode each weight once for all of them ({one_token}); "
                       "ELELEM_SMALL_BATCH=0 turns them off")
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False, f"they are x86-64 code; on {platform.machine()} ggml's kernels compute every product"
     if not backend["small_batch_cpu"]:
         return False, "this CPU has no AVX2, FMA or F16C"
     if not {"AVX2", "FMA", "F16C"} <= _compiled_features(backend):

@@ -2,13 +2,19 @@
 # for the running CPU, then reached through its registry entry.
 #
 # A native build ships one module (libggml-cpu.so, built for the build
-# machine); the portable build ships ggml's ladder of x86-64 variants
-# (libggml-cpu-x64.so ... libggml-cpu-sapphirerapids.so).  Each module
+# machine); the portable build ships ggml's ladder of variants: x86-64's
+# (libggml-cpu-x64.so ... libggml-cpu-sapphirerapids.so) or Linux aarch64's
+# (libggml-cpu-armv8.0_1.so ... libggml-cpu-armv9.2_2.so).  Each module
 # exports ggml_backend_score(): 0 when this CPU lacks an instruction set it
 # was compiled for, otherwise higher for more capable variants.  ggml's own
 # ggml_backend_load_best() does the same scan, but falls back to a module
 # that scored 0 (a native build on another CPU would die of SIGILL); here a
 # CPU that no module supports is an ImportError that says what to do.
+#
+# The ARM variants are scored here from /proc/cpuinfo's Features instead
+# (score_cpu_variants, the same rule as their own check, which reads the same
+# kernel hwcaps through getauxval): a pure function of the feature set that
+# tests can run on any machine, and no module is opened to be asked.
 
 import glob as _glob
 
@@ -71,6 +77,24 @@ ISA_MACRO_CPU_FLAGS = {
 }
 
 
+# The same for a native aarch64 module (cmake/native_cpu_features_arm.cmake):
+# the ACLE feature macros its flags predefine, by the Features names of
+# /proc/cpuinfo.  Only extensions a CPU may lack; the Armv8.0 baseline
+# (fp, asimd) is every aarch64 CPU's.
+ISA_MACRO_CPU_FLAGS.update({
+    "__ARM_FEATURE_DOTPROD": "asimddp", "__ARM_FEATURE_MATMUL_INT8": "i8mm",
+    "__ARM_FEATURE_FP16_VECTOR_ARITHMETIC": "asimdhp", "__ARM_FEATURE_FP16_SCALAR_ARITHMETIC": "fphp",
+    "__ARM_FEATURE_FP16_FML": "asimdfhm", "__ARM_FEATURE_BF16_VECTOR_ARITHMETIC": "bf16",
+    "__ARM_FEATURE_BF16_SCALAR_ARITHMETIC": "bf16", "__ARM_FEATURE_SVE": "sve", "__ARM_FEATURE_SVE2": "sve2",
+    "__ARM_FEATURE_SVE_MATMUL_INT8": "svei8mm", "__ARM_FEATURE_SVE_BF16": "svebf16", "__ARM_FEATURE_SME": "sme",
+    "__ARM_FEATURE_SME2": "sme2", "__ARM_FEATURE_ATOMICS": "atomics", "__ARM_FEATURE_QRDMX": "asimdrdm",
+    "__ARM_FEATURE_JCVT": "jscvt", "__ARM_FEATURE_COMPLEX": "fcma", "__ARM_FEATURE_FRINT": "frint",
+    "__ARM_FEATURE_RCPC": "lrcpc", "__ARM_FEATURE_CRC32": "crc32", "__ARM_FEATURE_AES": "aes",
+    "__ARM_FEATURE_SHA2": "sha2", "__ARM_FEATURE_SHA3": "sha3", "__ARM_FEATURE_SHA512": "sha512",
+    "__ARM_FEATURE_SM3": "sm3", "__ARM_FEATURE_SM4": "sm4",
+})
+
+
 def missing_native_isa(macros, cpu_flags):
     """The cpuinfo flags of ``macros`` (a native module's) that ``cpu_flags``
     lacks, sorted; macros of no known instruction set are not checked."""
@@ -78,16 +102,84 @@ def missing_native_isa(macros, cpu_flags):
     return sorted(wanted - set(cpu_flags))
 
 
+def cpuinfo_features(str text):
+    """The CPU's feature names in the text of /proc/cpuinfo: x86's "flags",
+    aarch64's "Features"; those every processor listed has, as a set.  None
+    where the text names none (another architecture, a sandbox's stub)."""
+    found = None
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("flags", "Features"):
+            names = set(value.split())
+            found = names if found is None else found & names
+    return found
+
+
 def _cpuinfo_flags():
-    """This CPU's flags from /proc/cpuinfo; None where there is no such file."""
+    """This CPU's features from /proc/cpuinfo; None where there is no such file."""
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return line.partition(":")[2].split()
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return cpuinfo_features(f.read())
     except OSError:
         return None
-    return None
+
+
+# ggml's Linux aarch64 variants (GGML_CPU_ALL_VARIANTS in ggml/src/CMakeLists.txt)
+# and the features each is compiled for, by ggml's names; then each feature's
+# /proc/cpuinfo names and its weight in the score that ggml's own check gives
+# (ggml-cpu/arch/arm/cpu-feats.cpp: 1 plus the weights of its features, 0
+# when the CPU lacks one).  FP16 is the scalar and the vector half-precision
+# arithmetic together (HWCAP_FPHP and HWCAP_ASIMDHP).
+ARM_VARIANT_FEATURES = {
+    "armv8.0_1": (),
+    "armv8.2_1": ("DOTPROD",),
+    "armv8.2_2": ("DOTPROD", "FP16"),
+    "armv8.2_3": ("DOTPROD", "FP16", "SVE"),
+    "armv8.6_1": ("DOTPROD", "FP16", "SVE", "MATMUL_INT8"),
+    "armv8.6_2": ("DOTPROD", "FP16", "SVE", "MATMUL_INT8", "SVE2"),
+    "armv9.2_1": ("DOTPROD", "FP16", "SVE", "MATMUL_INT8", "SME"),
+    "armv9.2_2": ("DOTPROD", "FP16", "SVE", "MATMUL_INT8", "SVE2", "SME"),
+}
+ARM_FEATURE_CPUINFO = {
+    "DOTPROD": (("asimddp",), 1 << 1),
+    "FP16": (("fphp", "asimdhp"), 1 << 2),
+    "SVE": (("sve",), 1 << 3),
+    "MATMUL_INT8": (("i8mm",), 1 << 4),
+    "SVE2": (("sve2",), 1 << 5),
+    "SME": (("sme",), 1 << 6),
+}
+
+
+def score_cpu_variants(features, variants):
+    """Each of ``variants`` (CPU module names) scored for a CPU with the
+    /proc/cpuinfo ``features`` as the module's own ggml_backend_score would
+    score it: 0 where the CPU lacks one of its features, more for more
+    capable ones.  None for a variant this cannot score (x86's, a native
+    module: their own check, or the native one, decides) and for every
+    variant where ``features`` is None (unknown)."""
+    features = None if features is None else set(features)
+    scores = {}
+    for name in variants:
+        wanted = ARM_VARIANT_FEATURES.get(name)
+        if wanted is None or features is None:
+            scores[name] = None
+            continue
+        score = 1
+        for feature in wanted:
+            names, weight = ARM_FEATURE_CPUINFO[feature]
+            if not set(names) <= features:
+                score = 0
+                break
+            score += weight
+        scores[name] = score
+    return scores
+
+
+def best_cpu_variant(scores):
+    """The variant with the highest score above 0 (the first by name among
+    equals), or None when none runs here."""
+    runs = [name for name in sorted(scores) if scores[name] > 0]
+    return max(runs, key=lambda name: scores[name]) if runs else None
 
 
 cdef void _check_native_isa() except *:
@@ -117,7 +209,9 @@ cdef int _module_score(str path) except -2:
         _log.debug("cannot open %s: %s", path, (<bytes> dlerror()).decode("utf-8", "replace"))
         return -1
     cdef _backend_score_fn score_fn = <_backend_score_fn> dlsym(handle, "ggml_backend_score")
-    cdef int score = score_fn() if score_fn != NULL else 0
+    # A module without its own check is a native aarch64 build (ggml's
+    # GGML_NATIVE adds none): it may run, and _check_native_isa decides.
+    cdef int score = score_fn() if score_fn != NULL else 1
     dlclose(handle)
     return score
 
@@ -128,8 +222,11 @@ cdef void _load_cpu_backend() except *:
     modules = sorted(_glob.glob(os.path.join(LIB_DIR, CPU_MODULE_PREFIX + "*.so")))
     if not modules:
         raise ImportError(f"elelem's CPU backend modules are missing from {LIB_DIR}; reinstall elelem")
-    scores = {_variant_name(p): _module_score(p) for p in modules}
     paths = {_variant_name(p): p for p in modules}
+    scores = score_cpu_variants(_cpuinfo_flags(), paths)
+    for name, score in scores.items():
+        if score is None:
+            scores[name] = _module_score(paths[name])
     forced = os.environ.get(CPU_VARIANT_ENV, "").strip()
     if forced:
         if forced not in scores:
@@ -138,8 +235,8 @@ cdef void _load_cpu_backend() except *:
             raise ImportError(f"{CPU_VARIANT_ENV}={forced!r}: this CPU lacks instructions that variant needs")
         chosen = forced
     else:
-        chosen = max(scores, key=lambda name: scores[name])
-        if scores[chosen] <= 0:
+        chosen = best_cpu_variant(scores)
+        if chosen is None:
             raise ImportError(
                 "this elelem was built for another CPU: none of its CPU backends "
                 f"({', '.join(sorted(scores))}) runs on this one. Rebuild it here "
