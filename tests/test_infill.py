@@ -10,8 +10,10 @@ the same model file and cases.  Qwen3-Coder has the same FIM, repository and
 file-separator tokens (<|fim_prefix|>, <|repo_name|>, <|file_sep|>, ...) at
 the same ids, so its prompts follow the same path.
 
-The layout without FIM_REP and FIM_SEP (the snippet separator) and a
-BOS-adding model are checked on a stub tokenizer.
+The layout without FIM_REP and FIM_SEP (the snippet separator) and with a
+BOS is checked against llama.cpp the same way, on Qwen's vocabulary with
+those tokens renamed and add_bos set (tests/support/infill_variants.py),
+and on a stub tokenizer.
 """
 from __future__ import annotations
 
@@ -26,7 +28,11 @@ import elelem
 from elelem.api.infill import extra_files, infill_ids
 from elelem.errors import InvalidArgumentError
 
+from elelem.gguf.reader import read_gguf
+from elelem.text.tokenizer import Tokenizer
+
 import infill_cases
+import infill_variants
 from llamacpp_reference import Reference, file_sha256, run_script, skip_or_fail
 
 SUPPORT = Path(__file__).resolve().parent / "support"
@@ -36,17 +42,36 @@ STORED = SUPPORT / "fixtures" / "infill_qwen2.5-coder-0.5b.json"
 @pytest.fixture(scope="module")
 def llamacpp_ids(qwen_path) -> dict:
     """llama.cpp's prompt ids for each case of infill_cases.py, by name."""
-    inputs = [Path(qwen_path), SUPPORT / "infill_cases.py"]
-    live = run_script("make_infill_fixtures.py", ["--out", "{out}/infill.json", "--model", str(qwen_path)],
-                      [], inputs, ["infill.json"])
+    return _llamacpp(qwen_path)["cases"]
+
+
+@pytest.fixture(scope="module")
+def llamacpp_variant_ids(qwen_path) -> dict:
+    """The same for the vocabulary variants of infill_variants.py, by variant and case."""
+    return _llamacpp(qwen_path)["variants"]
+
+
+_memo: dict = {}
+
+
+def _llamacpp(qwen_path) -> dict:
+    if "ref" in _memo:
+        return _memo["ref"]
+    inputs = [Path(qwen_path), SUPPORT / "infill_cases.py", SUPPORT / "infill_variants.py"]
+    live = run_script("make_infill_fixtures.py", ["--out", "{out}/infill.json", "--model", str(qwen_path),
+                                                  "--variants", "{out}"], [], inputs, ["infill.json"])
     if live is not None:
-        return live["infill.json"]["cases"]
+        _memo["ref"] = live["infill.json"]
+        return _memo["ref"]
     stored = json.loads(STORED.read_text(encoding="utf-8"))
     header = stored["header"]
-    cases_sha = hashlib.sha256((SUPPORT / "infill_cases.py").read_bytes()).hexdigest()
-    if header["model_file_sha256"] != file_sha256(Path(qwen_path)) or header["cases_sha256"] != cases_sha:
+    digests = {f"{name}_sha256": hashlib.sha256((SUPPORT / f"infill_{name}.py").read_bytes()).hexdigest()
+               for name in ("cases", "variants")}
+    if header["model_file_sha256"] != file_sha256(Path(qwen_path)) or any(
+            header.get(key) != value for key, value in digests.items()):
         skip_or_fail(f"{Reference.not_built()}, and {STORED.name} was made from another model file or cases")
-    return stored["cases"]
+    _memo["ref"] = stored
+    return stored
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +91,18 @@ def _ids(assets, body: dict, overrides: dict) -> list[int]:
 @pytest.mark.parametrize("name, body, overrides", infill_cases.CASES, ids=[c[0] for c in infill_cases.CASES])
 def test_the_prompt_ids_are_llamacpps_on_qwen_coder(qwen, llamacpp_ids, name, body, overrides):
     assert _ids(qwen.assets, body, overrides) == llamacpp_ids[name]
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("variant", sorted(infill_variants.VARIANTS))
+def test_without_repo_and_file_tokens_and_with_a_bos_the_ids_are_llamacpps(qwen_path, llamacpp_variant_ids,
+                                                                            tmp_path, variant):
+    path = infill_variants.write_variant(Path(qwen_path), tmp_path / f"{variant}.gguf", variant)
+    tokenizer = Tokenizer.from_metadata(read_gguf(path).metadata)
+    assert tokenizer.special_id("fim_rep") is None and tokenizer.special_id("fim_sep") is None
+    assets = _StubAssets(tokenizer, n_vocab=len(read_gguf(path).metadata["tokenizer.ggml.tokens"]))
+    for name, body, overrides in infill_cases.CASES:
+        assert _ids(assets, body, overrides) == llamacpp_variant_ids[variant][name], name
 
 
 @pytest.mark.real_model
@@ -122,8 +159,10 @@ class _StubTokenizer:
 
 
 class _StubAssets:
-    def __init__(self, tokenizer):
-        self.tokenizer, self.tokenizer_lock, self.n_vocab, self.path = tokenizer, threading.Lock(), 10 ** 6, Path("x")
+    """What infill_ids reads of a model's assets."""
+
+    def __init__(self, tokenizer, n_vocab: int = 10 ** 6):
+        self.tokenizer, self.tokenizer_lock, self.n_vocab, self.path = tokenizer, threading.Lock(), n_vocab, Path("x")
 
 
 def _chars(text):
