@@ -17,8 +17,6 @@ and on a stub tokenizer.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 from pathlib import Path
 
@@ -33,45 +31,18 @@ from elelem.text.tokenizer import Tokenizer
 
 import infill_cases
 import infill_variants
-from llamacpp_reference import Reference, file_sha256, run_script, skip_or_fail
-
-SUPPORT = Path(__file__).resolve().parent / "support"
-STORED = SUPPORT / "fixtures" / "infill_qwen2.5-coder-0.5b.json"
-
+from infill_reference import llamacpp_infill
 
 @pytest.fixture(scope="module")
 def llamacpp_ids(qwen_path) -> dict:
     """llama.cpp's prompt ids for each case of infill_cases.py, by name."""
-    return _llamacpp(qwen_path)["cases"]
+    return llamacpp_infill(qwen_path)["cases"]
 
 
 @pytest.fixture(scope="module")
 def llamacpp_variant_ids(qwen_path) -> dict:
     """The same for the vocabulary variants of infill_variants.py, by variant and case."""
-    return _llamacpp(qwen_path)["variants"]
-
-
-_memo: dict = {}
-
-
-def _llamacpp(qwen_path) -> dict:
-    if "ref" in _memo:
-        return _memo["ref"]
-    inputs = [Path(qwen_path), SUPPORT / "infill_cases.py", SUPPORT / "infill_variants.py"]
-    live = run_script("make_infill_fixtures.py", ["--out", "{out}/infill.json", "--model", str(qwen_path),
-                                                  "--variants", "{out}"], [], inputs, ["infill.json"])
-    if live is not None:
-        _memo["ref"] = live["infill.json"]
-        return _memo["ref"]
-    stored = json.loads(STORED.read_text(encoding="utf-8"))
-    header = stored["header"]
-    digests = {f"{name}_sha256": hashlib.sha256((SUPPORT / f"infill_{name}.py").read_bytes()).hexdigest()
-               for name in ("cases", "variants")}
-    if header["model_file_sha256"] != file_sha256(Path(qwen_path)) or any(
-            header.get(key) != value for key, value in digests.items()):
-        skip_or_fail(f"{Reference.not_built()}, and {STORED.name} was made from another model file or cases")
-    _memo["ref"] = stored
-    return stored
+    return llamacpp_infill(qwen_path)["variants"]
 
 
 @pytest.fixture(scope="module")

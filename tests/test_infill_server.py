@@ -20,7 +20,7 @@ from starlette.testclient import TestClient  # noqa: E402
 from elelem.server import ServerConfig, create_app  # noqa: E402
 
 import infill_cases  # noqa: E402
-from test_infill import llamacpp_ids  # noqa: E402,F401 -- the fixture
+from infill_reference import llamacpp_infill  # noqa: E402
 
 KEY = "infill-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -81,6 +81,11 @@ def qwen_app(qwen_path):
                           keep_alive=None, n_threads=2)
     with TestClient(create_app(config), raise_server_exceptions=False) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def llamacpp_ids(qwen_path) -> dict:
+    return llamacpp_infill(qwen_path)["cases"]
 
 
 def _llm(client):
