@@ -58,6 +58,8 @@ def unused():
     ({**BODY, "prompt": ["x"]}, '"prompt" must be a string'),
     ({**BODY, "n_predict": -2}, "n_predict must be -1 (no limit) or more"),
     ({**BODY, "mirostat": 2}, "mirostat is not supported"),
+    ({**BODY, "top_n_sigma": "1"}, "top_n_sigma must be a number"),
+    ({**BODY, "n_cmpl": 2}, "n_cmpl must be 1"),
     ({**BODY, "n_probs": 3}, "n_probs is not supported"),
     ({**BODY, "stream": "yes"}, "stream must be a boolean"),
 ])

@@ -61,6 +61,8 @@ SPEC = Spec({
     "response_fields": Field(Kind("a list of strings", lambda value: isinstance(value, list) and all(
         isinstance(v, str) for v in value))),
     **{name: Field(kind) for name, kind in _SAMPLING.items()},
+    **{name: Field(_NUMBER) for name in (*_ABSENT_SAMPLERS, "top_n_sigma")},
+    "n_cmpl": Field(_INTEGER), "n": Field(_INTEGER),
 }, open=True)
 
 
