@@ -252,6 +252,22 @@ def test_a_model_asked_for_at_once_loads_once_and_others_answer_meanwhile(models
         served.stop()
 
 
+def test_the_gil_changes_hands_often_while_a_model_loads(models_dir):
+    import sys
+    seen = []
+    opener = CountingOpen()
+    def open_llm(source, **options):
+        seen.append(sys.getswitchinterval())
+        return opener(source, **options)
+    pool = ModelPool(config(models_dir), open_llm)
+    before = sys.getswitchinterval()
+    try:
+        pool.load(pool.get("a"))
+        assert seen == [pytest.approx(0.0002)] and sys.getswitchinterval() == before
+    finally:
+        pool.close()
+
+
 def test_a_model_that_fails_to_load_fails_its_requests_only(models_dir, tmp_path):
     for name in ("a", "b"):
         (tmp_path / f"{name}.gguf").symlink_to(models_dir / f"{name}.gguf")
