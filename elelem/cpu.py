@@ -117,6 +117,8 @@ def _compiled_features(backend: dict) -> set[str]:
 def amx_status(backend: dict, flags: set[str]) -> tuple[bool, str]:
     """(on, why) for the loaded CPU backend on a CPU with ``flags``."""
     compiled = _compiled_features(backend)
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False, f"AMX is x86-64's; this is {platform.machine()}"
     if not {"amx_tile", "amx_int8"} <= flags:
         return False, "this CPU has no AMX (amx_tile, amx_int8)"
     if "AMX_INT8" not in compiled:

@@ -73,6 +73,9 @@ def test_modules_it_cannot_score_are_left_to_their_own_check():
     v1 = features("neoverse_v1_graviton3.txt")
     assert _core.score_cpu_variants(v1, ["haswell", "native"]) == {"haswell": None, "native": None}
     assert set(_core.score_cpu_variants(None, LINUX_ARM).values()) == {None}
+    # x86's flags (qemu-user shows the host's /proc/cpuinfo): not this CPU's
+    x86 = _core.cpuinfo_features("processor\t: 0\nflags\t\t: fpu sse4_2 avx2 avx512f\n")
+    assert set(_core.score_cpu_variants(x86, LINUX_ARM).values()) == {None}
 
 
 def test_the_variants_are_ggmls_linux_arm_ladder():

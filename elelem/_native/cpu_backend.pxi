@@ -156,8 +156,11 @@ def score_cpu_variants(features, variants):
     score it: 0 where the CPU lacks one of its features, more for more
     capable ones.  None for a variant this cannot score (x86's, a native
     module: their own check, or the native one, decides) and for every
-    variant where ``features`` is None (unknown)."""
-    features = None if features is None else set(features)
+    variant where ``features`` is None (unknown) or not an aarch64 CPU's:
+    every one has asimd, and without it they are another machine's (under
+    qemu-user /proc/cpuinfo is the host's; the modules' own check reads the
+    emulated CPU's hwcaps)."""
+    features = None if features is None or "asimd" not in features else set(features)
     scores = {}
     for name in variants:
         wanted = ARM_VARIANT_FEATURES.get(name)
