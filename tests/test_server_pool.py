@@ -373,3 +373,27 @@ def test_serve_takes_the_pool_options(monkeypatch, models_dir):
     assert main(["serve", "--model", str(models_dir / "b.gguf"), "--models-dir", str(models_dir)]) == 0
     pool = apps[1].state.server.registry
     assert [m.id for m in pool.models] == ["b", "a", "c"] and pool.config.preload  # b first, loaded at start
+
+
+def test_a_preset_gives_a_model_settings_of_its_own(monkeypatch, models_dir, tmp_path):
+    import elelem.server.serving
+    from elelem.cli import main
+    preset = tmp_path / "presets.ini"
+    preset.write_text("[a]\nctx = 512\nparallel = 1\n\n[c]\nspeculative = off\n")
+    apps = []
+    monkeypatch.setattr(elelem.server.serving, "serve", lambda app, **where: apps.append(app) or 0)
+    assert main(["serve", "--models-dir", str(models_dir), "--ctx", "256", "--models-preset", str(preset)]) == 0
+    pool = apps[0].state.server.registry
+    a, b, c = (pool.get(name) for name in "abc")
+    assert [(m._config.n_ctx, m._config.parallel, m._config.speculative) for m in (a, b, c)] == [
+        (512, 1, True), (256, 8, True), (256, 8, False)]
+    assert a._config.max_queue == 4 and b._config.max_queue == 32
+    pool.load(a)
+    try:
+        assert a.llm.n_ctx == 512
+    finally:
+        pool.close()
+    preset.write_text("[a]\nrope = 2\n")
+    assert main(["serve", "--models-dir", str(models_dir), "--models-preset", str(preset)]) == 1
+    with pytest.raises(InvalidArgumentError, match="sets nope"):
+        ServerConfig(models=["a.gguf"], presets={"a": {"nope": 1}})

@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--models-dir", default=None, metavar="DIR",
                        help="also serve every .gguf file below DIR, named by its file (without --model: "
                             "none is loaded before the first request)")
+    serve.add_argument("--models-preset", default=None, metavar="FILE",
+                       help="settings of their own for some models: an INI file of a [MODEL-ID] section each, "
+                            "with ctx, parallel, threads, n-gpu-layers, main-gpu, flash-attn, speculative, "
+                            "draft-model")
     serve.add_argument("--max-loaded", type=_positive_int, default=None, metavar="N",
                        help="keep at most N models loaded: the next unloads the least recently used idle one "
                             "(default: no limit)")

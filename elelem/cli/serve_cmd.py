@@ -18,7 +18,7 @@ log = logging.getLogger("elelem.server")
 def main(args: argparse.Namespace) -> int:
     try:
         from ..server import ServerConfig, create_app
-        from ..server.config import parse_duration
+        from ..server.config import parse_duration, read_presets
         from ..server.serving import serve
     except ImportError as error:
         print(f"elelem: error: the server needs its extra ({error.name} is missing): "
@@ -27,6 +27,7 @@ def main(args: argparse.Namespace) -> int:
     # Known names are pulled first; with --models-dir alone, the folder's models are all there is.
     models = [model_path(name) for name in (args.model or ([] if args.models_dir else [None]))]
     load_timeout = parse_duration(args.load_timeout)
+    presets = read_presets(args.models_preset) if args.models_preset else {}
     config = ServerConfig(models=models, models_dir=args.models_dir, max_loaded=args.max_loaded,
                           max_memory=args.max_memory,
                           load_timeout=float("inf") if load_timeout is None else load_timeout,
@@ -37,7 +38,7 @@ def main(args: argparse.Namespace) -> int:
                           prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_size,
                           state_cache_mb=args.state_cache_mb,
                           draft_model=None if args.draft_model is None else model_path(args.draft_model),
-                          llm_options=_llm_options(args))
+                          llm_options=_llm_options(args), presets=presets)
     if not _is_loopback(args.host) and args.api_key is None:
         log.warning("binding %s without --api-key: anyone who can reach this port can use the models",
                     args.host)

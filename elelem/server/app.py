@@ -41,7 +41,8 @@ class ServerState:
         self.ready = False
         self.started = int(time.time())
         # One worker thread per running request, plus a few for loading and cleanup.
-        self.limiter = anyio.CapacityLimiter(config.parallel * len(config.models) + 4)
+        most = max([config.parallel, *(preset.get("parallel", 0) for preset in config.presets.values())])
+        self.limiter = anyio.CapacityLimiter(most * len(config.models) + 4)
         self.generations: set[Generation] = set()
 
     def cancel_all(self) -> int:

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..api.options import FIELD_GROUP, build_options, override_options, padded_cells
 from ..errors import InvalidArgumentError
@@ -12,6 +12,11 @@ from ..errors import InvalidArgumentError
 _SPLIT = re.compile(r"-(\d{5})-of-\d{5}\.gguf$")
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+#: What a model's preset may set, for that model only (``ServerConfig.presets``).
+PRESET_FIELDS = ("n_ctx", "parallel", "n_threads", "n_gpu_layers", "main_gpu", "tensor_split", "flash_attn",
+                 "speculative", "draft_model", "llm_options")
 
 
 @dataclass
@@ -25,7 +30,8 @@ class ServerConfig:
     weights and their KV caches), are loaded at most (None: no bound): past
     either, the least recently used idle model is unloaded for the next;
     ``load_timeout`` bounds how long a request waits for its model to load
-    or for room to load it.  ``parallel`` is how many requests run at once
+    or for room to load it.  ``presets`` give a model (by id or by source)
+    settings of its own, of :data:`PRESET_FIELDS`.  ``parallel`` is how many requests run at once
     per model (each on a session of its own); ``keep_alive`` is how long a
     model stays loaded without requests (None: forever); ``n_ctx`` is the
     context of each request (None: the model's, at most 4096).
@@ -73,6 +79,7 @@ class ServerConfig:
     retry_after_seconds: int = 1
     max_requests: Optional[int] = None  # HTTP requests held at once (more get a 503); None: from the above
     llm_options: dict = field(default_factory=dict)  # more LLM() keywords (rpc_servers, tool_call_format, ...)
+    presets: dict = field(default_factory=dict)  # model id or source -> {PRESET_FIELDS name: value}
 
     def __post_init__(self) -> None:
         if self.preload is None:
@@ -82,6 +89,11 @@ class ServerConfig:
         if not self.models:
             raise InvalidArgumentError("the server needs at least one model" + (
                 f": {self.models_dir} holds no .gguf file" if self.models_dir is not None else ""))
+        for name, preset in self.presets.items():
+            unknown = sorted(set(preset) - set(PRESET_FIELDS))
+            if unknown:
+                raise InvalidArgumentError(f"the preset of {name!r} sets {', '.join(unknown)}; a preset sets "
+                                           f"{', '.join(PRESET_FIELDS)}")
         if self.max_loaded is not None and self.max_loaded < 1:
             raise InvalidArgumentError(f"max_loaded must be at least 1, got {self.max_loaded}")
         if not 1 <= self.parallel <= 63:  # one sequence more is the LLM's default session
@@ -92,6 +104,16 @@ class ServerConfig:
             # Running and queued generations, and room for cheap requests (/health, /v1/models).
             self.max_requests = max(64, 4 * self.parallel * len(self.models) + self.max_queue * len(self.models))
 
+    def for_model(self, *names: str) -> "ServerConfig":
+        """The settings of the model of these names (its id, its source): these,
+        with its preset's fields over them."""
+        preset = next((self.presets[n] for n in names if n in self.presets), None)
+        if not preset:
+            return self
+        # A preset of its own parallel gets the queue that goes with it (4 x parallel), as a server would.
+        queue = {"max_queue": None} if "parallel" in preset else {}
+        return replace(self, models=list(self.models), models_dir=None, presets={}, **{**queue, **preset})
+
     def model_options(self, n_ctx: int) -> dict[str, Any]:
         """The ``LLM`` keywords a served model opens with: its option groups, and
         ``llm_options``' keywords of no group.  The cache holds ``parallel``
@@ -100,6 +122,49 @@ class ServerConfig:
         given = {name: getattr(self, name) for name in FIELD_GROUP if hasattr(self, name)}
         given.update(n_ctx=n_ctx, n_seq_max=self.parallel + 1, kv_size=padded_cells(n_ctx * self.parallel))
         return override_options(build_options(given), self.llm_options)
+
+
+def read_presets(path: str) -> dict[str, dict[str, Any]]:
+    """``--models-preset``: an INI file of a section per model (its id, or its path), whose
+    keys are ``serve``'s options without the dashes: ``ctx``, ``parallel``, ``threads``,
+    ``n-gpu-layers``, ``main-gpu``, ``flash-attn`` (on/off), ``speculative`` (true/false),
+    ``draft-model``."""
+    import configparser
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        with open(path, encoding="utf-8") as file:
+            parser.read_file(file)
+    except (OSError, configparser.Error) as error:
+        raise InvalidArgumentError(f"--models-preset {path}: {error}") from None
+    presets = {}
+    for section in parser.sections():
+        preset: dict[str, Any] = {}
+        for key, text in parser.items(section):
+            if key not in _PRESET_KEYS:
+                raise InvalidArgumentError(f"--models-preset {path}: [{section}] {key}: not a preset key "
+                                           f"({', '.join(_PRESET_KEYS)})")
+            field_name, parse = _PRESET_KEYS[key]
+            try:
+                preset[field_name] = parse(text)
+            except ValueError:
+                raise InvalidArgumentError(f"--models-preset {path}: [{section}] {key} = {text!r} is not a "
+                                           f"valid value") from None
+        presets[section] = preset
+    return presets
+
+
+def _switch(text: str) -> bool:
+    value = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False,
+             "0": False}.get(text.strip().lower())
+    if value is None:
+        raise ValueError(text)
+    return value
+
+
+_PRESET_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {"ctx": ("n_ctx", int), "parallel": ("parallel", int), "threads": ("n_threads", int),
+                "n-gpu-layers": ("n_gpu_layers", int), "main-gpu": ("main_gpu", int),
+                "flash-attn": ("flash_attn", _switch), "speculative": ("speculative", _switch),
+                "draft-model": ("draft_model", str)}
 
 
 def find_models(directory: str) -> list[str]:

@@ -83,6 +83,7 @@ class ModelPool:
             model = ServedModel(source, config, open_llm)
             if model.id in self._by_name:  # two files of one name in different folders: the path tells them apart
                 model.id = source
+            model.configure(config.for_model(model.id, source))
             model.loader = self.load
             model.on_release = self._released
             self.models.append(model)

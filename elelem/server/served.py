@@ -64,6 +64,10 @@ class ServedModel:
         self.loader: Callable[[ServedModel], Any] = ServedModel.load
         self.on_release: Callable[[], None] = lambda: None  # the pool hears of every slot given back
 
+    def configure(self, config: ServerConfig) -> None:
+        """This model's own settings (its preset's), before it is first used."""
+        self._config = config
+
     @property
     def llm(self):
         """The open LLM, or None when it is not loaded."""
