@@ -52,11 +52,13 @@ class ModelSpec:
     def matmul_weights(self) -> list[str]:
         """Tensors used as the weight operand of a matrix multiplication."""
         roles = archs.layer_roles()
-        names = [n for table in self.layer_tensors for role, n in table.items() if roles[role].matmul]
-        if self.global_tensors.get("per_layer_model_proj"):
-            names.append(self.global_tensors["per_layer_model_proj"])
-        if not self.arch.encoder:  # an encoder has no output projection
-            names.append(self.global_tensors["output"] or self.global_tensors["tok_embd"])
+        names = [n for table in self.layer_tensors for role, n in table.items() if n and roles[role].matmul]
+        proj = self.global_tensors.get("per_layer_model_proj")
+        if proj:
+            names.append(proj)
+        head = self.global_tensors["output"] or self.global_tensors["tok_embd"]   # tok_embd: always there
+        if not self.arch.encoder and head:  # an encoder has no output projection
+            names.append(head)
         return names
 
     def widened_bytes(self, tensors: dict, excluded=frozenset()) -> int:
@@ -80,7 +82,7 @@ class ModelSpec:
         one token reads -- the experts it is routed to, not all of them (the
         embedding table counts once, as llama.cpp's n_params does)."""
         total = active = 0
-        used = set()
+        used: set[str] = set()
         for table in [self.global_tensors] + self.layer_tensors:
             used.update(n for n in table.values() if n)
         for name in used:

@@ -21,7 +21,7 @@ import pkgutil
 import re
 from functools import lru_cache
 from types import ModuleType
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..archspec.spec import Architecture, Experts, HParam, Role
 
@@ -65,9 +65,10 @@ def declaration_modules() -> list[ModuleType]:
     return [_import(m) for m in _SHARED + tuple(names())]
 
 
-def _collect(attr: str, kind: type) -> dict:
-    out: dict = {}
+def _collect(attr: str, kind: type[Role] | type[HParam]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for module in declaration_modules():
+        decl: Any
         for decl in getattr(module, attr, ()):
             if not isinstance(decl, kind):
                 raise TypeError(f"{module.__name__}.{attr} holds {decl!r}, not a {kind.__name__}")

@@ -144,7 +144,8 @@ def gemma4_layer_roles(h: Mapping[str, Any], i: int, tensors: Mapping[str, Any])
     (V is optional: without it V is K), the per-layer embeddings' where the
     model has them, and the experts where the layer has a router (their gate
     and up stacked in one tensor, or two)."""
-    required, optional = LAYER, ("layer_out_scale",)
+    required: tuple[str, ...] = LAYER
+    optional: tuple[str, ...] = ("layer_out_scale",)
     kv = ("wk", "k_norm")
     if h["layer_kv_source"][i] == i:
         required, optional = required + kv, optional + ("wv",)
