@@ -25,10 +25,11 @@ from typing import Any, Mapping
 
 from ..archspec.spec import Architecture, Experts, HParam, Role
 
-__all__ = ["Architecture", "Experts", "HParam", "Role", "find", "names", "declaration_modules",
-           "layer_roles", "global_roles", "hparams"]
+__all__ = ["Architecture", "Experts", "HParam", "Role", "find", "names", "architectures", "declaration_modules",
+           "layer_roles", "global_roles", "hparams", "reset"]
 
-# Shared declarations first, in this order; then each architecture's module by name.
+# Shared declarations first, in this order (a new shared block's module is added here);
+# then each architecture's module by name.
 _SHARED = tuple(f"elelem.model.archspec.{m}" for m in ("roles", "hparams", "experts", "delta_net", "encoder"))
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 
