@@ -221,11 +221,24 @@ def kernel_sources() -> tuple[str, ...]:
     return ("portable",)
 
 
+def write_declarations() -> None:
+    """_native/declarations.pxi: the HParams and LayerWeights structs and
+    LAYER_ROLES, generated from the ROLES and HPARAMS the architecture
+    modules (elelem/model/archs/) declare, so that a tensor role or a
+    hyperparameter is declared there once.  Run in a child interpreter from
+    the source tree (the modules need only NumPy), and rewritten only when
+    the text changes."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    subprocess.run([sys.executable, "-m", "elelem.model.archs._codegen", str(NATIVE / "declarations.pxi")],
+                   cwd=ROOT, env=env, check=True)
+
+
 def extensions():
     import numpy
     from Cython.Build import cythonize
 
     write_builder_includes()
+    write_declarations()
     core = Extension(
         "elelem._core",  # its sources are the native layer, elelem/_native/
         sources=["elelem/_native/core.pyx"] + [f"elelem/_native/kernels/{name}.c" for name in kernel_sources()],

@@ -69,7 +69,7 @@ GENERAL = (
 
 MUTATIONS = (
     Mutation(
-        "rope-base-1pct", "architectures.py",
+        "rope-base-1pct", "model/architectures.py",
         '"rope_base": float(key("rope.freq_base", 10000.0)),',
         '"rope_base": float(key("rope.freq_base", 10000.0)) * 1.01,',
         "RoPE base read 1% high",
@@ -78,7 +78,7 @@ MUTATIONS = (
          "tests/test_arch_llamacpp.py::test_logits_match_llamacpp_exactly"),
     ),
     Mutation(
-        "swa-window-plus-1", "architectures.py",
+        "swa-window-plus-1", "model/archs/gemma3.py",
         'h["n_swa"] = int(key("attention.sliding_window", 0))\n',
         'h["n_swa"] = int(key("attention.sliding_window", 0))\n    h["n_swa"] += h["n_swa"] > 0\n',
         "sliding window one token wider than the file says",
@@ -87,9 +87,9 @@ MUTATIONS = (
          "tests/test_arch_llamacpp.py::test_logits_match_llamacpp_exactly"),
     ),
     Mutation(
-        "qwen2-qkv-bias-dropped", "architectures.py",
-        'Architecture("qwen2", "qwen2_family", "neox", _ATTN_FFN, optional=("bq", "bk", "bv", "bo"),',
-        'Architecture("qwen2", "qwen2_family", "neox", _ATTN_FFN, optional=("bo",),',
+        "qwen2-qkv-bias-dropped", "model/archs/qwen2.py",
+        'Architecture("qwen2", "decoder", "neox", ATTN_FFN, optional=("bq", "bk", "bv", "bo"),',
+        'Architecture("qwen2", "decoder", "neox", ATTN_FFN, optional=("bo",),',
         "Qwen2's Q/K/V biases treated as absent",
         ("tests/test_core_forward.py::test_architecture_matches_reference",
          "tests/test_arch_llamacpp.py::test_logits_match_llamacpp_exactly",
@@ -116,7 +116,7 @@ MUTATIONS = (
          "tests/test_sampling_reference.py::test_the_candidates_and_their_probabilities_match_the_reference"),
     ),
     Mutation(
-        "gemma3-swa-rope-base-global", "architectures.py",
+        "gemma3-swa-rope-base-global", "model/archs/gemma3.py",
         'float(key("rope.freq_base_swa", 10000.0))',
         'float(key("rope.freq_base_swa", h["rope_base"]))',
         "Gemma 3's sliding layers default to the global RoPE base (llama.cpp: 10000)",

@@ -1,15 +1,17 @@
-# The pre-norm decoder of the 2025-2026 models: qwen3moe, gpt-oss, glm4moe
-# and mistral3, after llama.cpp's graphs of those names (src/models/).  One
+# The pre-norm decoder: llama, qwen2, qwen3, qwen3moe, gpt-oss, glm4moe and
+# mistral3, after llama.cpp's graphs of those names (src/models/).  One
 # block, its features switched by what the model has:
-# - Q/K/V/output biases, per-head Q/K norms, RoPE frequency factors;
+# - Q/K/V/output biases (Qwen2, gpt-oss), per-head Q/K norms (Qwen3), RoPE
+#   frequency factors (Llama 3.1+);
 # - layers that attend over a sliding window, with their own RoPE base
 #   (gpt-oss: every other layer), and attention sinks (gpt-oss);
 # - the attention temperature of mistral3 (Q scaled per position);
-# - the FFN: routed experts, shared experts, or the dense SwiGLU of leading
-#   dense layers (graph/experts.pxi).
-# gpt-oss keeps every row through the last layer and drops the unwanted ones
-# before the output norm, as its llama.cpp graph does (the last layer's
-# matmuls then see the step's full width, and round as there).
+# - the FFN: routed experts, shared experts, or the dense SwiGLU of dense
+#   models and leading dense layers (graph/experts.pxi).
+# A switch that is off adds no op: a dense Llama's graph is llama.cpp's llama
+# graph op for op.  gpt-oss keeps every row through the last layer and drops
+# the unwanted ones before the output norm, as its llama.cpp graph does (the
+# last layer's matmuls then see the step's full width, and round as there).
 
 cdef ggml_tensor * build_decoder(Model m, KVCache cache, Step * st) except NULL:
     cdef const HParams * hp = st.hp

@@ -1,8 +1,8 @@
 # The graph-builder registry, included into core.pyx before the builders.
 #
-# An architecture is one file graph/arch_<name>.pxi whose last line registers
-# its builder under a name, and one entry in elelem.model.architectures that
-# names it.  setup.py generates graph/all_builders.pxi, which includes every
+# A graph builder is one file graph/arch_<name>.pxi whose last line registers
+# it under a name; an architecture module (elelem/model/archs/<arch>.py) names
+# the builder its models run on.  setup.py generates graph/all_builders.pxi, which includes every
 # graph/arch_*.pxi: nothing else lists them.
 
 ctypedef ggml_tensor * (*GraphBuilder)(Model m, KVCache cache, Step * st) except NULL
