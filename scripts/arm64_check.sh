@@ -13,6 +13,17 @@
 #       gcc-aarch64-linux-gnu (its libc and binutils), qemu-user-static, and
 #       elelem built here (python -c "import elelem._core").
 #
+#   scripts/arm64_check.sh emulate   (about 2 minutes, after cross)
+#       Runs that build under qemu-aarch64: an arm64 Python 3.11 (Debian 12's
+#       packages, unpacked by hand: no chroot, no binfmt_misc) with NumPy and
+#       elelem's other dependencies from PyPI's aarch64 wheels, elelem's core
+#       compiled for it as an extension module, and elelem's Python package.
+#       As QEMU's cortex-a76 and max CPUs it prints `elelem info --system`,
+#       then runs tiny synthetic models (F32, Q8_0, Q4_0 weights) and checks
+#       the logits against NumPy's and this machine's x86-64 elelem, and the
+#       greedy tokens against x86-64's.  Needs dpkg's arm64 architecture
+#       (added when missing) and PyPI.
+#
 #   scripts/arm64_check.sh wheel   (hours under emulation; minutes on arm64)
 #       Builds the portable wheel in an arm64 Debian 12 userland, installs it
 #       and runs the CPU-backend tests and a tiny synthetic model there.  On
@@ -139,6 +150,128 @@ PY
     echo "arm64_check cross: ok in $((SECONDS - start)) s"
 }
 
+emulate() {
+    local start=$SECONDS lib="$WORK/ggml-cross/lib" core="$WORK/core"
+    [ -f "$lib/libggml.so.0" ] && [ -f "$core/portable.o" ] || { echo "arm64_check: run '$0 cross' first" >&2; exit 2; }
+    local sysroot="$WORK/sysroot" site="$WORK/site" pkg="$WORK/pkg" synth="$WORK/synth"
+    if [ ! -x "$sysroot/usr/bin/python3.11" ]; then
+        dpkg --print-foreign-architectures | grep -qx arm64 || { dpkg --add-architecture arm64; apt-get update -q; }
+        mkdir -p "$WORK/debs" "$sysroot"
+        (cd "$WORK/debs" && apt-get download -q libc6:arm64 libgcc-s1:arm64 libstdc++6:arm64 \
+            python3.11-minimal:arm64 libpython3.11-minimal:arm64 libpython3.11-stdlib:arm64 libpython3.11:arm64 \
+            libpython3.11-dev:arm64 libexpat1:arm64 zlib1g:arm64 libffi8:arm64 libssl3:arm64 libbz2-1.0:arm64 \
+            liblzma5:arm64 libuuid1:arm64 libncursesw6:arm64 libtinfo6:arm64 libreadline8:arm64 \
+            libsqlite3-0:arm64 libcrypt1:arm64)
+        for deb in "$WORK"/debs/*.deb; do dpkg -x "$deb" "$sysroot"; done
+    fi
+    if [ ! -d "$site/numpy" ]; then
+        mkdir -p "$WORK/wheels" "$site"
+        pip download -q --only-binary=:all: --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 \
+            --python-version 3.11 --implementation cp "numpy==$(python -c 'import numpy; print(numpy.__version__)')" \
+            regex jinja2 markupsafe -d "$WORK/wheels"
+        for whl in "$WORK"/wheels/*.whl; do python -m zipfile -e "$whl" "$site"; done
+    fi
+    # elelem as setup.py installs it: the Python package, the core, ggml in _lib
+    rm -rf "$pkg" && mkdir -p "$pkg/elelem/_lib"
+    (cd "$ROOT" && git ls-files -z elelem | grep -zv '^elelem/_native/' | xargs -0 -I{} cp --parents {} "$pkg/")
+    cp "$lib"/libggml-cpu-*.so "$lib/libggml-rpc.so" "$pkg/elelem/_lib/"
+    cp -L "$lib/libggml.so.0" "$lib/libggml-base.so.0" "$pkg/elelem/_lib/"
+    python -m cython --cplus -3 --module-name elelem._core -X boundscheck=False -X wraparound=False \
+        -X cdivision=True -X embedsignature=True "$ROOT/elelem/_native/core.pyx" -o "$core/core_module.cpp"
+    clang++-19 --target=aarch64-linux-gnu -O2 -fPIC -w -DNDEBUG -DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION \
+        -I"$ROOT/elelem/_native" -I"$ROOT/third_party/ggml/include" -I"$sysroot/usr/include/python3.11" \
+        -I"$sysroot/usr/include" -I"$site/numpy/_core/include" -c "$core/core_module.cpp" -o "$core/core_module.o"
+    clang++-19 --target=aarch64-linux-gnu -shared -o "$pkg/elelem/_core.cpython-311-aarch64-linux-gnu.so" \
+        "$core/core_module.o" "$core/portable.o" "$pkg/elelem/_lib/libggml.so.0" "$pkg/elelem/_lib/libggml-base.so.0" \
+        '-Wl,-rpath,$ORIGIN/_lib' -lm -lpthread
+    echo "arm64_check: elelem for aarch64 in $pkg ($((SECONDS - start)) s)"
+
+    # the models, NumPy's logits and x86-64 elelem's, made here
+    mkdir -p "$synth"
+    (cd "$ROOT" && python - "$synth" <<'PY'
+import sys
+from pathlib import Path
+import numpy as np
+sys.path.insert(0, "tests/support")
+from synthetic import TinyConfig, write_model, reference_logits
+import elelem
+out = Path(sys.argv[1])
+prompt = np.random.default_rng(3).integers(0, 96, 24)
+res = {"prompt": prompt}
+for wtype in ("f32", "q8_0", "q4_0"):
+    cfg = TinyConfig(wtype=wtype)
+    path = out / f"tiny-{wtype}.gguf"
+    weights = write_model(path, cfg)
+    res[f"{wtype}_ref"] = reference_logits(weights, cfg, prompt)
+    with elelem.LLM(str(path), kv_type="f32") as llm:
+        res[f"{wtype}_x86"] = llm.eval(prompt, all_logits=True)
+        res[f"{wtype}_x86_tokens"] = np.array(llm.generate_tokens(list(prompt), 16))
+np.savez(out / "x86.npz", **res)
+PY
+    )
+    cat > "$synth/run_arm.py" <<'PY'
+import sys, time
+from pathlib import Path
+import numpy as np
+import elelem
+from elelem import _core
+d = Path(sys.argv[1]); x = np.load(d / "x86.npz"); prompt = x["prompt"]; ok = True
+print("variant", _core.cpu_backend_info()["variant"])
+for wtype in ("f32", "q8_0", "q4_0"):
+    t = time.time()
+    with elelem.LLM(str(d / f"tiny-{wtype}.gguf"), kv_type="f32") as llm:
+        logits = llm.eval(prompt, all_logits=True)
+        tokens = np.array(llm.generate_tokens(list(prompt), 16))
+    ref, x86 = x[f"{wtype}_ref"], x[f"{wtype}_x86"]
+    scale = np.abs(ref).max()
+    gap = np.abs(logits - x86).max() / scale
+    same = np.array_equal(tokens, x[f"{wtype}_x86_tokens"])
+    print(f"{wtype:5} max|arm - numpy| {np.abs(logits - ref).max() / scale:.2e} (x86-64: "
+          f"{np.abs(x86 - ref).max() / scale:.2e}), max|arm - x86-64| {gap:.2e} of the largest logit, "
+          f"greedy tokens equal x86-64's: {same} ({time.time() - t:.1f} s)")
+    # quantized products are integer dot products on both: the same numbers; F32's
+    # sums run in another order (NEON/SVE against AVX), a few ulp apart
+    ok &= same and gap <= (1e-6 if wtype == "f32" else 0.0)
+sys.exit(0 if ok else 1)
+PY
+    local failed=0
+    for cpu in cortex-a76 max; do
+        echo "== qemu-aarch64 -cpu $cpu"
+        (cd "$WORK" && PYTHONPATH="$pkg:$site" qemu-aarch64-static -L "$sysroot" -cpu "$cpu" \
+            "$sysroot/usr/bin/python3.11" -m elelem info --system | grep -E "^(cpu variant|variants|compiled with|small-batch)")
+        (cd "$WORK" && PYTHONPATH="$pkg:$site" qemu-aarch64-static -L "$sysroot" -cpu "$cpu" \
+            "$sysroot/usr/bin/python3.11" "$synth/run_arm.py" "$synth") || failed=1
+    done
+    # SmolLM2-135M (Q4_1), where the tests have fetched it: greedy tokens must
+    # equal x86-64's; the teacher-forced logits are printed, not checked
+    # (ggml's ARM kernels round otherwise than elelem's and ggml's x86 ones)
+    local smol="${ELELEM_MODELS:-$HOME/.cache/elelem/models}/smollm2-135m-instruct-q4_1.gguf"
+    if [ -f "$smol" ]; then
+        cat > "$synth/smol.py" <<'PY'
+import sys
+import numpy as np
+import elelem
+with elelem.LLM(sys.argv[1]) as llm:
+    ids = list(llm.tokenize("The capital of France is"))
+    tokens = list(map(int, llm.generate_tokens(ids, 12)))
+    np.save(sys.argv[2], llm.eval(ids + tokens, all_logits=True))
+print(" ".join(map(str, tokens)))
+PY
+        local x86_tokens arm_tokens
+        x86_tokens="$(cd "$WORK" && PYTHONPATH="$ROOT" python "$synth/smol.py" "$smol" "$synth/smol-x86.npy")"
+        arm_tokens="$(cd "$WORK" && PYTHONPATH="$pkg:$site" qemu-aarch64-static -L "$sysroot" -cpu cortex-a76 \
+            "$sysroot/usr/bin/python3.11" "$synth/smol.py" "$smol" "$synth/smol-arm.npy")"
+        python -c "import numpy as np, sys; a, b = np.load(sys.argv[1]), np.load(sys.argv[2]); \
+print(f'SmolLM2-135M Q4_1, teacher-forced: max|arm - x86-64| {np.abs(a - b).max() / np.abs(a).max():.2e} of the largest logit, ' \
+      f'argmax differs at positions {np.nonzero(a.argmax(1) != b.argmax(1))[0].tolist()} of {len(a)}')" \
+            "$synth/smol-x86.npy" "$synth/smol-arm.npy"
+        echo "SmolLM2-135M Q4_1 greedy: x86-64 [$x86_tokens], aarch64 (cortex-a76) [$arm_tokens]"
+        [ "$x86_tokens" = "$arm_tokens" ] || failed=1
+    fi
+    [ "$failed" -eq 0 ] || { echo "arm64_check: the emulated runs differ (see above)" >&2; exit 1; }
+    echo "arm64_check emulate: ok in $((SECONDS - start)) s"
+}
+
 wheel() {
     local start=$SECONDS
     if [ "$(uname -m)" = "aarch64" ]; then
@@ -185,7 +318,8 @@ run_wheel_here() {
 
 case "${1:-cross}" in
     cross) mkdir -p "$WORK"; cross ;;
+    emulate) emulate ;;
     wheel) mkdir -p "$WORK"; wheel ;;
     wheel-here) WORK=/work-arm64; mkdir -p "$WORK"; run_wheel_here "$2" ;;
-    *) echo "usage: $0 [cross|wheel]" >&2; exit 2 ;;
+    *) echo "usage: $0 [cross|emulate|wheel]" >&2; exit 2 ;;
 esac
