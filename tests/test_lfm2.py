@@ -130,3 +130,15 @@ def test_a_broken_lfm2_file_is_refused_naming_the_key_or_tensor(tiny_model, cfg,
     path, _ = tiny_model(cfg)
     with pytest.raises(ModelShapeError, match=message):
         elelem.LLM(path)
+
+
+def test_lfm2s_colbert_projection_is_refused(tmp_path):
+    from synthetic import write_model
+
+    def add_projection(writer):   # LFM2-ColBERT's dense_2_out, as its converter writes it
+        writer.add_tensor("dense_2_out.weight", np.zeros((32, LFM2.n_embd), np.float32))
+
+    path = tmp_path / "colbert.gguf"
+    write_model(path, LFM2, extra_metadata=add_projection)
+    with pytest.raises(ModelShapeError, match=r"tensor 'dense_2_out\.weight': elelem does not run LFM2's ColBERT"):
+        elelem.LLM(path)
