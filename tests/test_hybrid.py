@@ -61,6 +61,8 @@ def test_the_state_lives_in_slots_beside_the_cells(hybrid):
     with _open(hybrid) as llm:
         cache = llm.engine.context.cache
         assert cache.hybrid and cache.state_bytes > 0
+        # the size elelem info gives, from the architecture's declaration
+        assert sum(llm.spec.recurrent_state_bytes().values()) == cache.state_bytes
         assert not np.any(cache.recurrent_state(0))
         llm.engine.context.decode([1, 2, 3], [0, 0, 0])
         assert np.any(cache.recurrent_state(0)) and not np.any(cache.recurrent_state(1))
