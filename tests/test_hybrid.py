@@ -1,5 +1,6 @@
 """Hybrid models (qwen35, qwen3next: Gated DeltaNet layers beside full
-attention): the recurrent state through everything the engine does --
+attention; lfm2, lfm2moe: short gated convolution layers beside attention):
+the recurrent state through everything the engine does --
 batching, rewinding, forking, speculative decoding, saved states -- exact on
 tiny synthetic models (tests/support/synthetic.py), each test once per architecture.
 Their logits against llama.cpp are tests/test_arch_llamacpp.py's."""
@@ -20,7 +21,12 @@ from synthetic import TinyConfig
 HYBRID = TinyConfig(arch="qwen35", head_dim=32, n_rot=16, n_layer=4, wtype="q8_0", seed=11)
 # Qwen3-Next: grouped value heads, fused projections, experts, an MTP layer.
 NEXT = TinyConfig(arch="qwen3next", head_dim=32, n_rot=8, n_layer=4, wtype="q8_0", seed=11)
-HYBRIDS = {"qwen35": HYBRID, "qwen3next": NEXT}
+# LFM2: convolution layers (C) and attention (A) as C C A C C A, its state the convolution's
+# alone; LFM2 MoE with a leading dense layer and experts after it, Q8_0.
+LFM2 = TinyConfig(arch="lfm2", head_dim=16, n_layer=6, wtype="q8_0", seed=11)
+LFM2MOE = TinyConfig(arch="lfm2moe", head_dim=16, n_layer=4, layer_types="CACC", n_dense_lead=1, wtype="q8_0",
+                     seed=11)
+HYBRIDS = {"qwen35": HYBRID, "qwen3next": NEXT, "lfm2": LFM2, "lfm2moe": LFM2MOE}
 
 
 @pytest.fixture(scope="module", params=list(HYBRIDS))
@@ -55,6 +61,8 @@ def test_the_state_lives_in_slots_beside_the_cells(hybrid):
     with _open(hybrid) as llm:
         cache = llm.engine.context.cache
         assert cache.hybrid and cache.state_bytes > 0
+        # the size elelem info gives, from the architecture's declaration
+        assert sum(llm.spec.recurrent_state_bytes().values()) == cache.state_bytes
         assert not np.any(cache.recurrent_state(0))
         llm.engine.context.decode([1, 2, 3], [0, 0, 0])
         assert np.any(cache.recurrent_state(0)) and not np.any(cache.recurrent_state(1))

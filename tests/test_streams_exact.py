@@ -29,6 +29,9 @@ MODELS = {
                           n_layer=2, n_swa=16, yarn=4.0, wtype="q8_0", seed=23),
     "qwen35moe": TinyConfig(arch="qwen35moe", head_dim=32, n_rot=16, n_embd=256, n_ff_exp=256, n_expert=4,
                             n_expert_used=2, n_layer=4, wtype="q8_0", seed=24, wtypes=K_QUANT_EXPERTS),
+    "lfm2moe": TinyConfig(arch="lfm2moe", head_dim=64, n_embd=256, n_ff_exp=256, n_expert=4, n_expert_used=2,
+                          n_layer=4, layer_types="CCAC", n_dense_lead=1, wtype="q8_0", seed=25,
+                          wtypes=K_QUANT_EXPERTS),
 }
 TOKENS = 24
 

@@ -58,15 +58,17 @@ cdef class KVCache:
     cdef readonly str type_k    # ggml type names: f16, f32, q8_0, q4_0
     cdef readonly str type_v
     cdef readonly bint v_trans  # V stored transposed (no flash attention): see attention in graph/blocks.pxi
-    # The recurrent state of a hybrid model's Gated DeltaNet layers (NULL for
-    # attention layers, and all NULL for other models): per layer, the
-    # convolution's last d_conv - 1 inputs and the DeltaNet state matrix of
-    # each sequence, in two slots a sequence: a step reads its sequences'
-    # current slots and writes the other ones, which become current only when
-    # the step succeeds -- so a failed or aborted step leaves every state as it
-    # was, as it leaves the cells.
+    # The recurrent state of a hybrid model's recurrent layers (NULL for
+    # attention layers, and all NULL for other models): per layer, a
+    # convolution's last inputs (Gated DeltaNet's d_conv - 1 of its Q/K/V
+    # channels; LFM2's l_cache - 1 of B*x) and, for Gated DeltaNet, its state
+    # matrix, of each sequence, in two slots a sequence: a step reads its
+    # sequences' current slots and writes the other ones, which become current
+    # only when the step succeeds -- so a failed or aborted step leaves every
+    # state as it was, as it leaves the cells.
     cdef ggml_tensor ** r       # n_layer entries: F32 (n_embd_r, 2 * n_seq_max)
-    cdef ggml_tensor ** s       # n_layer entries: F32 (n_embd_s, 2 * n_seq_max)
+    cdef ggml_tensor ** s       # n_layer entries: F32 (n_embd_s, 2 * n_seq_max); NULL where a layer has
+                                # a convolution state only (LFM2)
     cdef int32_t * rs_slot      # MAX_SEQ: each sequence's current slot, s or s + n_seq_max
     # The store's buffers are not cleared when made (only the K/V ones are):
     # a slot's pages are touched when its sequence first steps, so the memory
@@ -199,6 +201,7 @@ cdef class KVCache:
         for il in range(self.n_layer):
             if self.r[il] != NULL:
                 ggml_backend_tensor_memset(self.r[il], 0, <size_t> slot * self.r[il].nb[1], self.r[il].nb[1])
+            if self.s[il] != NULL:
                 ggml_backend_tensor_memset(self.s[il], 0, <size_t> slot * self.s[il].nb[1], self.s[il].nb[1])
 
     cdef void _state_copy(self, int seq, char * data, bint write) noexcept:
@@ -217,6 +220,8 @@ cdef class KVCache:
                 continue
             for j in range(2):
                 t = self.r[il] if j == 0 else self.s[il]
+                if t == NULL:
+                    continue
                 if write:
                     ggml_backend_tensor_set(t, data + at, <size_t> slot * t.nb[1], t.nb[1])
                 else:
@@ -493,8 +498,10 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
             buf_types[ib] = layer_buft[il]
             c.n_bufs += 1
         c.r[il] = ggml_new_tensor_2d(c.ctxs[ib], GGML_TYPE_F32, _n_embd_r(&m.hp), 2 * n_seq_max)
-        c.s[il] = ggml_new_tensor_2d(c.ctxs[ib], GGML_TYPE_F32, _n_embd_s(&m.hp), 2 * n_seq_max)
-        c.state_bytes += c.r[il].nb[1] + c.s[il].nb[1]
+        c.state_bytes += c.r[il].nb[1]
+        if _n_embd_s(&m.hp) > 0:
+            c.s[il] = ggml_new_tensor_2d(c.ctxs[ib], GGML_TYPE_F32, _n_embd_s(&m.hp), 2 * n_seq_max)
+            c.state_bytes += c.s[il].nb[1]
     for ib in range(c.n_bufs):
         # K and V zeroed: flash attention reads whole views, and masked garbage
         # could be NaN.  The recurrent store not: a slot is zeroed when its
@@ -508,12 +515,20 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
 
 
 cdef inline int64_t _n_embd_r(const HParams * hp) noexcept:
-    """A Gated DeltaNet layer's convolution state: the last d_conv - 1 inputs of its Q, K, V channels."""
+    """A recurrent layer's convolution state (llama.cpp's n_embd_r): LFM2's
+    short convolution keeps the last l_cache - 1 values of B*x, n_embd
+    channels; a Gated DeltaNet layer the last d_conv - 1 inputs of its Q, K,
+    V channels."""
+    if hp.shortconv_l_cache > 0:
+        return <int64_t> (hp.shortconv_l_cache - 1) * hp.n_embd
     return <int64_t> (hp.ssm_d_conv - 1) * (hp.ssm_d_inner + 2 * hp.ssm_n_group * hp.ssm_d_state)
 
 
 cdef inline int64_t _n_embd_s(const HParams * hp) noexcept:
-    """A Gated DeltaNet layer's state: a (d_state, d_state) matrix per value head."""
+    """A recurrent layer's other state (llama.cpp's n_embd_s): a Gated
+    DeltaNet layer's (d_state, d_state) matrix per value head; none for LFM2."""
+    if hp.shortconv_l_cache > 0:
+        return 0
     return <int64_t> hp.ssm_d_state * hp.ssm_d_inner
 
 

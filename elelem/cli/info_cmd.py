@@ -26,6 +26,7 @@ def describe(path) -> dict:
     arch = meta.get("general.architecture")
     parameters = sum(t.n_elements for t in gguf.tensors.values())
     active = parameters
+    spec = None
     try:
         spec = model_spec(gguf)
         hparams = spec.hparams
@@ -60,6 +61,10 @@ def describe(path) -> dict:
         "tensor_types": dict(Counter(t.type_name for t in gguf.tensors.values()).most_common()),
         "chat_template": bool(meta.get("tokenizer.chat_template")),
         "encoder": bool(hparams.get("encoder")),
+        # a hybrid's layers, a letter each (R recurrent, A attention), and one sequence's recurrent state
+        "layer_pattern": spec.layer_pattern() if spec else None,
+        "recurrent_kind": (spec.arch.recurrent_kind or None) if spec else None,
+        "recurrent_state_bytes": spec.recurrent_state_bytes() if spec else None,
         "pooling": POOLING_TYPES.get(meta.get(f"{arch}.pooling_type", 0), meta.get(f"{arch}.pooling_type")),
         "file_size": gguf.total_size,
         "files": len(gguf.shard_paths),
@@ -96,6 +101,7 @@ def main(args: argparse.Namespace) -> int:
         *([("experts", f"{facts['experts']}, {facts['experts_used']} used per token: "
                         f"{_count(facts['active_parameters'])} of the {_count(facts['parameters'])} "
                         f"parameters active")] if facts["experts"] else []),
+        *_hybrid_rows(facts),
         ("context length", f"{facts['context_length']} tokens (trained)"),
         ("vocabulary", f"{facts['vocab_size']} tokens ({facts['tokenizer']})"),
         ("quantization", f"{facts['file_type'] or '-'}; tensors: {types}"),
@@ -110,6 +116,24 @@ def main(args: argparse.Namespace) -> int:
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     return 0
+
+
+def _hybrid_rows(facts: dict) -> list[tuple[str, str]]:
+    """A hybrid's layer pattern and the recurrent state a sequence holds."""
+    pattern = facts["layer_pattern"]
+    if not pattern:
+        return []
+    kind = facts["recurrent_kind"] or "recurrent"
+    rows = [("layer pattern", f"{pattern.count('R')} {kind}, {pattern.count('A')} attention: {pattern}")]
+    state = facts["recurrent_state_bytes"]
+    if state:
+        parts = ", ".join(f"{part} {_kib(n)}" for part, n in state.items())
+        rows.append(("recurrent state", f"{_kib(sum(state.values()))} a sequence ({parts})"))
+    return rows
+
+
+def _kib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
 
 
 def _count(n: int) -> str:

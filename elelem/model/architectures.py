@@ -19,6 +19,7 @@ from ..errors import ModelShapeError, UnsupportedArchitectureError
 from . import archs
 from .archspec.experts import expert_hparams
 from .archspec.hparams import MAX_LAYERS, MAX_WIDTH, check_hparams, key_reader, per_layer_key, rope_scaling
+from .archspec.shortconv import layer_kinds_from_kv_heads
 from .archspec.spec import Architecture, Role
 
 if TYPE_CHECKING:
@@ -77,6 +78,22 @@ class ModelSpec:
                 f"{h['n_head']} heads ({h['n_head_kv']} KV), {ffn}, "
                 f"vocab {h['n_vocab']}, trained context {h['n_ctx_train']}")
 
+    def layer_pattern(self) -> Optional[str]:
+        """A hybrid's layers in order, a letter each: R recurrent, A attention; None for others."""
+        flags = self.hparams.get("recurrent_layers")
+        if not flags or not any(flags):
+            return None
+        return "".join("R" if f else "A" for f in flags)
+
+    def recurrent_state_bytes(self) -> Optional[dict[str, int]]:
+        """One sequence's recurrent state over every recurrent layer, in bytes
+        by part (F32, as the cache keeps it); None where the architecture does not say."""
+        flags = self.hparams.get("recurrent_layers") or []
+        if self.arch.recurrent_state is None or not any(flags):
+            return None
+        per_layer = self.arch.recurrent_state(self.hparams)
+        return {part: 4 * floats * sum(flags) for part, floats in per_layer.items()}
+
     def parameter_counts(self, tensors: Mapping[str, Any]) -> tuple[int, int]:
         """(total, active): the weights' element count, and how many of them
         one token reads -- the experts it is routed to, not all of them (the
@@ -130,8 +147,11 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
     # A model whose every layer has experts may have no dense FFN width.
     h["n_ff"] = per_layer_key(h, gguf, arch.name, arch.per_layer_shapes, key, "feed_forward_length", "layer_n_ff",
                               gguf.get(prefix + "expert_feed_forward_length") if arch.experts else None)
-    h["n_head_kv"] = per_layer_key(h, gguf, arch.name, arch.per_layer_shapes, key, "attention.head_count_kv",
-                                   "layer_n_head_kv", h["n_head"])
+    if arch.recurrent_from_kv_heads:
+        layer_kinds_from_kv_heads(h, gguf, arch.name)
+    else:
+        h["n_head_kv"] = per_layer_key(h, gguf, arch.name, arch.per_layer_shapes, key, "attention.head_count_kv",
+                                       "layer_n_head_kv", h["n_head"])
     for name in ("n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_ctx_train", "n_vocab"):
         if not 0 < h[name] < 2**31:
             raise ModelShapeError(f"hyperparameter {name} = {h[name]} is out of range")
@@ -208,7 +228,7 @@ def _tensor_tables(gguf: GGUFFile, arch: Architecture, h: dict[str, Any]):
     global_roles, layer_roles = archs.global_roles(), archs.layer_roles()
     globals_: dict[str, Optional[str]] = {role: None for role in global_roles}
     for role in arch.global_required + arch.global_optional:
-        name = global_roles[role].gguf
+        name = arch.tensor_names.get(role, global_roles[role].gguf)
         present = name in gguf.tensors
         if not present and role in arch.global_required:
             raise ModelShapeError(f"required tensor {name!r} is missing")

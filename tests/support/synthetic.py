@@ -17,6 +17,7 @@ import numpy as np
 import delta_net
 import ggml_numerics as numerics
 from kquants import quantize_q4_k, quantize_q6_k
+from synthetic_lfm2 import LFM2_ARCHS, add_lfm2_keys, lfm2_hidden, lfm2_weights
 
 QTYPES = {
     "f32": gguf.GGMLQuantizationType.F32,
@@ -96,6 +97,12 @@ class TinyConfig:
     layer_scale: bool = False         # blk.N.layer_output_scale
     experts: bool = False             # gemma4 with experts beside each layer's dense FFN (26B-A4B)
     fused_gate_up: bool = True        # ... their gate and up stacked in ffn_gate_up_exps, as the converter writes
+    # LFM2 (lfm2, lfm2moe; tests/support/synthetic_lfm2.py): a letter per layer, C a short-convolution
+    # layer and A attention (default: the real model's kinds, cut to n_layer), and the convolution's width.
+    # lfm2moe's leading dense layers are n_dense_lead.
+    layer_types: str = ""
+    conv_l_cache: int = 3
+    kv_pattern: str = ""              # the kinds head_count_kv declares, where not the tensors' (broken files)
     # Broken files, for the tests of bad input: tensors left out, and ((name, axis, length), ...)
     # tensors cut to a length along an axis (numpy order).
     drop: tuple = ()
@@ -115,7 +122,7 @@ class TinyConfig:
 
     def tensor_type(self, name: str, arr: np.ndarray) -> str:
         if arr.ndim < 2 or name.endswith(".bias") or name.endswith("ffn_gate_inp.weight") \
-                or name.endswith("ssm_conv1d.weight"):
+                or name.endswith("ssm_conv1d.weight") or name.endswith("shortconv.conv.weight"):
             return "f32"  # as llama.cpp's converter keeps them (the router too)
         if name == "token_embd.weight":
             return self.embd_type
@@ -125,7 +132,7 @@ class TinyConfig:
         return replace(self, **kw)
 
 
-_MOE_ARCHS = ("qwen3moe", "gpt-oss", "glm4moe", "qwen35moe", "qwen3next")
+_MOE_ARCHS = ("qwen3moe", "gpt-oss", "glm4moe", "qwen35moe", "qwen3next", "lfm2moe")
 _HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")   # Gated DeltaNet layers beside gated attention
 _NEXTN_ARCHS = ("glm4moe", "qwen3next")                # multi-token-prediction layers written after the rest
 
@@ -166,6 +173,8 @@ def make_weights(cfg: TinyConfig) -> dict[str, np.ndarray]:
     """Random float32 weights, numpy shape (n_out, n_in) as gguf writes them."""
     if cfg.arch == "gemma4":
         return _gemma4_weights(cfg)
+    if cfg.arch in LFM2_ARCHS:
+        return lfm2_weights(cfg)
     rng = np.random.default_rng(cfg.seed)
     f = _features(cfg.arch)
     e, hd = cfg.n_embd, cfg.hd
@@ -422,6 +431,8 @@ def write_model(path: Path, cfg: TinyConfig,
     add_shape_keys(writer, cfg)
     if cfg.arch == "gemma4":
         add_gemma4_keys(writer, cfg)
+    elif cfg.arch in LFM2_ARCHS:
+        add_lfm2_keys(writer, cfg)
     else:
         writer.add_head_count_kv(cfg.n_head_kv)
     writer.add_layer_norm_rms_eps(cfg.rms_eps)
@@ -438,7 +449,9 @@ def write_model(path: Path, cfg: TinyConfig,
         writer.add_rope_scaling_factor(cfg.rope_linear)
     add_moe_keys(writer, cfg)
     for key, value in cfg.extra_keys:
-        if isinstance(value, float):
+        if isinstance(value, bool):
+            writer.add_bool(key.format(arch=a), value)
+        elif isinstance(value, float):
             writer.add_float32(key.format(arch=a), value)
         elif isinstance(value, str):
             writer.add_string(key.format(arch=a), value)
@@ -699,7 +712,8 @@ def _swiglu_oai(gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT):
 # none, the chosen experts' raw logits are softmaxed), whether it renormalises the
 # chosen weights to sum 1 (glm4moe: what the writer's expert_weights_norm says).
 _ROUTING = {"qwen3moe": ("softmax", True), "glm4moe": ("sigmoid", True), "gpt-oss": ("softmax_weight", False),
-            "qwen35moe": ("softmax", True), "gemma4": ("softmax", True), "qwen3next": ("softmax", True)}
+            "qwen35moe": ("softmax", True), "gemma4": ("softmax", True), "qwen3next": ("softmax", True),
+            "lfm2moe": ("sigmoid", True)}
 
 
 def moe_route(logits: np.ndarray, cfg: TinyConfig, selection_bias: Optional[np.ndarray] = None):
@@ -879,6 +893,8 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
     """The output projection's input (the final normed hidden state), (n_tokens, n_embd)."""
     if cfg.arch == "gemma4":
         return _gemma4_hidden(weights, cfg, tokens, dtype, ggml_numerics, trace)
+    if cfg.arch in LFM2_ARCHS:
+        return lfm2_hidden(weights, cfg, tokens, dtype, ggml_numerics, trace)
     f = _features(cfg.arch)
     w = {k: v.astype(dtype, copy=False) for k, v in weights.items()}
     mm = _matmul(weights, w, ggml_numerics)

@@ -3,7 +3,7 @@ layers with NEOX RoPE, value heads grouped by key head, and in every layer
 experts plus one shared expert, gated."""
 from typing import Any
 
-from ..archspec.delta_net import delta_net_hparams
+from ..archspec.delta_net import delta_net_hparams, state_floats
 from ..archspec.hparams import Key
 from ..archspec.roles import ATTN, EXPERTS, POST_ATTENTION_FFN_NORM
 from ..archspec.spec import Architecture, Experts, Role
@@ -37,5 +37,6 @@ def qwen3next_hparams(h: dict, key: Key, gguf: Any) -> None:
 ARCH = Architecture("qwen3next", "qwen35", "neox", ATTN + ("q_norm", "k_norm"), recurrent=DELTA_NET_BY_GROUP,
                     recurrent_fused={"ssm_in": ("wqkv", "attn_gate")},
                     experts=Experts(required=EXPERTS + ("ffn_gate_inp_shexp",)),
-                    tensor_names=POST_ATTENTION_FFN_NORM, derive=qwen3next_hparams,
+                    tensor_names=POST_ATTENTION_FFN_NORM,
+                    recurrent_state=state_floats, recurrent_kind="Gated DeltaNet", derive=qwen3next_hparams,
                     description="Qwen3-Next, Qwen3-Coder-Next (Gated DeltaNet hybrid with experts)")

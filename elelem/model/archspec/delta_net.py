@@ -3,7 +3,7 @@ and widths, and which layers recur, as llama.cpp reads them
 (graph/arch_qwen35.pxi builds both)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from ...errors import ModelShapeError
 from .hparams import MAX_WIDTH, Key, int_list, nextn
@@ -90,3 +90,10 @@ def qwen35_hparams(h: dict, key: Key, gguf: Any) -> None:
         raise ModelShapeError(f"{prefix}rope.dimension_sections must be 4 section widths")
     h["rope_sections"] = sections
     h["rope_type"] = "imrope"
+
+
+def state_floats(h: Mapping[str, Any]) -> dict[str, int]:
+    """A Gated DeltaNet layer's state per sequence, in floats: its convolution's
+    last d_conv - 1 inputs of the Q, K, V channels, and a state matrix per value head."""
+    channels = 2 * h["ssm_d_state"] * h["ssm_n_group"] + h["ssm_d_inner"]
+    return {"convolution": (h["ssm_d_conv"] - 1) * channels, "delta rule": h["ssm_d_state"] * h["ssm_d_inner"]}

@@ -67,7 +67,7 @@ HPARAMS = (
     HParam("q_gate", "bool", False, "the full-attention Q projection also writes a sigmoid output gate (qwen35)"),
     # Read by the core by name: one value per layer
     HParam("swa_layers", "bools", None, "1 where the layer attends over the sliding window"),
-    HParam("recurrent_layers", "bools", None, "1 for a recurrent (Gated DeltaNet) layer"),
+    HParam("recurrent_layers", "bools", None, "1 for a recurrent layer (Gated DeltaNet, LFM2's short convolution)"),
     HParam("layer_n_head_kv", "ints", None, "each layer's KV heads, where they differ (Gemma 4)"),
     HParam("layer_head_dim_k", "ints", None, "each layer's K width, where they differ"),
     HParam("layer_head_dim_v", "ints", None, "each layer's V width, where they differ"),

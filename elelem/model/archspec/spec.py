@@ -108,3 +108,8 @@ class Architecture:
     layer_roles: Optional[Callable[[Mapping[str, Any], int, Mapping[str, Any]],
                                    tuple[tuple[str, ...], tuple[str, ...]]]] = None
     per_layer_shapes: bool = False   # head_count_kv and feed_forward_length may differ per layer
+    # a layer whose head_count_kv is 0 recurs, the others attend (llama.cpp's LFM2: is_recr(il))
+    recurrent_from_kv_heads: bool = False
+    # (hparams) -> a recurrent layer's state per sequence in floats, by part (``elelem info``)
+    recurrent_state: Optional[Callable[[Mapping[str, Any]], Mapping[str, int]]] = None
+    recurrent_kind: str = ""          # what a recurrent layer is, in words (``elelem info``)
