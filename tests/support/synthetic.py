@@ -146,6 +146,7 @@ def _features(arch: str) -> dict:
         "qwen35": dict(qk_norm=True, ffn_norm="post_attention_norm"),
         "qwen35moe": dict(qk_norm=True, ffn_norm="post_attention_norm"),
         "qwen3next": dict(qk_norm=True, ffn_norm="post_attention_norm"),
+        "seed_oss": dict(bias=True, ffn_norm="post_attention_norm"),
     }[arch])
 
 

@@ -1,8 +1,8 @@
-# The pre-norm decoder: llama, qwen2, qwen3, qwen3moe, gpt-oss, glm4moe and
-# mistral3, after llama.cpp's graphs of those names (src/models/).  One
-# block, its features switched by what the model has:
-# - Q/K/V/output biases (Qwen2, gpt-oss), per-head Q/K norms (Qwen3), RoPE
-#   frequency factors (Llama 3.1+);
+# The pre-norm decoder: llama, qwen2, qwen3, qwen3moe, gpt-oss, glm4moe,
+# mistral3 and seed_oss, after llama.cpp's graphs of those names
+# (src/models/).  One block, its features switched by what the model has:
+# - Q/K/V/output biases (Qwen2, gpt-oss, Seed-OSS), per-head Q/K norms
+#   (Qwen3), RoPE frequency factors (Llama 3.1+);
 # - layers that attend over a sliding window, with their own RoPE base
 #   (gpt-oss: every other layer), and attention sinks (gpt-oss);
 # - the attention temperature of mistral3 (Q scaled per position);

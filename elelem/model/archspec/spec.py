@@ -108,3 +108,5 @@ class Architecture:
     layer_roles: Optional[Callable[[Mapping[str, Any], int, Mapping[str, Any]],
                                    tuple[tuple[str, ...], tuple[str, ...]]]] = None
     per_layer_shapes: bool = False   # head_count_kv and feed_forward_length may differ per layer
+    # (hparams) -> a line for ``elelem info``: what sets this family's shape apart
+    shape: Optional[Callable[[Mapping[str, Any]], str]] = None

@@ -41,6 +41,7 @@ class Seed:
     rope_freqs: bool = False
     template: str | None = CHATML
     extra_keys: tuple[tuple[str, int], ...] = ()  # more hyperparameters (TinyConfig.extra_keys)
+    config: tuple[tuple[str, object], ...] = ()   # more TinyConfig fields (head widths, layers)
 
 
 SYNTHETIC_SEEDS = (
@@ -50,6 +51,8 @@ SYNTHETIC_SEEDS = (
     Seed("gemma3-f16-spm-swa", "gemma3", "llama", wtype="f16", n_swa=4, template=GEMMA_STYLE,
          extra_keys=(("{arch}.attention.sliding_window_pattern", 2),)),
     Seed("qwen3-f32-spm", "qwen3", "llama", template=None),
+    # heads wider than n_embd / n_head, with biases
+    Seed("seed_oss-f32-gpt2", "seed_oss", "gpt2", config=(("head_dim", 32),)),
 )
 
 
@@ -148,7 +151,8 @@ def write_seed(path: Path, seed: Seed) -> Path:
 
     cfg = TinyConfig(arch=seed.arch, n_vocab=len(vocab["tokenizer.ggml.tokens"]), n_embd=32, n_layer=2,
                      n_head=2, n_head_kv=1, n_ff=64, n_ctx_train=256, tied=seed.tied, wtype=seed.wtype,
-                     n_swa=seed.n_swa, rope_freqs=seed.rope_freqs, seed=len(seed.name), extra_keys=seed.extra_keys)
+                     n_swa=seed.n_swa, rope_freqs=seed.rope_freqs, seed=len(seed.name), extra_keys=seed.extra_keys
+                     ).but(**dict(seed.config))
     write_model(path, cfg, extra_metadata=add_tokenizer)
     return path
 
