@@ -174,6 +174,8 @@ ARCH_CASES = {
                                            fused_gate_up=False, seed=4),
     # Seed-OSS: heads wider than n_embd / n_head, Q/K/V biases, the FFN's norm named post_attention_norm.
     "seed_oss": TinyConfig(arch="seed_oss", head_dim=32, n_layer=3),
+    # SmolLM3: layer 3 attends without RoPE (every fourth), the others with normal RoPE; tied output.
+    "smollm3": TinyConfig(arch="smollm3", n_layer=5, tied=True),
 }
 # ggml's GELU reads a float16 table, so GeGLU models carry ~1e-4 relative error.
 ARCH_TOLERANCE = {"gemma3": 2e-3, "gemma3-global-base-1e6": 2e-3, "gemma4": 2e-3, "gemma4-moe": 2e-3,

@@ -132,7 +132,7 @@ _NEXTN_ARCHS = ("glm4moe", "qwen3next")                # multi-token-prediction 
 
 def _features(arch: str) -> dict:
     base = dict(bias=False, out_bias=False, qk_norm=False, post_norms=False, neox=True, gelu=False, sinks=False,
-                ffn_norm="ffn_norm")
+                ffn_norm="ffn_norm", nope_every=0)
     return dict(base, **{
         "qwen2": dict(bias=True),
         "llama": dict(neox=False),
@@ -147,6 +147,7 @@ def _features(arch: str) -> dict:
         "qwen35moe": dict(qk_norm=True, ffn_norm="post_attention_norm"),
         "qwen3next": dict(qk_norm=True, ffn_norm="post_attention_norm"),
         "seed_oss": dict(bias=True, ffn_norm="post_attention_norm"),
+        "smollm3": dict(neox=False, nope_every=4),   # every 4th layer without RoPE
     }[arch])
 
 
@@ -931,7 +932,9 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
             rope_scale = 1.0 / cfg.rope_linear
         if yarn is not None:
             rope_scale, layer_yarn = 1.0 / yarn.factor, yarn
-        if imrope:
+        if f["nope_every"] and (i + 1) % f["nope_every"] == 0:
+            pass   # smollm3's NoPE layers: Q and K as projected
+        elif imrope:
             q = _rope_imrope(q, text_positions4(n), base, cfg.rot, cfg.rope_sections, rope_scale)
             k = _rope_imrope(k, text_positions4(n), base, cfg.rot, cfg.rope_sections, rope_scale)
         else:

@@ -1,8 +1,9 @@
 # The pre-norm decoder: llama, qwen2, qwen3, qwen3moe, gpt-oss, glm4moe,
-# mistral3 and seed_oss, after llama.cpp's graphs of those names
+# mistral3, seed_oss and smollm3, after llama.cpp's graphs of those names
 # (src/models/).  One block, its features switched by what the model has:
 # - Q/K/V/output biases (Qwen2, gpt-oss, Seed-OSS), per-head Q/K norms
-#   (Qwen3), RoPE frequency factors (Llama 3.1+);
+#   (Qwen3), RoPE frequency factors (Llama 3.1+), layers without RoPE
+#   (SmolLM3's NoPE);
 # - layers that attend over a sliding window, with their own RoPE base
 #   (gpt-oss: every other layer), and attention sinks (gpt-oss);
 # - the attention temperature of mistral3 (Q scaled per position);
@@ -39,8 +40,10 @@ cdef ggml_tensor * build_decoder(Model m, KVCache cache, Step * st) except NULL:
             q = norm_rms(st, q, lw.q_norm)
         if lw.k_norm != NULL:
             k = norm_rms(st, k, lw.k_norm)
-        q = rope(st, q, base, scale, m.rope_freqs)
-        k = rope(st, k, base, scale, m.rope_freqs)
+        # smollm3: every n_no_rope_layer_step-th layer attends without RoPE (its use_rope)
+        if hp.n_no_rope_layer_step == 0 or (il + 1) % hp.n_no_rope_layer_step != 0:
+            q = rope(st, q, base, scale, m.rope_freqs)
+            k = rope(st, k, base, scale, m.rope_freqs)
         if st.inp_attn_scale != NULL:
             q = ggml_mul(ctx, q, st.inp_attn_scale)
         h = linear(st, lw.wo, lw.bo, attention(st, cache, il, q, k, v, st.inp_mask_swa if swa else st.inp_mask,

@@ -53,6 +53,8 @@ SYNTHETIC_SEEDS = (
     Seed("qwen3-f32-spm", "qwen3", "llama", template=None),
     # heads wider than n_embd / n_head, with biases
     Seed("seed_oss-f32-gpt2", "seed_oss", "gpt2", config=(("head_dim", 32),)),
+    # four layers: the last attends without RoPE
+    Seed("smollm3-q8_0-gpt2-tied", "smollm3", "gpt2", wtype="q8_0", tied=True, config=(("n_layer", 4),)),
 )
 
 
