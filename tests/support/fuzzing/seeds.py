@@ -55,6 +55,8 @@ SYNTHETIC_SEEDS = (
     Seed("seed_oss-f32-gpt2", "seed_oss", "gpt2", config=(("head_dim", 32),)),
     # four layers: the last attends without RoPE
     Seed("smollm3-q8_0-gpt2-tied", "smollm3", "gpt2", wtype="q8_0", tied=True, config=(("n_layer", 4),)),
+    # experts, Q/K norms over all heads, RoPE over half of each head
+    Seed("minimax-m2-f32-gpt2", "minimax-m2", "gpt2", config=(("head_dim", 16), ("n_rot", 8), ("n_ff", 32))),
 )
 
 
