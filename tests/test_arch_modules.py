@@ -26,8 +26,9 @@ from elelem.model.archs import _codegen
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "models.md"
-ARCHITECTURES = ("bert", "gemma3", "gemma4", "glm4moe", "gpt-oss", "lfm2", "lfm2moe", "llama", "mistral3",
-                 "nomic-bert", "qwen2", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next")
+ARCHITECTURES = ("bert", "gemma3", "gemma4", "glm4moe", "gpt-oss", "lfm2", "lfm2moe", "llama", "minimax-m2",
+                 "mistral3", "nomic-bert", "qwen2", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next", "seed_oss",
+                 "smollm3")
 
 
 def doc_example(path: str) -> str:
@@ -42,7 +43,7 @@ def test_every_architecture_is_found_by_its_module_name():
     for name in ARCHITECTURES:
         assert archs.find(name).name == name
     # a module name that is not the GGUF name, a helper, a stranger: none is an architecture
-    for name in ("gpt_oss", "nomic_bert", "_codegen", "Qwen2", "os", "../archspec", "archspec.roles", ""):
+    for name in ("gpt_oss", "nomic_bert", "minimax_m2", "_codegen", "Qwen2", "os", "../archspec", "archspec.roles", ""):
         assert archs.find(name) is None, name
 
 

@@ -172,6 +172,13 @@ ARCH_CASES = {
                              experts=True, k_eq_v=True, layer_scale=True, softcap=30.0, seed=3),
     "gemma4-moe-gate-up-apart": TinyConfig(arch="gemma4", head_dim=32, n_layer=3, n_swa=5, experts=True,
                                            fused_gate_up=False, seed=4),
+    # Seed-OSS: heads wider than n_embd / n_head, Q/K/V biases, the FFN's norm named post_attention_norm.
+    "seed_oss": TinyConfig(arch="seed_oss", head_dim=32, n_layer=3),
+    # SmolLM3: layer 3 attends without RoPE (every fourth), the others with normal RoPE; tied output.
+    "smollm3": TinyConfig(arch="smollm3", n_layer=5, tied=True),
+    # MiniMax-M2: sigmoid-routed experts with a selection bias, Q/K norms over all heads, RoPE over
+    # half of each head.
+    "minimax-m2": TinyConfig(arch="minimax-m2", head_dim=32, n_rot=16, n_layer=2, n_ff=32),
 }
 # ggml's GELU reads a float16 table, so GeGLU models carry ~1e-4 relative error.
 ARCH_TOLERANCE = {"gemma3": 2e-3, "gemma3-global-base-1e6": 2e-3, "gemma4": 2e-3, "gemma4-moe": 2e-3,

@@ -31,11 +31,12 @@ def describe(path) -> dict:
         spec = model_spec(gguf)
         hparams = spec.hparams
         supported, reason = True, None
+        shape = spec.arch.shape(hparams) if spec.arch.shape is not None else None
         if "n_expert" in hparams:  # a token reads only the experts it is routed to
             used, used_active = spec.parameter_counts(gguf.tensors)
             active = parameters - (used - used_active)
     except ElelemError as error:  # still describe what the header says
-        hparams, supported, reason = {}, False, str(error)
+        hparams, supported, reason, shape = {}, False, str(error), None
     file_type = meta.get("general.file_type")
     tokens = meta.get("tokenizer.ggml.tokens")
     return {
@@ -53,6 +54,7 @@ def describe(path) -> dict:
         "embedding_length": hparams.get("n_embd", meta.get(f"{arch}.embedding_length")),
         "heads": hparams.get("n_head", meta.get(f"{arch}.attention.head_count")),
         "kv_heads": hparams.get("n_head_kv", meta.get(f"{arch}.attention.head_count_kv")),
+        "shape": shape,
         "context_length": hparams.get("n_ctx_train", meta.get(f"{arch}.context_length")),
         "vocab_size": hparams.get("n_vocab", len(tokens) if tokens is not None else None),
         "tokenizer": meta.get("tokenizer.ggml.model"),
@@ -98,6 +100,7 @@ def main(args: argparse.Namespace) -> int:
         ("architecture", f"{facts['architecture']} (supported: {supported})"),
         ("size", f"{_count(facts['parameters'])} parameters, {facts['layers']} layers, "
                  f"n_embd {facts['embedding_length']}, {facts['heads']} heads ({facts['kv_heads']} KV)"),
+        *([("shape", facts["shape"])] if facts["shape"] else []),
         *([("experts", f"{facts['experts']}, {facts['experts_used']} used per token: "
                         f"{_count(facts['active_parameters'])} of the {_count(facts['parameters'])} "
                         f"parameters active")] if facts["experts"] else []),

@@ -132,14 +132,14 @@ class TinyConfig:
         return replace(self, **kw)
 
 
-_MOE_ARCHS = ("qwen3moe", "gpt-oss", "glm4moe", "qwen35moe", "qwen3next", "lfm2moe")
+_MOE_ARCHS = ("qwen3moe", "gpt-oss", "glm4moe", "qwen35moe", "qwen3next", "lfm2moe", "minimax-m2")
 _HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")   # Gated DeltaNet layers beside gated attention
 _NEXTN_ARCHS = ("glm4moe", "qwen3next")                # multi-token-prediction layers written after the rest
 
 
 def _features(arch: str) -> dict:
     base = dict(bias=False, out_bias=False, qk_norm=False, post_norms=False, neox=True, gelu=False, sinks=False,
-                ffn_norm="ffn_norm")
+                ffn_norm="ffn_norm", qk_norm_all=False, nope_every=0)
     return dict(base, **{
         "qwen2": dict(bias=True),
         "llama": dict(neox=False),
@@ -153,6 +153,9 @@ def _features(arch: str) -> dict:
         "qwen35": dict(qk_norm=True, ffn_norm="post_attention_norm"),
         "qwen35moe": dict(qk_norm=True, ffn_norm="post_attention_norm"),
         "qwen3next": dict(qk_norm=True, ffn_norm="post_attention_norm"),
+        "seed_oss": dict(bias=True, ffn_norm="post_attention_norm"),
+        "smollm3": dict(neox=False, nope_every=4),   # every 4th layer without RoPE
+        "minimax-m2": dict(qk_norm_all=True),         # Q/K norms over all heads together
     }[arch])
 
 
@@ -257,9 +260,9 @@ def _attention_weights(w, cfg, f, p, mat, norm, vec):
         w[p + "attn_output.bias"] = vec(e)
     if f["sinks"]:
         w[p + "attn_sinks.weight"] = vec(cfg.n_head, 1.0)
-    if f["qk_norm"]:
-        w[p + "attn_q_norm.weight"] = norm(hd)
-        w[p + "attn_k_norm.weight"] = norm(hd)
+    if f["qk_norm"] or f["qk_norm_all"]:
+        w[p + "attn_q_norm.weight"] = norm(q if f["qk_norm_all"] else hd)
+        w[p + "attn_k_norm.weight"] = norm(kv if f["qk_norm_all"] else hd)
     if f["post_norms"]:
         w[p + "post_attention_norm.weight"] = norm(e)
         w[p + "post_ffw_norm.weight"] = norm(e)
@@ -280,8 +283,9 @@ def _expert_weights(w, cfg, i, p, mat, norm, vec):
         w[p + "ffn_gate_exps.bias"] = vec((x, fe))
         w[p + "ffn_up_exps.bias"] = vec((x, fe))
         w[p + "ffn_down_exps.bias"] = vec((x, e))
-    if cfg.arch == "glm4moe":
+    if cfg.arch in ("glm4moe", "minimax-m2"):
         w[p + "exp_probs_b.bias"] = vec(x)
+    if cfg.arch == "glm4moe":
         fs = fe * cfg.n_expert_shared
         w[p + "ffn_gate_shexp.weight"] = mat(fs, e)
         w[p + "ffn_up_shexp.weight"] = mat(fs, e)
@@ -515,6 +519,8 @@ def add_moe_keys(writer: gguf.GGUFWriter, cfg: TinyConfig) -> None:
         writer.add_expert_weights_scale(cfg.expert_scale)
         writer.add_expert_weights_norm(True)
         writer.add_nextn_predict_layers(cfg.n_nextn)
+    if cfg.arch == "minimax-m2":   # MiniMaxM2Model: scoring_func "sigmoid"
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     if cfg.arch in ("qwen35moe", "qwen3next"):
         writer.add_expert_shared_feed_forward_length(cfg.n_ff_shexp or 2 * cfg.n_ff_exp)
     if cfg.arch == "qwen3next" and cfg.n_nextn:
@@ -713,7 +719,8 @@ def _swiglu_oai(gate, up, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT):
 # chosen weights to sum 1 (glm4moe: what the writer's expert_weights_norm says).
 _ROUTING = {"qwen3moe": ("softmax", True), "glm4moe": ("sigmoid", True), "gpt-oss": ("softmax_weight", False),
             "qwen35moe": ("softmax", True), "gemma4": ("softmax", True), "qwen3next": ("softmax", True),
-            "lfm2moe": ("sigmoid", True)}
+            "lfm2moe": ("sigmoid", True),
+            "minimax-m2": ("sigmoid", True)}
 
 
 def moe_route(logits: np.ndarray, cfg: TinyConfig, selection_bias: Optional[np.ndarray] = None):
@@ -927,6 +934,9 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
         q = mm(h, p + "attn_q.weight") + w.get(p + "attn_q.bias", 0)
         k = mm(h, p + "attn_k.weight") + w.get(p + "attn_k.bias", 0)
         v = mm(h, p + "attn_v.weight") + w.get(p + "attn_v.bias", 0)
+        if f["qk_norm_all"]:   # minimax-m2: one norm over all heads of Q, one over K's
+            q = _rms_norm(q, w[p + "attn_q_norm.weight"], cfg.rms_eps)
+            k = _rms_norm(k, w[p + "attn_k_norm.weight"], cfg.rms_eps)
         gate = None
         if gated:   # per head, hd of Q then hd of its output gate
             q, gate = q.reshape(n, cfg.n_head, 2, hd)[:, :, 0], q.reshape(n, cfg.n_head, 2, hd)[:, :, 1]
@@ -946,7 +956,9 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
             rope_scale = 1.0 / cfg.rope_linear
         if yarn is not None:
             rope_scale, layer_yarn = 1.0 / yarn.factor, yarn
-        if imrope:
+        if f["nope_every"] and (i + 1) % f["nope_every"] == 0:
+            pass   # smollm3's NoPE layers: Q and K as projected
+        elif imrope:
             q = _rope_imrope(q, text_positions4(n), base, cfg.rot, cfg.rope_sections, rope_scale)
             k = _rope_imrope(k, text_positions4(n), base, cfg.rot, cfg.rope_sections, rope_scale)
         else:

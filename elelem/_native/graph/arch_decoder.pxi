@@ -1,8 +1,10 @@
-# The pre-norm decoder: llama, qwen2, qwen3, qwen3moe, gpt-oss, glm4moe and
-# mistral3, after llama.cpp's graphs of those names (src/models/).  One
-# block, its features switched by what the model has:
-# - Q/K/V/output biases (Qwen2, gpt-oss), per-head Q/K norms (Qwen3), RoPE
-#   frequency factors (Llama 3.1+);
+# The pre-norm decoder: llama, qwen2, qwen3, qwen3moe, gpt-oss, glm4moe,
+# mistral3, seed_oss, smollm3 and minimax-m2, after llama.cpp's graphs of
+# those names (src/models/).  One block, its features switched by what the
+# model has:
+# - Q/K/V/output biases (Qwen2, gpt-oss, Seed-OSS), per-head Q/K norms
+#   (Qwen3), or Q/K norms over all heads together (MiniMax-M2), RoPE
+#   frequency factors (Llama 3.1+), layers without RoPE (SmolLM3's NoPE);
 # - layers that attend over a sliding window, with their own RoPE base
 #   (gpt-oss: every other layer), and attention sinks (gpt-oss);
 # - the attention temperature of mistral3 (Q scaled per position);
@@ -32,15 +34,22 @@ cdef ggml_tensor * build_decoder(Model m, KVCache cache, Step * st) except NULL:
         base = hp.rope_base_swa if swa else hp.rope_base
         scale = hp.rope_scale_swa if swa else hp.rope_scale
         h = norm_rms(st, x, lw.attn_norm)
-        q = ggml_reshape_3d(ctx, linear(st, lw.wq, lw.bq, h), hp.head_dim_k, hp.n_head, st.n_tokens)
-        k = ggml_reshape_3d(ctx, linear(st, lw.wk, lw.bk, h), hp.head_dim_k, hp.n_head_kv, st.n_tokens)
+        q = linear(st, lw.wq, lw.bq, h)
+        k = linear(st, lw.wk, lw.bk, h)
         v = linear(st, lw.wv, lw.bv, h)
+        if lw.q_norm_all != NULL:   # minimax-m2: each of Q and K normed whole, before the split into heads
+            q = norm_rms(st, q, lw.q_norm_all)
+            k = norm_rms(st, k, lw.k_norm_all)
+        q = ggml_reshape_3d(ctx, q, hp.head_dim_k, hp.n_head, st.n_tokens)
+        k = ggml_reshape_3d(ctx, k, hp.head_dim_k, hp.n_head_kv, st.n_tokens)
         if lw.q_norm != NULL:
             q = norm_rms(st, q, lw.q_norm)
         if lw.k_norm != NULL:
             k = norm_rms(st, k, lw.k_norm)
-        q = rope(st, q, base, scale, m.rope_freqs)
-        k = rope(st, k, base, scale, m.rope_freqs)
+        # smollm3: every n_no_rope_layer_step-th layer attends without RoPE (its use_rope)
+        if hp.n_no_rope_layer_step == 0 or (il + 1) % hp.n_no_rope_layer_step != 0:
+            q = rope(st, q, base, scale, m.rope_freqs)
+            k = rope(st, k, base, scale, m.rope_freqs)
         if st.inp_attn_scale != NULL:
             q = ggml_mul(ctx, q, st.inp_attn_scale)
         h = linear(st, lw.wo, lw.bo, attention(st, cache, il, q, k, v, st.inp_mask_swa if swa else st.inp_mask,

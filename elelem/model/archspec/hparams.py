@@ -216,6 +216,15 @@ def _yarn_attn_factor(freq_scale: float, ext_factor: float, log_mul: float) -> f
     return float(f32(attn) * (f32(1.0) / (f32(1.0) + f32(f32(0.1) * f32(math.log(factor))))))
 
 
+def require_rope_over_whole_heads(h: dict, arch_name: str) -> None:
+    """K and V heads of one width, all of it rotated: what the graphs of
+    llama.cpp that assert n_embd_head_k == n_embd_head_v == n_rot need (a
+    file otherwise is refused there with an abort, here with this error)."""
+    if not h["head_dim_k"] == h["head_dim_v"] == h["n_rot"]:
+        raise ModelShapeError(f"{arch_name}: attention.key_length = {h['head_dim_k']}, attention.value_length = "
+                              f"{h['head_dim_v']} and rope.dimension_count = {h['n_rot']} must be equal")
+
+
 def nextn(h: dict, key: Key, gguf: Any) -> None:
     # Multi-token-prediction (NextN) blocks are counted in block_count but
     # come after the model's layers; llama.cpp's main graph skips them, and

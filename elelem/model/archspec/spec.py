@@ -113,3 +113,5 @@ class Architecture:
     # (hparams) -> a recurrent layer's state per sequence in floats, by part (``elelem info``)
     recurrent_state: Optional[Callable[[Mapping[str, Any]], Mapping[str, int]]] = None
     recurrent_kind: str = ""          # what a recurrent layer is, in words (``elelem info``)
+    # (hparams) -> a line for ``elelem info``: what sets this family's shape apart
+    shape: Optional[Callable[[Mapping[str, Any]], str]] = None

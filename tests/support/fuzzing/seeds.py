@@ -42,6 +42,7 @@ class Seed:
     template: str | None = CHATML
     extra_keys: tuple[tuple[str, int], ...] = ()  # more hyperparameters (TinyConfig.extra_keys)
     layer_types: str = ""  # LFM2's layer kinds (TinyConfig.layer_types)
+    config: tuple[tuple[str, object], ...] = ()   # more TinyConfig fields (head widths, layers)
 
 
 SYNTHETIC_SEEDS = (
@@ -53,6 +54,12 @@ SYNTHETIC_SEEDS = (
     Seed("qwen3-f32-spm", "qwen3", "llama", template=None),
     # A hybrid: a short-convolution layer, then attention; its recurrent state in the cache.
     Seed("lfm2-q8_0-gpt2", "lfm2", "gpt2", wtype="q8_0", layer_types="CA"),
+    # heads wider than n_embd / n_head, with biases
+    Seed("seed_oss-f32-gpt2", "seed_oss", "gpt2", config=(("head_dim", 32),)),
+    # four layers: the last attends without RoPE
+    Seed("smollm3-q8_0-gpt2-tied", "smollm3", "gpt2", wtype="q8_0", tied=True, config=(("n_layer", 4),)),
+    # experts, Q/K norms over all heads, RoPE over half of each head
+    Seed("minimax-m2-f32-gpt2", "minimax-m2", "gpt2", config=(("head_dim", 16), ("n_rot", 8), ("n_ff", 32))),
 )
 
 
@@ -152,7 +159,7 @@ def write_seed(path: Path, seed: Seed) -> Path:
     cfg = TinyConfig(arch=seed.arch, n_vocab=len(vocab["tokenizer.ggml.tokens"]), n_embd=32, n_layer=2,
                      n_head=2, n_head_kv=1, n_ff=64, n_ctx_train=256, tied=seed.tied, wtype=seed.wtype,
                      n_swa=seed.n_swa, rope_freqs=seed.rope_freqs, seed=len(seed.name), extra_keys=seed.extra_keys,
-                     layer_types=seed.layer_types)
+                     layer_types=seed.layer_types).but(**dict(seed.config))
     write_model(path, cfg, extra_metadata=add_tokenizer)
     return path
 
