@@ -60,7 +60,7 @@ class MLAConfig:
     embd_type: str = "f32"
     tied: bool = False
     seed: int = 0
-    extra_keys: tuple = ()           # ((key, value), ...) written as-is ("{arch}" expanded)
+    extra_keys: tuple = ()           # ((key, value), ...) written instead ("{arch}" expanded)
     drop_keys: tuple = ()            # keys the converter writes, left out
     drop: tuple = ()                 # tensors left out
     cut: tuple = ()                  # ((name, axis, length), ...): tensors cut (numpy order)
@@ -158,8 +158,9 @@ def _add_keys(writer: gguf.GGUFWriter, cfg: MLAConfig) -> None:
         ("expert_group_count", writer.add_expert_group_count, cfg.expert_groups or None),
         ("expert_group_used_count", writer.add_expert_group_used_count, cfg.expert_groups_used or None),
     ]
+    overridden = {key.format(arch=cfg.arch) for key, _ in cfg.extra_keys}
     for name, add, value in keys:
-        if value is not None and name not in cfg.drop_keys:
+        if value is not None and name not in cfg.drop_keys and f"{cfg.arch}.{name}" not in overridden:
             add(value)
     if cfg.gating is not None:
         writer.add_expert_gating_func({"softmax": gguf.ExpertGatingFuncType.SOFTMAX,

@@ -17,12 +17,15 @@ cdef ggml_tensor * _per_head_product(Step * st, ggml_tensor * w, ggml_tensor * x
     step's rows stand for steps of their own each gets the numbers it would
     get there: a step of generated tokens takes one column per head and
     token (tokens along dim 3, which w broadcasts over), a prompt step of
-    several sequences one product per sequence's run."""
+    several sequences one product per sequence's run -- copied to a
+    contiguous one where x is contiguous, since ggml's CPU mul_mat takes
+    tinyBLAS for a contiguous F32 operand and vec_dot otherwise."""
     cdef ggml_context * ctx = st.ctx
     cdef int64_t n = x.ne[1]
     cdef ggml_tensor * y
     cdef ggml_tensor * part
     cdef int r, start = 0, length
+    cdef bint contiguous = ggml_is_contiguous(x)
     if st.decode_kernels and n >= 2:
         y = ggml_mul_mat(ctx, w, ggml_view_4d(ctx, x, x.ne[0], 1, x.ne[2], n, x.nb[1], x.nb[2], x.nb[1], 0))
         # (n_out, 1, n_head, n_tokens) -> (n_out, n_tokens, n_head)
@@ -31,8 +34,8 @@ cdef ggml_tensor * _per_head_product(Step * st, ggml_tensor * w, ggml_tensor * x
         y = NULL
         for r in range(st.n_runs):
             length = st.run_length[r]
-            part = ggml_mul_mat(ctx, w, ggml_view_3d(ctx, x, x.ne[0], length, x.ne[2], x.nb[1], x.nb[2],
-                                                     <size_t> start * x.nb[1]))
+            part = ggml_view_3d(ctx, x, x.ne[0], length, x.ne[2], x.nb[1], x.nb[2], <size_t> start * x.nb[1])
+            part = ggml_mul_mat(ctx, w, ggml_cont(ctx, part) if contiguous else part)
             y = part if y == NULL else ggml_concat(ctx, y, part, 1)
             start += length
         return y
