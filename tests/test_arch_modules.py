@@ -26,7 +26,7 @@ from elelem.model.archs import _codegen
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "models.md"
-ARCHITECTURES = ("bert", "gemma3", "gemma4", "glm4moe", "gpt-oss", "llama", "mistral3", "nomic-bert", "qwen2",
+ARCHITECTURES = ("bert", "deepseek2", "gemma3", "gemma4", "glm4moe", "gpt-oss", "llama", "mistral3", "nomic-bert", "qwen2",
                  "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next")
 
 
