@@ -127,6 +127,9 @@ def test_sequences_in_one_step_get_their_solo_logits(tiny_model, wtype, flash_at
 def test_glm47_flash_routing_is_inferred_from_its_shape(tiny_model):
     """No expert_gating_func: sigmoid for 47 (or 48) layers and 154880 tokens, as llama.cpp infers."""
     for cfg, gating in ((GLM.but(n_layer=47, gating=None, vocab_size_key=154880), 1),
+                        (GLM.but(n_layer=47, n_nextn=1, gating=None, vocab_size_key=154880), 1),
+                        (GLM.but(n_layer=48, gating=None, vocab_size_key=154880), 1),
+                        (GLM.but(n_layer=46, n_nextn=1, gating=None, vocab_size_key=154880), 0),
                         (GLM.but(n_layer=47, gating=None), 0), (GLM.but(gating=None), 0), (GLM, 1),
                         (GLM.but(n_layer=47, gating="softmax", vocab_size_key=154880), 0)):
         path, _ = tiny_model(cfg)

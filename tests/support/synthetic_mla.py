@@ -46,6 +46,8 @@ class MLAConfig:
     n_ff_exp: int = 32
     n_expert_shared: int = 1
     n_dense_lead: int = 1
+    n_nextn: int = 0                 # multi-token-prediction layers after the rest (GLM-4.7-Flash: 1),
+                                     # written as Glm4MoeLiteModel does, never run
     gating: Optional[str] = "sigmoid"   # expert_gating_func written; None: not written (GLM-4.7-Flash)
     selection_bias: bool = True      # exp_probs_b (GLM-4.7-Flash, DeepSeek-V3, Kimi-K2)
     expert_norm: bool = True         # expert_weights_norm (written only when true, as the converter)
@@ -92,7 +94,7 @@ def make_weights(cfg: MLAConfig) -> dict[str, np.ndarray]:
 
     e, H = cfg.n_embd, cfg.n_head
     w = {"token_embd.weight": mat(cfg.n_vocab, e, scale=1.0)}
-    for i in range(cfg.n_layer):
+    for i in range(cfg.n_layer + cfg.n_nextn):
         p = f"blk.{i}."
         w[p + "attn_norm.weight"] = norm(e)
         if cfg.q_lora_rank:
@@ -123,6 +125,11 @@ def make_weights(cfg: MLAConfig) -> dict[str, np.ndarray]:
             w[p + "ffn_gate_shexp.weight"] = mat(shared, e)
             w[p + "ffn_up_shexp.weight"] = mat(shared, e)
             w[p + "ffn_down_shexp.weight"] = mat(e, shared)
+        if i >= cfg.n_layer:   # the NextN block's own tensors
+            w[p + "nextn.eh_proj.weight"] = mat(e, 2 * e)
+            w[p + "nextn.enorm.weight"] = norm(e)
+            w[p + "nextn.hnorm.weight"] = norm(e)
+            w[p + "nextn.shared_head_norm.weight"] = norm(e)
     w["output_norm.weight"] = norm(e)
     if not cfg.tied:
         w["output.weight"] = mat(cfg.n_vocab, e)
@@ -134,7 +141,7 @@ def _add_keys(writer: gguf.GGUFWriter, cfg: MLAConfig) -> None:
     keys: list[tuple[str, Callable, object]] = [
         ("context_length", writer.add_context_length, cfg.n_ctx_train),
         ("embedding_length", writer.add_embedding_length, cfg.n_embd),
-        ("block_count", writer.add_block_count, cfg.n_layer),
+        ("block_count", writer.add_block_count, cfg.n_layer + cfg.n_nextn),
         ("feed_forward_length", writer.add_feed_forward_length, cfg.n_ff),
         ("attention.head_count", writer.add_head_count, cfg.n_head),
         ("attention.head_count_kv", writer.add_head_count_kv, 1),
@@ -157,6 +164,7 @@ def _add_keys(writer: gguf.GGUFWriter, cfg: MLAConfig) -> None:
         ("rope.dimension_count", writer.add_rope_dimension_count, cfg.qk_rope),
         ("expert_group_count", writer.add_expert_group_count, cfg.expert_groups or None),
         ("expert_group_used_count", writer.add_expert_group_used_count, cfg.expert_groups_used or None),
+        ("nextn_predict_layers", writer.add_nextn_predict_layers, cfg.n_nextn or None),   # Glm4MoeLiteModel's
     ]
     overridden = {key.format(arch=cfg.arch) for key, _ in cfg.extra_keys}
     for name, add, value in keys:
