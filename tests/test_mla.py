@@ -61,8 +61,9 @@ def test_the_cache_holds_the_latent_and_rope_part_once(tiny_model):
         with elelem.LLM(path, kv_type=kv_type, n_ctx=64, flash_attn=False) as llm:
             cache = llm.engine.context.cache
             assert cache.v_in_k and not cache.v_trans
-            # (kv_lora_rank + n_rot) values a layer, nothing for V
+            # (kv_lora_rank + n_rot) values a layer, nothing for V; the memory planner counts the same
             assert cache.bytes_per_cell == GLM.n_layer * (GLM.kv_lora_rank + GLM.qk_rope) * size
+            assert llm.spec.kv_heads() == (1, GLM.kv_lora_rank + GLM.qk_rope, GLM.kv_lora_rank, False)
 
 
 def test_a_quantized_cache_turns_flash_attention_on(tiny_model):
@@ -181,3 +182,29 @@ def test_a_broken_mla_file_is_refused_naming_the_key_or_tensor(tiny_model, cfg, 
     path, _ = tiny_model(cfg)
     with pytest.raises(ModelShapeError, match=message):
         elelem.LLM(path)
+
+
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["softmax", "flash"])
+def test_generated_tokens_past_512_cells_get_their_one_token_numbers(tiny_model, flash_attn):
+    # With one query row over 512 cells or more, ggml's flash attention splits the cells between
+    # its threads (graph/blocks.pxi: Step.split_kv); the latent view takes that path too.
+    cfg = GLM.but(wtype="q8_0", n_embd=128)
+    path, _ = tiny_model(cfg)
+    with elelem.LLM(path, n_threads=2, n_seq_max=4, flash_attn=flash_attn, amx=False, kv_size=2048) as llm:
+        ctx = llm.engine.context
+        rng = np.random.default_rng(1)
+        for seq, n in ((0, 600), (1, 20), (2, 530)):
+            prompt = rng.integers(0, cfg.n_vocab, n).tolist()
+            for start in range(0, n, 256):
+                ctx.decode(prompt[start:start + 256], [seq] * len(prompt[start:start + 256]))
+        bases = [ctx.cache.seq_length_of(s) for s in range(3)]
+        for n in (1, 2, 3, 5):
+            tokens = rng.integers(0, cfg.n_vocab, n).tolist()
+            seqs = [i % 3 for i in range(n)]
+            one_each = np.concatenate([ctx.decode([t], [s], True) for t, s in zip(tokens, seqs)])
+            for s in range(3):
+                ctx.cache.seq_rm(s, bases[s])
+            step = ctx.decode(tokens, seqs, True, decode_kernels=True)
+            for s in range(3):
+                ctx.cache.seq_rm(s, bases[s])
+            np.testing.assert_array_equal(step, one_each, err_msg=f"a step of {n}")
