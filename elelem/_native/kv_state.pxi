@@ -4,10 +4,11 @@
 # A state of n positions is laid out layer after layer: K as n rows, one per
 # position in position order; then V, as n rows too when V is stored per cell
 # (flash attention), else -- V stored transposed -- each channel's n values
-# in turn; with V a view of K (multi-head latent attention) no V.  So a state is n * bytes_per_cell bytes, and its first m positions
-# can be loaded alone.  The bytes are those of the cache's own types and
-# layout: callers key a state by everything that shapes them (the model, the
-# K/V types, flash attention); here only the sizes are checked.
+# in turn; with V a view of K (multi-head latent attention), no V.  So a
+# state is n * bytes_per_cell bytes, and its first m positions can be loaded
+# alone.  The bytes are those of the cache's own types and layout: callers
+# key a state by everything that shapes them (the model, the K/V types,
+# flash attention); here only the sizes are checked.
 
 
 cdef void _copy_runs(ggml_tensor * t, char * data, size_t base, const int32_t * cell_of, int n, size_t unit,
