@@ -767,6 +767,10 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
     cdef ggml_type kv = _kv_type("kv_type (type_k)", kv_type, model, False)
     cdef ggml_type kv_v = _kv_type("kv_type" if type_v is None else "type_v",
                                    kv_type if type_v is None else type_v, model, True)
+    if model.hp.kv_lora_rank > 0:
+        # Multi-head latent attention: V is a view of K (KVCache.v_in_k), so K's type is V's,
+        # and without flash attention that view is transposed, which blocks cannot be.
+        kv_v = kv
     if kv_v != GGML_TYPE_F16 and kv_v != GGML_TYPE_F32 and not flash_attn:
         _log.info("a %s V cache needs flash attention: turning it on", ggml_type_name(kv_v).decode())
         flash_attn = True

@@ -17,6 +17,13 @@
 # in every layer as in the widest (llama.cpp's TAG_V_CACHE_VARIABLE), so that
 # one index input writes every layer's.
 #
+# Multi-head latent attention (kv_lora_rank > 0) caches a latent per token
+# and V is that latent: each cell's K row holds the latent then the RoPE
+# part, and V is a view of K's first kv_lora_rank values (llama.cpp's
+# deepseek2: build_attn over llm_graph_input_attn_k, V viewed from K), so
+# nothing is stored twice.  Such a cache has no V of its own (v_in_k): v[il]
+# is the view, v_row is 0 and a state holds K alone.
+#
 # Positions of one sequence are always 0 .. length-1 with no gaps: a batch
 # appends to its sequences, trimming drops a tail, and a fork copies a prefix.
 
@@ -58,6 +65,7 @@ cdef class KVCache:
     cdef readonly str type_k    # ggml type names: f16, f32, q8_0, q4_0
     cdef readonly str type_v
     cdef readonly bint v_trans  # V stored transposed (no flash attention): see attention in graph/blocks.pxi
+    cdef readonly bint v_in_k   # V is a view of K's rows (multi-head latent attention): no V stored
     # The recurrent state of a hybrid model's recurrent layers (NULL for
     # attention layers, and all NULL for other models): per layer, a
     # convolution's last inputs (Gated DeltaNet's d_conv - 1 of its Q/K/V
@@ -124,7 +132,7 @@ cdef class KVCache:
         cdef int il
         for il in range(self.n_layer):
             if self.shapes[il].kv_source == il:
-                total += self.k[il].nb[1] + ggml_row_size(self.v[il].type, self.v[il].ne[0])
+                total += self.k[il].nb[1] + (0 if self.v_in_k else ggml_row_size(self.v[il].type, self.v[il].ne[0]))
         return total
 
     def layer_buffer_types(self):
@@ -424,7 +432,10 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
     c.n_seq_max = n_seq_max
     c.type_k = ggml_type_name(type_k).decode()
     c.type_v = ggml_type_name(type_v).decode()
-    c.v_trans = v_trans
+    c.v_in_k = m.hp.kv_lora_rank > 0
+    c.v_trans = v_trans and not c.v_in_k
+    if c.v_in_k:
+        c.type_v = c.type_k   # V is K's own values
     c.cell_pos = <int32_t *> malloc(kv_size * sizeof(int32_t))
     c.cell_token = <int32_t *> calloc(kv_size, sizeof(int32_t))
     c.cell_seqs = <uint64_t *> calloc(kv_size, sizeof(uint64_t))
@@ -453,7 +464,8 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
     c.v_row = 0
     c.n_layer_kv = 0
     for il in range(m.hp.n_layer):
-        c.v_row = max(c.v_row, m.shapes[il].head_dim_v * m.shapes[il].n_head_kv)
+        if not c.v_in_k:
+            c.v_row = max(c.v_row, m.shapes[il].head_dim_v * m.shapes[il].n_head_kv)
     for il in range(m.hp.n_layer):
         if m.shapes[il].kv_source != il:   # reads an earlier layer's (checked: it owns them)
             c.k[il] = c.k[m.shapes[il].kv_source]
@@ -479,6 +491,9 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
             c.v[il] = ggml_new_tensor_2d(c.ctxs[ib], type_v, ggml_blck_size(type_v), kv_size)
             continue
         c.k[il] = ggml_new_tensor_2d(c.ctxs[ib], type_k, m.shapes[il].head_dim_k * m.shapes[il].n_head_kv, kv_size)
+        if c.v_in_k:   # (kv_lora_rank, kv_size) over K's rows; allocated with K
+            c.v[il] = ggml_view_2d(c.ctxs[ib], c.k[il], m.shapes[il].head_dim_v, kv_size, c.k[il].nb[1], 0)
+            continue
         c.v[il] = ggml_new_tensor_2d(c.ctxs[ib], type_v, c.v_row if v_trans else
                                      m.shapes[il].head_dim_v * m.shapes[il].n_head_kv, kv_size)
     c.n_kv_bufs = c.n_bufs

@@ -4,10 +4,11 @@
 # A state of n positions is laid out layer after layer: K as n rows, one per
 # position in position order; then V, as n rows too when V is stored per cell
 # (flash attention), else -- V stored transposed -- each channel's n values
-# in turn.  So a state is n * bytes_per_cell bytes, and its first m positions
-# can be loaded alone.  The bytes are those of the cache's own types and
-# layout: callers key a state by everything that shapes them (the model, the
-# K/V types, flash attention); here only the sizes are checked.
+# in turn; with V a view of K (multi-head latent attention), no V.  So a
+# state is n * bytes_per_cell bytes, and its first m positions can be loaded
+# alone.  The bytes are those of the cache's own types and layout: callers
+# key a state by everything that shapes them (the model, the K/V types,
+# flash attention); here only the sizes are checked.
 
 
 cdef void _copy_runs(ggml_tensor * t, char * data, size_t base, const int32_t * cell_of, int n, size_t unit,
@@ -43,6 +44,8 @@ cdef void _state_io(KVCache c, const int32_t * cell_of, int m, int stored, char 
         _copy_runs(c.k[il], data + at, 0, cell_of, m, row, write)
         at += <size_t> stored * row
         v = c.v[il]
+        if c.v_in_k:   # V is K's (multi-head latent attention): saved with it
+            continue
         if not c.v_trans:
             row = v.nb[1]
             _copy_runs(v, data + at, 0, cell_of, m, row, write)

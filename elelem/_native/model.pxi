@@ -14,7 +14,9 @@ include "declarations.pxi"
 cdef struct LayerShape:
     # A layer's attention geometry, where it differs between layers (Gemma 4:
     # sliding-window and global layers have their own head widths, KV heads and
-    # rotated dims); every layer has HParams' values otherwise.
+    # rotated dims); every layer has HParams' values otherwise.  With multi-head
+    # latent attention these are the cached widths: one head of the latent and
+    # the RoPE part for K, the latent for V.
     int n_head_kv
     int head_dim_k
     int head_dim_v
@@ -366,6 +368,13 @@ cdef void _fill_layer_shapes(Model m, dict h) except *:
         m.shapes[il].n_head_kv = lists["layer_n_head_kv"][il]
         m.shapes[il].head_dim_k = lists["layer_head_dim_k"][il]
         m.shapes[il].head_dim_v = lists["layer_head_dim_v"][il]
+        if m.hp.kv_lora_rank > 0:
+            # Multi-head latent attention caches one KV head: the latent then the
+            # RoPE part, V being the latent (graph/mla.pxi), as llama.cpp's deepseek2
+            # (its key_length and value_length, checked by elelem.model.archspec.mla).
+            m.shapes[il].n_head_kv = 1
+            m.shapes[il].head_dim_k = m.hp.kv_lora_rank + m.hp.n_rot
+            m.shapes[il].head_dim_v = m.hp.kv_lora_rank
         m.shapes[il].n_rot = lists["layer_n_rot"][il]
         m.shapes[il].kv_source = lists["layer_kv_source"][il]
         if not 0 <= m.shapes[il].kv_source <= il or m.shapes[m.shapes[il].kv_source].kv_source != m.shapes[il].kv_source:

@@ -214,7 +214,8 @@ class LLM:
                         flash_attn: bool) -> Offload:
         n_layer = self.spec.hparams["n_layer"]
         h = self.spec.hparams
-        kv_bytes = kv_layer_bytes(kv_cells, h["n_head_kv"], h["head_dim_k"], h["head_dim_v"], type_k, type_v)
+        n_head_kv, head_dim_k, head_dim_v, v_stored = self.spec.kv_heads()
+        kv_bytes = kv_layer_bytes(kv_cells, n_head_kv, head_dim_k, head_dim_v if v_stored else 0, type_k, type_v)
         layer_bytes = [sum(self.gguf.tensors[n].nbytes for n in table.values() if n)
                        for table in self.spec.layer_tensors]
         endpoints = parse_endpoints(options.rpc_servers)
@@ -242,10 +243,12 @@ class LLM:
             return bool(flash_attn)
         h = self.spec.hparams
         devices = [d for i, d in enumerate(self.placement.devices) if self.placement.layers_of(i)]
-        heads = [int(max(v) if isinstance(v, (list, tuple)) else v) for v in (h["n_head"], h["n_head_kv"])]
+        n_head_kv, head_dim_k, head_dim_v, v_stored = self.spec.kv_heads()
+        heads = [int(max(v) if isinstance(v, (list, tuple)) else v) for v in (h["n_head"], n_head_kv)]
         lacking = [d.name for d in devices
-                   if not flash_attn_supported(dev=d, head_dim_k=h["head_dim_k"], head_dim_v=h["head_dim_v"],
-                                               n_head=heads[0], n_head_kv=heads[1], type_k=type_k, type_v=type_v)]
+                   if not flash_attn_supported(dev=d, head_dim_k=head_dim_k, head_dim_v=head_dim_v,
+                                               n_head=heads[0], n_head_kv=heads[1], type_k=type_k,
+                                               type_v=type_v if v_stored else type_k)]
         if lacking:
             log.info("flash_attn auto: off (%s cannot run it for this model's heads)", ", ".join(lacking))
             return False

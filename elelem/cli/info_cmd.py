@@ -62,6 +62,7 @@ def describe(path) -> dict:
         "tensor_count": len(gguf.tensors),
         "tensor_types": dict(Counter(t.type_name for t in gguf.tensors.values()).most_common()),
         "chat_template": bool(meta.get("tokenizer.chat_template")),
+        "attention": _attention(hparams),
         "encoder": bool(hparams.get("encoder")),
         # a hybrid's layers, a letter each (R recurrent, A attention), and one sequence's recurrent state
         "layer_pattern": spec.layer_pattern() if spec else None,
@@ -72,6 +73,15 @@ def describe(path) -> dict:
         "files": len(gguf.shard_paths),
         "gguf_version": gguf.version,
     }
+
+
+def _attention(h: dict) -> str | None:
+    """The attention's shape where it is not plain multi-head (or grouped) attention."""
+    if h.get("kv_lora_rank"):
+        q = f"q_lora_rank {h['q_lora_rank']}" if h["q_lora_rank"] else "q_lora_rank 0 (Q projected directly)"
+        return (f"multi-head latent: kv_lora_rank {h['kv_lora_rank']}, {q}, {h['n_rot']} RoPE dims, "
+                f"{h['n_head']} heads of {h['head_dim_k']} (K) / {h['head_dim_v']} (V)")
+    return None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -105,6 +115,7 @@ def main(args: argparse.Namespace) -> int:
                         f"{_count(facts['active_parameters'])} of the {_count(facts['parameters'])} "
                         f"parameters active")] if facts["experts"] else []),
         *_hybrid_rows(facts),
+        *([("attention", facts["attention"])] if facts["attention"] else []),
         ("context length", f"{facts['context_length']} tokens (trained)"),
         ("vocabulary", f"{facts['vocab_size']} tokens ({facts['tokenizer']})"),
         ("quantization", f"{facts['file_type'] or '-'}; tensors: {types}"),

@@ -62,6 +62,16 @@ class ModelSpec:
             names.append(head)
         return names
 
+    def kv_heads(self) -> tuple[int, int, int, bool]:
+        """(KV heads, K head width, V head width, whether V is stored) of the
+        attention as the cache holds it: the hyperparameters', or with
+        multi-head latent attention one head of the latent and the RoPE part,
+        V the latent, a view of K's rows (elelem.model.archspec.mla)."""
+        h = self.hparams
+        if h.get("kv_lora_rank"):
+            return 1, h["kv_lora_rank"] + h["n_rot"], h["kv_lora_rank"], False
+        return h["n_head_kv"], h["head_dim_k"], h["head_dim_v"], True
+
     def widened_bytes(self, tensors: dict, excluded=frozenset()) -> int:
         """The memory Q8_0 copies of the Q5_0 matmul weights (but ``excluded``)
         would take, from the file's tensor table: 34 bytes for each 22-byte

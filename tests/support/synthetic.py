@@ -425,6 +425,9 @@ def write_model(path: Path, cfg: TinyConfig,
     ``extra_metadata``, when given, is called with the writer after the
     hyperparameters and before the tensors, to add more keys (a vocabulary).
     """
+    if cfg.arch == "deepseek2":   # multi-head latent attention: tests/support/synthetic_mla.py
+        from synthetic_mla import write_mla_model
+        return write_mla_model(path, cfg, extra_metadata)
     weights = make_weights(cfg)
     for name in cfg.drop:
         del weights[name]

@@ -83,7 +83,7 @@ cdef void _make_inputs(Step * st) except *:
     ggml_set_input(st.inp_mask)
     st.inp_k_idx = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I64, st.n_tokens)
     ggml_set_input(st.inp_k_idx)
-    if st.flash_attn:
+    if st.flash_attn or st.v_row == 0:   # V per cell, or V a view of K (KVCache.v_in_k)
         st.inp_v_idx = NULL
     else:
         st.inp_v_idx = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I64, <int64_t> st.v_row * st.n_tokens)

@@ -60,6 +60,8 @@ SYNTHETIC_SEEDS = (
     Seed("smollm3-q8_0-gpt2-tied", "smollm3", "gpt2", wtype="q8_0", tied=True, config=(("n_layer", 4),)),
     # experts, Q/K norms over all heads, RoPE over half of each head
     Seed("minimax-m2-f32-gpt2", "minimax-m2", "gpt2", config=(("head_dim", 16), ("n_rot", 8), ("n_ff", 32))),
+    # multi-head latent attention, Q through q_lora_rank, a dense layer then experts
+    Seed("deepseek2-q8_0-gpt2", "deepseek2", "gpt2", wtype="q8_0"),
 )
 
 
@@ -135,6 +137,7 @@ def write_seed(path: Path, seed: Seed) -> Path:
     sys.path.insert(0, str(ROOT / "tests" / "support"))
     try:
         from synthetic import TinyConfig, write_model
+        from synthetic_mla import MLAConfig
     finally:
         sys.path.remove(str(ROOT / "tests" / "support"))
 
@@ -156,7 +159,14 @@ def write_seed(path: Path, seed: Seed) -> Path:
         if seed.template is not None:
             writer.add_chat_template(seed.template)
 
-    cfg = TinyConfig(arch=seed.arch, n_vocab=len(vocab["tokenizer.ggml.tokens"]), n_embd=32, n_layer=2,
+    n_vocab = len(vocab["tokenizer.ggml.tokens"])
+    if seed.arch == "deepseek2":
+        mla = MLAConfig(n_vocab=n_vocab, n_embd=32, n_layer=2, n_head=2, q_lora_rank=32, kv_lora_rank=32, qk_nope=32,
+                        qk_rope=16, v_head_dim=32, n_ff=64, n_expert=4, n_ctx_train=256, tied=seed.tied,
+                        wtype=seed.wtype, seed=len(seed.name), extra_keys=seed.extra_keys)
+        write_model(path, mla, extra_metadata=add_tokenizer)
+        return path
+    cfg = TinyConfig(arch=seed.arch, n_vocab=n_vocab, n_embd=32, n_layer=2,
                      n_head=2, n_head_kv=1, n_ff=64, n_ctx_train=256, tied=seed.tied, wtype=seed.wtype,
                      n_swa=seed.n_swa, rope_freqs=seed.rope_freqs, seed=len(seed.name), extra_keys=seed.extra_keys,
                      layer_types=seed.layer_types).but(**dict(seed.config))
