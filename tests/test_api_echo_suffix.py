@@ -1,4 +1,4 @@
-"""echo and suffix in create_completion (issue 16, part 3).
+"""echo and suffix in create_completion.
 
 ``echo=True`` returns the prompt's text before the answer, in the library and
 the server alike (one implementation, elelem.api.completions).  ``suffix``

@@ -371,7 +371,7 @@ UNSAFE = {
     "format_field_dunder": "{{ '{0.__class__}'.format(1) }}",
     "format_map_dunder": "{{ '{x.__class__}'.format_map({'x': 1}) }}",
     "unused_dunder_probe": "{% set x = ''.__class__ %}ok",
-    # A list the template built may take append and pop (issue 41: Kimi's templates); the data
+    # A list the template built may take append and pop (Kimi's templates); the data
     # it was given may not change, nor may its own lists any other way.
     "mutating_method": "{{ messages.append(1) }}",
     "mutating_pop_on_given_data": "{{ messages.pop() }}",

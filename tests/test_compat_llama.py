@@ -1,4 +1,4 @@
-"""elelem.compat.Llama (issue 16, part 5): llama-cpp-python's README examples
+"""elelem.compat.Llama: llama-cpp-python's README examples
 and its documented API, run against the shim on SmolLM2 (and Qwen2.5-Coder
 for fill-in-the-middle), and compared with llama-cpp-python 0.3.36 itself
 (tests/support/fixtures/make_compat_fixtures.py, run live under the reference build).
@@ -317,7 +317,7 @@ def test_embeddings_forward_to_elelem_when_it_has_them(llm, monkeypatch):
         llm.create_embedding("Hello")
 
 
-# -- tool calls in every format, reasoning, template variables (issue 41) --------------------------------
+# -- tool calls in every format, reasoning, template variables --------------------------------
 
 @pytest.fixture(scope="module")
 def family_shim(tmp_path_factory):

@@ -1,4 +1,4 @@
-"""OpenAI-style content parts in chat messages (issue 16, part 6): text parts
+"""OpenAI-style content parts in chat messages: text parts
 are the text they hold; any other part is refused by name."""
 from __future__ import annotations
 

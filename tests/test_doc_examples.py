@@ -1,4 +1,4 @@
-"""The README's and docs/api.md's runnable examples run, on SmolLM2-135M (issue 39).
+"""The README's and docs/api.md's runnable examples run, on SmolLM2-135M.
 
 A Python block is runnable when the line before its fence is an HTML comment,
 which neither GitHub nor mkdocs shows:

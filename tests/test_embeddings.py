@@ -1,4 +1,4 @@
-"""Embeddings (issue 16, part 4) for decoder models: the final normed hidden
+"""Embeddings for decoder models: the final normed hidden
 state of each token, pooled as the GGUF says (or as asked).
 
 Tiny synthetic models: against the NumPy reference of the forward pass,

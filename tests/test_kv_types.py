@@ -1,4 +1,4 @@
-"""Quantized KV cache: q8_0 and q4_0 keys and values beside f16 and f32 (issue 15, part 3).
+"""Quantized KV cache: q8_0 and q4_0 keys and values beside f16 and f32.
 
 Tolerances, measured on this machine (see README): against an f16 cache, a
 q8_0 cache moves SmolLM2's logits by at most ~7% of their largest magnitude

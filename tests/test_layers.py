@@ -1,4 +1,4 @@
-"""elelem's layers (issue 13): each layer imports only the layers below it, and no
+"""elelem's layers: each layer imports only the layers below it, and no
 module imports itself back, counting imports under TYPE_CHECKING and inside functions.
 
 Both checks read the source tree next to this file (not an installed copy), in a

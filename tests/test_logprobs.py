@@ -1,4 +1,4 @@
-"""logprobs (issue 16, part 2): the model's log-probabilities of the tokens
+"""logprobs: the model's log-probabilities of the tokens
 it generated, in llama-cpp-python's completion shape and OpenAI's chat shape.
 
 For the same greedy tokens the values must be llama.cpp's within 1e-3: the

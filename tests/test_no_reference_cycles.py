@@ -1,4 +1,4 @@
-"""Closing frees everything, at once (issue 13, item 7).
+"""Closing frees everything, at once.
 
 Memory should come back when the last reference goes, not when the garbage
 collector next runs.  So the objects a model is made of (the GGUF metadata, the

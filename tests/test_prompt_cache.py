@@ -1,4 +1,4 @@
-"""The persistent prompt cache and in-memory saved states (issue 15, part 2).
+"""The persistent prompt cache and in-memory saved states.
 
 On tiny synthetic models: a prompt sharing a stored prefix loads it instead
 of evaluating it -- in a new LLM, as in a new process -- and gives the same

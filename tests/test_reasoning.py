@@ -1,4 +1,4 @@
-"""Reasoning (issue 41, item 2): ``reasoning_content`` apart from ``content``, ``reasoning_format``,
+"""Reasoning: ``reasoning_content`` apart from ``content``, ``reasoning_format``,
 ``chat_template_kwargs`` and the ``reasoning`` alias, on model-like text and through the library
 on tiny models with real chat templates (Qwen3, Qwen3.5, gpt-oss; tests/support/format_models.py)."""
 from __future__ import annotations

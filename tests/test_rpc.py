@@ -1,4 +1,4 @@
-"""Layers on ggml RPC servers (issue 17): `elelem rpc-server` processes on
+"""Layers on ggml RPC servers: `elelem rpc-server` processes on
 loopback, started here, and LLM(rpc_servers=...) splitting a model over them.
 
 The failure tests (a server killed or frozen mid-generation) run their client

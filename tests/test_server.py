@@ -1,4 +1,4 @@
-"""``elelem serve`` (issue 14), driven by the real ``openai`` client over loopback.
+"""``elelem serve``, driven by the real ``openai`` client over loopback.
 
 One server runs in-process (uvicorn in a thread) on SmolLM2-135M for the
 whole module; the SIGTERM test starts ``python -m elelem serve`` as a

@@ -1,4 +1,4 @@
-"""``POST /v1/messages``, Anthropic's Messages API (issue 41): the real ``anthropic`` client against
+"""``POST /v1/messages``, Anthropic's Messages API: the real ``anthropic`` client against
 ``elelem serve``, and the request and wire translations on their own.
 
 The server runs in-process on SmolLM2-135M (as in test_server.py); the

@@ -1,4 +1,4 @@
-"""Reasoning through ``elelem serve`` (issue 41, item 2): ``reasoning_content`` in /v1/chat/completions
+"""Reasoning through ``elelem serve``: ``reasoning_content`` in /v1/chat/completions
 (whole and streamed), ``reasoning_format`` and ``chat_template_kwargs`` as llama.cpp's server takes them,
 and the Messages and Responses APIs' reasoning options.
 

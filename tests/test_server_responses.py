@@ -1,4 +1,4 @@
-"""``POST /v1/responses``, OpenAI's Responses API (issue 41): the real ``openai`` client against the server,
+"""``POST /v1/responses``, OpenAI's Responses API: the real ``openai`` client against the server,
 and the request's translation and the answer's shapes checked without a model.
 
 The shapes are checked against the ``openai`` package's own pydantic models (``Response`` and each stream

@@ -1,4 +1,4 @@
-"""response_format and grammar= (issue 16, part 1): outputs parse and validate, on a tiny random model
+"""response_format and grammar=: outputs parse and validate, on a tiny random model
 (whose preferences are arbitrary) and on SmolLM2-135M; what cannot be enforced is refused by name."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""elelem's template sandbox against llama.cpp's own template engine (issue 41, item 3).
+"""elelem's template sandbox against llama.cpp's own template engine.
 
 llama.cpp renders chat templates with its C++ Jinja engine (common/jinja/)
 behind its chat-format code (common/chat.cpp); scripts/reference_chat_templates.py
@@ -19,7 +19,7 @@ definition with a tool-call round trip, reasoning in the history -- and here:
 Live when the driver is built (CI builds it), else from the stored
 tests/support/fixtures/chat_templates_llamacpp_engine.json (prompts as sha256) if it was
 made from the same templates and conversations; otherwise the corpus tests skip,
-and fail under CI=true.  The unit tests below pin each behaviour issue 41 names,
+and fail under CI=true.  The unit tests below pin each behaviour the sandbox must share with it,
 with the expected text written out, and check it against llama.cpp's engine
 when the driver is built.
 """

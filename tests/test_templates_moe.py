@@ -1,8 +1,8 @@
 """llama.cpp's real chat templates (models/templates/ of the pinned sdist) in elelem's sandbox.
 
-The models of issue 40 (Qwen3-MoE / Qwen3-Coder, gpt-oss's harmony format,
+The mixture-of-experts models (Qwen3-MoE / Qwen3-Coder, gpt-oss's harmony format,
 GLM-4.5/4.6/4.7, MiniMax-M2, Mistral 3 / Devstral / Magistral, Mistral Nemo)
-and Gemma 4 (issue 42)
+and Gemma 4
 must render their own templates exactly as llama-cpp-python does
 (tests/support/fixtures/make_template_reference.py: Jinja2ChatFormatter; llama.cpp's C++
 Jinja engine itself is the judge in tests/test_template_corpus.py) on the conversations of
@@ -15,7 +15,7 @@ reference build (cached), else the stored
 tests/support/fixtures/chat_templates_llamacpp.json is used if it was made from the
 same templates and cases (or the test skips, and fails under CI=true).
 
-Parsing the tool calls these formats produce is not here (issue 41).
+Parsing the tool calls these formats produce is tests/test_tools_formats.py's.
 """
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def test_model_templates_see_tools_and_thinking_switches():
 
 
 #: Where llama-cpp-python's Python path (jinja2, tools=None) and llama.cpp's own C++ Jinja engine
-#: part ways, elelem renders as the engine does (issue 41; tests/test_template_corpus.py checks it
+#: part ways, elelem renders as the engine does (tests/test_template_corpus.py checks it
 #: against the engine): these templates fail in jinja2, or escape, on the cases where they differ.
 ENGINE_NOT_JINJA2 = {
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "adds a tool's missing description to a string "

@@ -1,4 +1,4 @@
-"""Tool-call formats (issue 41, item 1): Hermes, Qwen3-Coder XML, gpt-oss harmony, Mistral, Llama 3 JSON, GLM.
+"""Tool-call formats: Hermes, Qwen3-Coder XML, gpt-oss harmony, Mistral, Llama 3 JSON, GLM.
 
 Each format: model-like replies parsed whole and streamed at every split
 (the same calls, content and reasoning, whatever the deltas), garbage from

@@ -1,4 +1,4 @@
-"""GPU offload through a real GPU API, on the CPU (issue 43): ggml's Vulkan
+"""GPU offload through a real GPU API, on the CPU: ggml's Vulkan
 backend on Mesa's lavapipe ("llvmpipe"), a Vulkan driver that runs on the CPU.
 
 The same per-layer placement serves CUDA, Vulkan and RPC devices, so what

@@ -59,7 +59,7 @@ def cpu_has_amx() -> bool:
 def elelem_kernel_options() -> dict:
     """LLM(...) options under which elelem runs the kernels the reference runs.
 
-    The reference is built without AMX (-mno-amx-*, issue 12), while elelem
+    The reference is built without AMX (-mno-amx-*), while elelem
     puts the weights AMX takes into AMX buffers.  On an AMX CPU elelem
     therefore runs with amx=False: the same CPU_REPACK (AVX-512) kernels as
     the reference.  AMX itself is checked against NumPy in

@@ -65,7 +65,7 @@ CASES = {
     "reasoning_effort_high": (SYSTEM_USER_ASSISTANT_USER, True, {"reasoning_effort": "high"}),
 }
 
-#: The templates of the models of issue 40 (MoE: Qwen3-MoE / Qwen3-Coder, gpt-oss, GLM-4.5/4.6/4.7,
+#: The templates of the mixture-of-experts models ( Qwen3-MoE / Qwen3-Coder, gpt-oss, GLM-4.5/4.6/4.7,
 #: MiniMax-M2; Mistral 3 / Devstral / Magistral and Mistral Nemo for Tekken) and Gemma 4's, with what the
 #: plain conversation's prompt must end with and contain.  Their renderings are stored in
 #: full; the other templates' as digests.
@@ -83,7 +83,7 @@ IN_SCOPE = {
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja": {"ends": "[INST]And times 3?[/INST]",
                                                        "has": ["[SYSTEM_PROMPT]"]},
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": {"ends": "And times 3?[/INST]", "has": ["[INST]What is 2 + 2?[/INST]4."]},
-    # Gemma 4 (issue 42): thinking off unless enable_thinking, which puts <|think|> in the system turn.
+    # Gemma 4: thinking off unless enable_thinking, which puts <|think|> in the system turn.
     "google-gemma-4-31B-it.jinja": {"ends": "<|turn>model\n<|channel>thought\n<channel|>",
                                     "has": ["<|turn>system\nYou are a terse assistant.<turn|>",
                                             "<|turn>user\nAnd times 3?<turn|>"]},

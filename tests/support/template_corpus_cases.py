@@ -1,4 +1,4 @@
-"""The three conversations of issue 41's template check, as OpenAI chat requests.
+"""The three conversations of the template corpus check, as OpenAI chat requests.
 
 Standard library only.  tests/support/llamacpp_templates.py hands each, with every
 template of llama.cpp's corpus (models/templates/*.jinja of the pinned sdist),
