@@ -7,7 +7,7 @@ grouped-query attention, gated FFN), in float64, independently of ggml.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -466,6 +466,13 @@ def write_model(path: Path, cfg: TinyConfig,
             writer.add_uint32(key.format(arch=a), value)
     if extra_metadata is not None:
         extra_metadata(writer)
+    return write_tensors(writer, cfg, weights)
+
+
+def write_tensors(writer: gguf.GGUFWriter, cfg, weights: dict[str, np.ndarray]) -> "StoredWeights":
+    """Write ``weights`` in the types ``cfg.tensor_type`` gives them, then the
+    file (header, keys, tensors); returns them as stored (quantized ones
+    dequantized back)."""
     stored = StoredWeights()
     for name, arr in weights.items():
         wtype = cfg.tensor_type(name, arr)

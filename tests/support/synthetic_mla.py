@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import gguf
 import numpy as np
 
-from synthetic import QTYPES, StoredWeights, Yarn, _rms_norm, _rope, _silu, _softmax, quantize
+from synthetic import StoredWeights, Yarn, _rms_norm, _rope, _silu, _softmax, write_tensors
 
 
 @dataclass(frozen=True)
@@ -199,23 +199,7 @@ def write_mla_model(path: Path, cfg: MLAConfig,
     _add_keys(writer, cfg)
     if extra_metadata is not None:
         extra_metadata(writer)
-    stored = StoredWeights()
-    for name, arr in weights.items():
-        wtype = cfg.tensor_type(name, arr)
-        stored.types[name] = wtype
-        if wtype == "f32":
-            writer.add_tensor(name, arr)
-            stored[name] = arr
-        else:
-            data = quantize(arr, wtype)
-            writer.add_tensor(name, data, raw_dtype=QTYPES[wtype])
-            stored.raw[name] = data
-            stored[name] = gguf.quants.dequantize(data, QTYPES[wtype]).reshape(arr.shape).astype(np.float32)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return stored
+    return write_tensors(writer, cfg, weights)
 
 
 # --------------------------------------------------------------------------
