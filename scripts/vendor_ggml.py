@@ -26,8 +26,8 @@ GGML_IN_SDIST = "vendor/llama.cpp/ggml"
 LICENSE_IN_SDIST = "vendor/llama.cpp/LICENSE"
 
 # Backends under ggml/src that are kept besides the core: the CPU backend runs
-# everything else; CUDA and Vulkan run layers on GPUs, RPC on other machines.
-KEPT_BACKENDS = {"ggml-cpu", "ggml-cuda", "ggml-rpc", "ggml-vulkan"}
+# everything else; CUDA, Vulkan and Metal run layers on GPUs, RPC on other machines.
+KEPT_BACKENDS = {"ggml-cpu", "ggml-cuda", "ggml-metal", "ggml-rpc", "ggml-vulkan"}
 
 ROOT = Path(__file__).resolve().parent.parent
 DEST = ROOT / "third_party" / "ggml"
@@ -112,7 +112,7 @@ This tree is ggml {version}, copied unmodified from the PyPI sdist of
 ## Kept
 
 `CMakeLists.txt`, `include/`, `cmake/` and `src/` with the ggml core, gguf,
-the CPU backend, and the CUDA, Vulkan and RPC backends' sources.
+the CPU backend, and the CUDA, Vulkan, Metal and RPC backends' sources.
 
 ## Left out
 
