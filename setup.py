@@ -24,14 +24,18 @@ Environment switches:
                       CMAKE_ARGS="-DGGML_VULKAN=ON"; needs glslc, the Vulkan loader and the
                       SPIR-V headers (Debian: glslc libvulkan-dev spirv-headers); the Vulkan
                       headers themselves are vendored (third_party/vulkan-headers).
+  ELELEM_METAL=0/1    ggml's Metal backend module (libggml-metal.so), its shaders embedded:
+                      built by default on macOS (as llama.cpp and llama-cpp-python build it
+                      there; CMAKE_ARGS="-DGGML_METAL=OFF" or ELELEM_METAL=0 leaves it out),
+                      never elsewhere.
 """
 import os
-import platform
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -41,12 +45,13 @@ ROOT = Path(__file__).resolve().parent
 GGML = ROOT / "third_party" / "ggml"
 CMAKE_PROJECT = ROOT / "cmake"
 LIB_DIR_NAME = "_lib"               # elelem/_lib: ggml's shared libraries and backend modules
-LINKED_LIBS = ("libggml.so", "libggml-base.so")
+LINKED_LIBS = ("libggml", "libggml-base")  # libggml.so.0 (ELF), libggml.0.dylib (Mach-O)
 BACKEND_MODULE_GLOB = "libggml-cpu*.so"
 RPC_MODULE = "libggml-rpc.so"      # ggml's RPC backend, a module loaded on first use
 NATIVE_ISA_FILE = "libggml-cpu.isa"  # the macros -march=native predefined for the native module
 CUDA_MODULE = "libggml-cuda.so"
 VULKAN_MODULE = "libggml-vulkan.so"
+METAL_MODULE = "libggml-metal.so"  # CMake names Mach-O modules .so too
 
 
 def env_flag(name: str) -> bool:
@@ -74,9 +79,34 @@ def vulkan_enabled() -> bool:
     return env_flag("ELELEM_VULKAN") or (cmake_args_value("GGML_VULKAN") or "").lower() in ("1", "on", "true", "yes")
 
 
+def macos() -> bool:
+    return sys.platform == "darwin"
+
+
+def metal_enabled() -> bool:
+    """On macOS unless turned off (ELELEM_METAL=0, or CMAKE_ARGS' -DGGML_METAL=OFF); elsewhere never
+    (ELELEM_METAL=1 there is CMake's error, which says why)."""
+    for value in (os.environ.get("ELELEM_METAL"), cmake_args_value("GGML_METAL")):
+        if value is not None and value.strip():
+            return value.strip().lower() in ("1", "on", "true", "yes")
+    return macos()
+
+
 def gpu_suffix() -> str:
     """The build folder's suffix for the GPU modules built: a switch never reuses a stale cache."""
-    return ("-cuda" if cuda_enabled() else "") + ("-vulkan" if vulkan_enabled() else "")
+    return ("-cuda" if cuda_enabled() else "") + ("-vulkan" if vulkan_enabled() else "") + (
+        "-metal" if metal_enabled() else "")
+
+
+def osx_architectures() -> list[str]:
+    """CMake's CMAKE_OSX_ARCHITECTURES from ARCHFLAGS (-arch arm64), which cibuildwheel and
+    setuptools use to say what a macOS build targets."""
+    archs = re.findall(r"-arch\s+(\S+)", os.environ.get("ARCHFLAGS", ""))
+    return [f"-DCMAKE_OSX_ARCHITECTURES={';'.join(archs)}"] if macos() and archs else []
+
+
+def rpath_to_lib_dir() -> str:
+    return f"-Wl,-rpath,{'@loader_path' if macos() else '$ORIGIN'}/{LIB_DIR_NAME}"
 
 
 def cuda_cmake_args() -> list[str]:
@@ -102,7 +132,7 @@ class BuildGGMLThenExt(build_ext):
         for ext in self.extensions:
             ext.depends = list(ext.depends) + [str(p) for p in linked]  # relink when ggml changes
             ext.extra_link_args = [str(p) for p in linked] + [
-                f"-Wl,-rpath,$ORIGIN/{LIB_DIR_NAME}", "-lm", "-lpthread"] + sanitizer_flags()
+                rpath_to_lib_dir(), "-lm", "-lpthread"] + sanitizer_flags()
             ext.extra_compile_args = ["-O3" if not env_flag("ELELEM_DEBUG") else "-O0", "-g0"] + sanitizer_flags()
         super().run()
 
@@ -127,7 +157,8 @@ class BuildGGMLThenExt(build_ext):
             # (elelem/_native/cpu_backend.pxi, _new_cpu_threadpool).
             "-DGGML_OPENMP=OFF",
             "-DGGML_CCACHE=OFF",
-        ] + cuda_cmake_args() + (["-DELELEM_VULKAN=ON"] if vulkan_enabled() else [])
+        ] + cuda_cmake_args() + (["-DELELEM_VULKAN=ON"] if vulkan_enabled() else []) + (
+            ["-DELELEM_METAL=ON"] if metal_enabled() else []) + osx_architectures()
         if env_flag("ELELEM_SANITIZE"):
             flags = " ".join(sanitizer_flags())
             args += [f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"]
@@ -143,8 +174,9 @@ class BuildGGMLThenExt(build_ext):
 def install_libraries(built: Path, lib_dir: Path) -> list[Path]:
     """Copy ggml's libraries into the package; returns the ones to link against.
 
-    Shared libraries are copied under their SONAME (libggml.so.0), the name
-    the dynamic linker looks for, as plain files: wheels cannot hold symlinks.
+    Shared libraries are copied under their SONAME (libggml.so.0; on macOS
+    the install name's libggml.0.dylib), the name the dynamic linker looks
+    for, as plain files: wheels cannot hold symlinks.
     The folder is emptied first so that modules of an earlier build (another
     CPU variant set) are never loaded."""
     if lib_dir.exists():
@@ -152,9 +184,10 @@ def install_libraries(built: Path, lib_dir: Path) -> list[Path]:
     lib_dir.mkdir(parents=True)
     linked = []
     for name in LINKED_LIBS:
-        sonames = sorted(p for p in built.glob(name + ".*") if p.name.count(".") == 2)  # libggml.so.0
+        pattern = name + (".*.dylib" if macos() else ".so.*")
+        sonames = sorted(p for p in built.glob(pattern) if p.name.count(".") == 2)  # libggml.so.0, libggml.0.dylib
         if not sonames:
-            sys.exit(f"ggml build produced no {name}.<major> under {built}")
+            sys.exit(f"ggml build produced no {pattern.replace('*', '<major>')} under {built}")
         target = lib_dir / sonames[0].name
         shutil.copyfile(sonames[0].resolve(), target)
         linked.append(target)
@@ -172,6 +205,10 @@ def install_libraries(built: Path, lib_dir: Path) -> list[Path]:
         if not (built / VULKAN_MODULE).is_file():
             sys.exit(f"ELELEM_VULKAN=1 but the ggml build produced no {VULKAN_MODULE} under {built}")
         modules.append(built / VULKAN_MODULE)
+    if metal_enabled():
+        if not (built / METAL_MODULE).is_file():
+            sys.exit(f"Metal is on but the ggml build produced no {METAL_MODULE} under {built}")
+        modules.append(built / METAL_MODULE)
     for module in modules:
         shutil.copyfile(module, lib_dir / module.name)
     if (built / NATIVE_ISA_FILE).is_file():  # a native module's instruction sets (cmake/native_cpu_features.cmake)
@@ -211,11 +248,19 @@ def write_builder_includes() -> None:
         target.write_text(text)
 
 
+def target_machine() -> str:
+    """The CPU the extension is built for: the last part of sysconfig's
+    platform (linux-x86_64, linux-aarch64, macosx-11.0-arm64), which a cross
+    build sets through _PYTHON_HOST_PLATFORM (cibuildwheel on macOS,
+    scripts/arm64_check.sh's aarch64 wheel); natively, this machine's."""
+    return sysconfig.get_platform().rsplit("-", 1)[-1].lower()
+
+
 def kernel_sources() -> tuple[str, ...]:
     """elelem's own kernels (elelem/_native/kernels) are x86-64 intrinsics;
     on other CPUs their entry points are stubs that say none run, and the
     core runs ggml's kernels only."""
-    if platform.machine().lower() in ("x86_64", "amd64"):
+    if target_machine() in ("x86_64", "amd64"):
         return ("small_batch", "small_batch_avx2", "small_batch_avx512", "small_batch_avx512_q6_k",
                 "small_batch_q4_k", "experts")
     return ("portable",)

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """elelem's GPU offload on a real GPU: what scripts/device_check_cuda.sh runs
-there (step 4), with elelem's core compiled for that machine's Python.
+there (step 4), with elelem's core compiled for that machine's Python, and
+scripts/device_check_metal.sh on an Apple Silicon Mac.
 
-    python scripts/device_check.py [--backend CUDA|Vulkan] [--quick] [--json FILE]
+    python scripts/device_check.py [--backend CUDA|Vulkan|Metal] [--quick] [--json FILE]
 
 For the backend asked for (CUDA by default; Vulkan runs with CUDA hidden,
 CUDA_VISIBLE_DEVICES="", since a card both backends see is otherwise used
-through CUDA only):
+through CUDA only; Metal is macOS's):
 
 1. greedy tokens with every layer on the GPU against the CPU run, teacher-
    forced, with the largest logit difference and the CPU's margin wherever
@@ -20,7 +21,10 @@ through CUDA only):
    decoding together; each decode figure beside its bound, the weights read
    per token over the card's memory bandwidth.
 
-It prints one line per figure and, with --json, writes them all to FILE.
+It prints one line per figure and, with --json, writes them all to FILE.  It
+fails (exit 1) when there is no device of that backend, or when the GPU's
+greedy choice parts from the CPU's where the CPU's top two logits are further
+apart than the two runs' logits ever differ (not a near tie).
 """
 from __future__ import annotations
 
@@ -39,8 +43,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
 
 PACKAGED = ("smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m")   # elelem.model.hub.KNOWN_MODELS
-# Memory bandwidth, bytes/s, by the name nvidia-smi gives (the bound of a decode step).
-BANDWIDTH = {"H200": 4.8e12, "H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.9e12}
+# Memory bandwidth, bytes/s, by the name nvidia-smi or Metal gives (the bound of a decode step);
+# the longest name found in the device's wins ("M2 Pro" before "M2").  Apple's figures are its
+# specifications of the unified memory (the M3 Max's and M4 Max's larger configurations).
+BANDWIDTH = {"H200": 4.8e12, "H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.9e12,
+             "Apple M1": 68e9, "Apple M1 Pro": 200e9, "Apple M1 Max": 400e9, "Apple M1 Ultra": 800e9,
+             "Apple M2": 100e9, "Apple M2 Pro": 200e9, "Apple M2 Max": 400e9, "Apple M2 Ultra": 800e9,
+             "Apple M3": 100e9, "Apple M3 Pro": 150e9, "Apple M3 Max": 400e9, "Apple M3 Ultra": 819e9,
+             "Apple M4": 120e9, "Apple M4 Pro": 273e9, "Apple M4 Max": 546e9}
 QWEN_CODER_SHAPES = dict(arch="qwen2", n_layer=24, n_embd=896, n_head=14, n_head_kv=2, n_ff=4864,
                          n_vocab=151936, n_ctx_train=32768, rope_base=1000000.0)
 
@@ -208,6 +218,11 @@ def speed(path: str, n_gpu_layers: int, quick: bool) -> dict:
     return out
 
 
+def bandwidth_of(name: str):
+    found = [k for k in BANDWIDTH if k in name]
+    return BANDWIDTH[max(found, key=len)] if found else None
+
+
 def gpu_name() -> str:
     try:
         return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
@@ -218,20 +233,22 @@ def gpu_name() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", choices=("CUDA", "Vulkan"), default="CUDA")
+    ap.add_argument("--backend", choices=("CUDA", "Vulkan", "Metal"), default="CUDA")
     ap.add_argument("--quick", action="store_true", help="shorter runs")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
     if args.backend == "Vulkan":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""   # before the modules load: the card through Vulkan
-    from elelem.api.offload import gpu_devices
+    from elelem.api.offload import gpu_devices, gpu_modules
+    registry = {m.backend: m.registry for m in gpu_modules("darwin")}[args.backend]   # Metal's calls itself MTL
     devices, modules = gpu_devices()
     say(f"== {args.backend}: devices {[f'{d.name} ({d.description})' for d in devices]}")
     for m in modules:
         say(f"   module {m.backend}: {m.state} {m.reason}")
-    if not devices or devices[0].backend != args.backend:
+    if not devices or devices[0].backend != registry:
         say(f"FAIL: no {args.backend} device")
         return 1
+    failed = False
     report = {"backend": args.backend, "device": devices[0].description, "checks": {}}
     with tempfile.TemporaryDirectory() as tmp:
         models = {name: packaged(name) for name in PACKAGED}
@@ -244,12 +261,16 @@ def main() -> int:
             say(f"   {name}: {result['offload']}; greedy {result['same_greedy_steps']}/{result['steps']} steps "
                 f"as the CPU's; largest logit difference {result['largest_logit_difference']:.3g} of "
                 f"{result['largest_logit']:.3g}; partings {result['partings']}")
+            wide = [p for p in result["partings"] if p["cpu_margin"] > result["largest_logit_difference"]]
+            if wide:
+                say(f"FAIL: {name}: the GPU parts from the CPU where the CPU's choice was clear: {wide}")
+                failed = True
         coder = models.get("qwen2.5-coder-0.5b") or synthetic_qwen_coder(Path(tmp) / "coder.gguf")
         for label, layers in (("gpu", -1), ("cpu", 0)):
             figures = speed(coder, layers, args.quick)
             report[f"speed_{label}"] = figures
             bound = ""
-            bandwidth = next((v for k, v in BANDWIDTH.items() if k in gpu_name()), None)
+            bandwidth = bandwidth_of(devices[0].description if args.backend == "Metal" else gpu_name())
             if label == "gpu" and bandwidth:
                 bound = (f" (bound: {figures['weight_bytes_per_token'] / 2**20:.0f} MiB of weights per token over "
                          f"{bandwidth / 1e12:.2f} TB/s = {bandwidth / figures['weight_bytes_per_token']:.0f} tok/s)")
@@ -258,7 +279,7 @@ def main() -> int:
                 f"{figures['decode_8_streams_tok_s']:.1f} tok/s")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

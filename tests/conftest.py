@@ -17,7 +17,7 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """With CI=true a skip is a failure (CI must run every test it has), except in tests marked
-    hardware, which need a CPU feature no CI machine may have."""
+    hardware, which need a CPU feature or a GPU (Metal) no CI machine may have."""
     outcome = yield
     report = outcome.get_result()
     needs_hardware = item.get_closest_marker("hardware") is not None  # no CI machine can make an AMX CPU

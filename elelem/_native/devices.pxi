@@ -2,8 +2,8 @@
 # Included into core.pyx after cpu_backend.pxi.
 #
 # A Device wraps a ggml_backend_dev_t: the local CPU, one device of an RPC
-# server (rpc.pxi), or a GPU of a backend module (CUDA, Vulkan) loaded at run
-# time by load_gpu_module.  The layer split (elelem/api/devices.py,
+# server (rpc.pxi), or a GPU of a backend module (CUDA, Vulkan, Metal) loaded
+# at run time by load_gpu_module.  The layer split (elelem/api/devices.py,
 # elelem/api/offload.py) hands Context and Model a list of devices and, per
 # layer, which one runs it: the same per-layer placement serves RPC servers
 # and GPUs (n_gpu_layers, main_gpu, tensor_split).
@@ -38,7 +38,7 @@ cdef class Device:
 
     @property
     def backend(self):
-        """The name of the backend (module) the device belongs to: "CPU", "CUDA", "Vulkan", "RPC"."""
+        """The name ggml's backend (module) gives itself: "CPU", "CUDA", "Vulkan", "MTL" (Metal), "RPC"."""
         return ggml_backend_reg_name(ggml_backend_dev_backend_reg(self.dev)).decode()
 
     @property
@@ -95,7 +95,7 @@ cdef dict _gpu_modules = {}
 
 
 def load_gpu_module(str path):
-    """Load one GPU backend module (libggml-cuda.so, libggml-vulkan.so) with
+    """Load one GPU backend module (libggml-cuda.so, libggml-vulkan.so, libggml-metal.so) with
     ggml_backend_load; returns the number of devices it brings, or raises
     OSError when it cannot be opened (the loader's message: a missing
     libvulkan.so.1 or libcudart) and DeviceError when it opens but its

@@ -1,7 +1,7 @@
 """Local GPUs: which backend modules load, which devices they bring, and how
 many of a model's layers go to them.
 
-The GPU backends (CUDA, Vulkan) are ggml modules in ``elelem/_lib``, loaded
+The GPU backends (CUDA, Vulkan, Metal) are ggml modules in ``elelem/_lib``, loaded
 the first time a model asks where to run (never at import: a machine with no
 driver pays nothing).  Each outcome is logged with its reason, and an
 explicit request for GPU layers that cannot be met is a :class:`DeviceError`,
@@ -21,8 +21,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from .._core import LIB_DIR, cpu_device, load_gpu_module, local_devices  # names, not the package
 from ..errors import DeviceError, InvalidArgumentError
@@ -30,8 +31,26 @@ from .devices import HANDSHAKE_TIMEOUT, Placement, connect_servers, plan_layers
 
 log = logging.getLogger("elelem")
 
-#: The GPU modules, best first: CUDA before Vulkan, for the same card.
-GPU_MODULES = (("CUDA", "libggml-cuda.so"), ("Vulkan", "libggml-vulkan.so"))
+class GpuModule(NamedTuple):
+    backend: str                  # elelem's name for it: "CUDA", "Metal", "Vulkan"
+    file: str                     # in elelem/_lib (CMake names macOS modules .so too)
+    registry: str                 # the name ggml's backend gives itself (Device.backend): Metal's is "MTL"
+    device_list: Optional[str]    # the variable that names the devices it may use, if it has one
+
+
+def gpu_modules(platform: str = sys.platform) -> tuple[GpuModule, ...]:
+    """The GPU modules an elelem for ``platform`` may have, best first, as ggml's own registry
+    orders them: CUDA before Vulkan for the same card, and Metal (macOS only) before Vulkan
+    (MoltenVK)."""
+    return tuple(m for m in (
+        GpuModule("CUDA", "libggml-cuda.so", "CUDA", "CUDA_VISIBLE_DEVICES"),
+        GpuModule("Metal", "libggml-metal.so", "MTL", None),
+        GpuModule("Vulkan", "libggml-vulkan.so", "Vulkan", "GGML_VK_VISIBLE_DEVICES"),
+    ) if m.backend != "Metal" or platform == "darwin")
+
+
+#: This platform's.
+GPU_MODULES = gpu_modules()
 GPU_KINDS = ("gpu", "igpu")
 #: Caps the free memory elelem counts on each GPU (bytes, or 512M / 2G / 1.5GiB):
 #: to leave room for other programs, or to test what happens when layers do not fit.
@@ -89,7 +108,8 @@ def load_gpu_modules(directory: Optional[str] = None) -> list[ModuleStatus]:
     """Load every GPU module this elelem was built with (once per process) and say how each went."""
     directory = directory or lib_dir()
     out = []
-    for backend, name in GPU_MODULES:
+    for module in GPU_MODULES:
+        backend, name = module.backend, module.file
         path = os.path.join(directory, name)
         if not os.path.isfile(path):
             out.append(ModuleStatus(backend, path, "absent", f"this elelem was built without {backend} ({name})"))
@@ -101,9 +121,7 @@ def load_gpu_modules(directory: Optional[str] = None) -> list[ModuleStatus]:
         except OSError as error:
             out.append(ModuleStatus(backend, path, "failed", f"{name} could not be loaded: {error}"))
         except DeviceError as error:
-            out.append(ModuleStatus(backend, path, "failed",
-                                    f"{error} (no {backend} driver, a driver too old for it, or a device list "
-                                    f"such as {_visible_env(backend)} naming a device that is not there)"))
+            out.append(ModuleStatus(backend, path, "failed", f"{error} ({_start_failure_causes(module)})"))
         else:
             out.append(ModuleStatus(backend, path, "loaded",
                                     "" if n else f"{backend} found no device it can use" + _cpu_device_hint(backend),
@@ -126,8 +144,11 @@ class _GgmlSays(logging.Handler):
         self.messages.append(record.getMessage().strip())
 
 
-def _visible_env(backend: str) -> str:
-    return "CUDA_VISIBLE_DEVICES" if backend == "CUDA" else "GGML_VK_VISIBLE_DEVICES"
+def _start_failure_causes(module: GpuModule) -> str:
+    if module.device_list is None:   # Metal: the system's framework, no driver of its own
+        return f"no {module.backend} device: a Mac without a Metal GPU, or a macOS too old for ggml's {module.backend}"
+    return (f"no {module.backend} driver, a driver too old for it, or a device list such as "
+            f"{module.device_list} naming a device that is not there")
 
 
 def _cpu_device_hint(backend: str) -> str:
@@ -137,9 +158,9 @@ def _cpu_device_hint(backend: str) -> str:
 
 
 def gpu_devices(directory: Optional[str] = None) -> tuple[list, list[ModuleStatus]]:
-    """The local GPUs, best first (CUDA's before Vulkan's), each card once, and each module's status."""
+    """The local GPUs, best first (CUDA's, Metal's, then Vulkan's), each card once, and each module's status."""
     modules = load_gpu_modules(directory)
-    order = [backend for backend, _ in GPU_MODULES]
+    order = [m.registry for m in GPU_MODULES]
     found = [d for d in local_devices() if d.kind in GPU_KINDS and d.backend in order]
     found.sort(key=lambda d: order.index(d.backend))   # stable: each backend's own order within
     devices: list = []  # elelem._core.Device objects

@@ -146,8 +146,8 @@ class PlacementOptions:
 
     :param n_gpu_layers: how many layers leave the CPU (default: every layer
         and the output head; -1 says the same).  They go to the best local
-        GPU -- a CUDA device before a Vulkan one, the same card counted once
-        -- last-first, as in llama.cpp, each with its K/V; the token
+        GPU -- a CUDA or Metal device before a Vulkan one, the same card
+        counted once -- last-first, as in llama.cpp, each with its K/V; the token
         embeddings stay on the CPU, and the output head goes to the GPU when
         every layer does.  Layers that do not fit the free memory (after the
         K/V, the output and the compute buffers; ``ELELEM_GPU_MEMORY_LIMIT``

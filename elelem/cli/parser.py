@@ -259,7 +259,7 @@ def _add_gpu_options(parser: argparse.ArgumentParser) -> None:
                           "when a GPU is present, else the CPU, logged; -1: all; 0: the CPU only). Asked for "
                           "with no GPU present, it is an error")
     gpu.add_argument("-mg", "--main-gpu", type=_non_negative_int, default=0, metavar="I",
-                     help="the GPU that takes the layers (default 0: the best, CUDA before Vulkan); "
+                     help="the GPU that takes the layers (default 0: the best, CUDA or Metal before Vulkan); "
                           "'elelem info --devices' lists them")
     gpu.add_argument("-ts", "--tensor-split", type=_tensor_split, default=None, metavar="W,W,...",
                      help="split the layers over every GPU in these proportions (e.g. 3,1)")
