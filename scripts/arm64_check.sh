@@ -24,7 +24,7 @@
 #       greedy tokens against x86-64's.  Needs dpkg's arm64 architecture
 #       (added when missing) and PyPI.
 #
-#   scripts/arm64_check.sh wheel   (about 40 minutes on 2 busy cores; minutes once cached)
+#   scripts/arm64_check.sh wheel   (about 40 minutes on 2 busy cores; 10-20 once the wheel is cached)
 #       The portable manylinux aarch64 wheel, cross-compiled here by setup.py
 #       itself (ELELEM_PORTABLE=1: ggml's eight ARM modules with clang 19
 #       through cmake/toolchains/aarch64-linux-clang.cmake, the core with
