@@ -46,7 +46,7 @@ say "1. build"
 rm -rf "$WORK" && mkdir -p "$WORK"
 "$PY" -m venv "$WORK/venv"
 VPY="$WORK/venv/bin/python"
-"$VPY" -m pip install -q --upgrade pip setuptools   # setuptools: tests/test_metal.py reads setup.py's switches
+"$VPY" -m pip install -q --upgrade pip setuptools cmake   # tests/test_metal.py reads setup.py and runs cmake/metal.cmake
 t0=$SECONDS
 if [ -n "$WHEEL" ]; then
     "$VPY" -m pip install "$WHEEL[test]"
