@@ -93,6 +93,24 @@ def test_cross_encoder_scores_match_the_numpy_reference(bge_models, name):
                                        atol=REFERENCE_ATOL, rtol=0)
 
 
+@pytest.mark.real_model   # the sdist's vocabulary
+def test_cross_encoder_on_a_unigram_vocabulary_matches_llama_cpp(tmp_path):
+    """bge-reranker-v2-m3's shape: XLM-RoBERTa's t5 vocabulary, whose rerank prompt is
+    <s> query </s> document </s> (BOS and EOS added; no SEP: this file has no add_sep_token)."""
+    vocab_path = sdist.vocab_path("nomic-bert-moe")
+    n_vocab = len(dict((k, v) for k, v, *_ in read_vocab_metadata(vocab_path))["tokenizer.ggml.tokens"])
+    cfg = BgeConfig(bert=synthetic_bert.BertConfig(pooling=None, n_token_types=1, n_ctx_train=512, seed=13))
+    weights = write_bge(tmp_path / "bge_m3_vocab.gguf", cfg, (n_vocab, vocab_writer(vocab_path)))
+    ref = _live(tmp_path, ["bge_m3_vocab"])["bge_m3_vocab"]
+    with _open(tmp_path / "bge_m3_vocab.gguf") as llm:
+        for case in ref["cases"]:
+            ids = rerank_ids(llm.assets, case["query"], case["document"])
+            assert ids == case["ids"] and ids[0] == 0 and ids.count(2) == 2
+            got = llm.engine.rank(ids)
+            np.testing.assert_allclose(got, case["outputs"], rtol=LLAMACPP_RTOL, atol=LLAMACPP_ATOL)
+            np.testing.assert_allclose(got, bge_score(weights, cfg, ids), atol=REFERENCE_ATOL, rtol=0)
+
+
 def test_rerank_orders_by_score_and_cuts_to_top_n(bge_models):
     models_dir, weights = bge_models
     query, documents = CASES[0]

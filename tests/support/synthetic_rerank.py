@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import gguf
 import numpy as np
@@ -47,8 +47,12 @@ class BgeConfig:
     head_type: str = "f32"          # the head's matrices: f32 or f16
 
 
-def write_bge(path: Path, cfg: BgeConfig = BgeConfig()) -> dict[str, np.ndarray]:
-    """A bge-reranker-shaped file; returns its weights (head included) as stored."""
+def write_bge(path: Path, cfg: BgeConfig = BgeConfig(),
+              vocab: Optional[tuple[int, Callable[[gguf.GGUFWriter], None]]] = None) -> dict[str, np.ndarray]:
+    """A bge-reranker-shaped file; returns its weights (head included) as stored.
+    ``vocab`` = (its size, its writer) replaces the WordPiece vocabulary (and
+    the token table, in F16): XLM-RoBERTa's Unigram one, as bge-reranker-v2-m3
+    has (its ``tokenizer.ggml.token_type_count`` must be ``cfg.bert.n_token_types``)."""
     rng = np.random.default_rng(cfg.bert.seed + 100)
     e = cfg.bert.n_embd
     head = {}
@@ -60,10 +64,18 @@ def write_bge(path: Path, cfg: BgeConfig = BgeConfig()) -> dict[str, np.ndarray]
     weights = synthetic_bert.make_weights(cfg.bert)
     writer = gguf.GGUFWriter(str(path), cfg.bert.arch)
     synthetic.add_shape_keys(writer, cfg.bert)
-    synthetic_bert._add_encoder_keys(writer, cfg.bert)
+    if vocab is None:
+        synthetic_bert._add_encoder_keys(writer, cfg.bert)
+    else:
+        writer.add_layer_norm_eps(cfg.bert.norm_eps)
+        writer.add_causal_attention(False)
+        vocab[1](writer)
+        weights["token_embd.weight"] = rng.standard_normal((vocab[0], e)).astype(np.float16)
     writer.add_classifier_output_labels(list(cfg.labels))
     for name, arr in {**weights, **head}.items():
-        if cfg.head_type == "f16" and name in ("cls.weight", "cls.output.weight"):
+        if arr.dtype == np.float16:
+            weights[name] = arr.astype(np.float32)
+        elif cfg.head_type == "f16" and name in ("cls.weight", "cls.output.weight"):
             arr = arr.astype(np.float16)
             weights[name] = arr.astype(np.float32)
         else:
