@@ -37,6 +37,8 @@ from .vocab import ATTR_NORMAL, ATTR_UNUSED, ATTR_USER_DEFINED, Vocab
 _ESCAPED_SPACE = SPACE_MARK.encode("utf-8")
 # Sequence length by the high nibble of a lead byte, as llama.cpp's unicode_len_utf8.
 _REPLACEMENT = "\ufffd".encode("utf-8")
+# Beginnings of pieces kept for the Viterbi's early stop, up to this many characters.
+_SHORT = 4
 # llama.cpp's unknown_token_score_penalty
 _UNKNOWN_PENALTY = np.float32(10.0)
 
@@ -126,6 +128,9 @@ class Unigram:
         for text in self._pieces:
             if len(text) > self._longest.get(text[0], 0):
                 self._longest[text[0]] = len(text)
+        # The pieces' beginnings up to _SHORT characters: where the text's is none, no longer
+        # piece starts there either (the trie walk ending, in llama.cpp).
+        self._short = {text[:k] for text in self._pieces for k in range(2, min(len(text), _SHORT) + 1)}
         normal = [scores[i] for i in range(vocab.n_vocab) if attrs[i] & ATTR_NORMAL]
         min_score = np.float32(min(normal)) if normal else np.finfo(np.float32).max
         user_defined: dict[int, list[bytes]] = {}
@@ -183,12 +188,15 @@ class Unigram:
         token = [self._unk] * (n + 1)
         start = [0] * (n + 1)
         score[0] = 0.0
-        pieces, longest, unknown = self._pieces, self._longest, self._unknown_score
+        pieces, longest, short, unknown = self._pieces, self._longest, self._short, self._unknown_score
         for i in range(n):
             here = score[i]
             single = False
             for end in range(i + 1, min(n, i + longest.get(s[i], 0)) + 1):
-                found = pieces.get(s[i:end])
+                piece = s[i:end]
+                if end - i <= _SHORT and end > i + 1 and piece not in short:
+                    break
+                found = pieces.get(piece)
                 if found is None:
                     continue
                 if end == i + 1:
