@@ -231,13 +231,10 @@ class Engine(PrefixReuse):
         return self._alone(tokens, seq, "embedding", steps)
 
     def rank(self, tokens: list[int], seq: Optional[int] = None) -> np.ndarray:
-        """A reranker's outputs for ``tokens`` (a query and document, as the
-        rerank prompt puts them), evaluated as a sequence of their own as
-        :meth:`embed` does: the classification head on the first token's
-        final hidden state (an encoder) or the last token's (a causal model),
-        float32 ``(n_cls_out,)``; the relevance score is the first.  The last
-        step outputs every row, as llama.cpp's steps with embeddings do, so
-        the head reads the rounding llama.cpp's does."""
+        """A reranker's outputs for ``tokens`` (its rerank prompt) evaluated alone as in :meth:`embed`:
+        the classification head on the first token's final hidden state (an encoder) or the last's,
+        float32 ``(n_cls_out,)``, the score first.  The last step outputs every row, as llama.cpp's
+        steps with embeddings do, so the head reads the rounding llama.cpp's does."""
         if not self._ctx.model.rank_outputs:
             raise InvalidArgumentError("this model has no classification head (cls / cls.output): it cannot rank")
 
@@ -250,9 +247,7 @@ class Engine(PrefixReuse):
         return self._alone(tokens, seq, "ranking", steps)
 
     def _alone(self, tokens: list[int], seq: Optional[int], what: str, steps) -> np.ndarray:
-        """``steps(seq_id)`` with ``tokens`` evaluated from an empty sequence
-        (``seq``, or a free one), the engine's steps waiting for it; the
-        sequence is emptied afterwards."""
+        """``steps(seq_id)`` on an empty sequence (``seq``, or a free one) while the engine's steps wait."""
         if not tokens:
             raise InvalidArgumentError(f"cannot run {what} on an empty list of tokens")
         if not self._ctx.model.causal and len(tokens) > self._ctx.n_batch:
