@@ -1,4 +1,4 @@
-"""BERT-family encoders (``bert``, ``nomic-bert``) on tiny synthetic models:
+"""BERT-family encoders (``bert``, ``nomic-bert``, ``nomic-bert-moe``) on tiny synthetic models:
 against the NumPy reference (tests/support/synthetic_bert.py) and against llama.cpp's
 embeddings of the same files (tests/support/fixtures/make_bert_fixtures.py, run live
 under this machine's reference build, or its stored fixture where the kernel
@@ -60,7 +60,10 @@ def _open(path, **kw):
     BertConfig(arch="nomic-bert", fused_qkv=False, n_head=2, seed=4),
     BertConfig(causal=None, seed=5),          # no attention.causal key: causal, as llama.cpp assumes
     BertConfig(n_token_types=1, seed=6),
-], ids=["bert", "nomic", "bert_fused", "nomic_separate", "bert_causal", "one_token_type"])
+    BertConfig(arch="nomic-bert-moe", n_layer=4, seed=8),
+    BertConfig(arch="nomic-bert-moe", n_layer=3, n_expert=3, n_expert_used=1, seed=9),
+], ids=["bert", "nomic", "bert_fused", "nomic_separate", "bert_causal", "one_token_type", "nomic_moe",
+        "nomic_moe_top1"])
 def test_hidden_states_match_the_numpy_reference(tmp_path, cfg):
     weights = write_bert(tmp_path / "m.gguf", cfg)
     tokens = [2, 18, 20, 19, 21, 5, 6, 7, 3]
@@ -157,6 +160,10 @@ def _drop(*names):
     (BertConfig(arch="nomic-bert"),
      lambda w: w.__setitem__("blk.0.attn_q.weight", np.zeros((32, 32), np.float32)), "fused attn_qkv and also"),
     (BertConfig(), lambda w: w.__setitem__("token_types.weight", np.zeros((3, 32), np.float32)), "token_types"),
+    (BertConfig(arch="nomic-bert-moe"), _drop("blk.1.ffn_up_exps.weight"), "blk.1.ffn_up_exps"),
+    (BertConfig(arch="nomic-bert-moe"), _drop("blk.0.ffn_up.weight"), "blk.0.ffn_up"),
+    (BertConfig(arch="nomic-bert-moe"),
+     lambda w: w.__setitem__("blk.1.ffn_gate_inp.weight", np.zeros((5, 32), np.float32)), "ffn_gate_inp"),
 ])
 def test_malformed_encoders_are_refused_with_the_tensor_named(tmp_path, cfg, edit, match):
     write_bert(tmp_path / "m.gguf", cfg, edit=edit)

@@ -222,6 +222,8 @@ cdef class Context:
         st.flash_attn = self.flash_attn
         _make_inputs(st)
         st.logits = _builders[self.model.builder_id](self.model, self.cache, st)
+        if st.rank:
+            st.logits = rank_head(st, self.model, st.logits)
         ggml_set_output(st.logits)
         ggml_build_forward_expand(st.gf, st.logits)
         return st.gf
@@ -258,7 +260,7 @@ cdef class Context:
     cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs, bint embeddings,
                            bint decode_kernels, const int32_t * seqs, int n_seqs=0,
                            bint pair_lone_row=False, const int * split_kv=NULL,
-                           const int32_t * out_rows=NULL) except NULL:
+                           const int32_t * out_rows=NULL, bint rank=False) except NULL:
         cdef Step * st = &self.graph_step
         cdef int n_runs = 0
         cdef int run_length[MAX_RUNS]
@@ -279,7 +281,8 @@ cdef class Context:
                 n_out_runs = _sequence_runs(n_outputs, out_seqs, out_run_length)
                 free(out_seqs)
         if self.graph_ready and st.n_tokens == n_tokens and st.n_kv == n_kv and st.n_outputs == n_outputs \
-                and st.embeddings == embeddings and st.decode_kernels == decode_kernels and st.n_runs == n_runs \
+                and st.embeddings == embeddings and st.rank == rank and st.decode_kernels == decode_kernels \
+                and st.n_runs == n_runs \
                 and st.n_seqs == n_seqs and st.pair_lone_row == pair_lone_row \
                 and memcmp(st.run_length, run_length, n_runs * sizeof(int)) == 0 \
                 and st.n_out_runs == n_out_runs \
@@ -293,6 +296,7 @@ cdef class Context:
         st.n_kv = n_kv
         st.n_outputs = n_outputs
         st.embeddings = embeddings
+        st.rank = rank
         st.decode_kernels = decode_kernels
         st.n_runs = n_runs
         st.n_seqs = n_seqs
@@ -312,14 +316,17 @@ cdef class Context:
 
     # -- a step ----------------------------------------------------------------
 
-    def decode(self, tokens, seq_ids, outputs=None, bint embeddings=False, bint decode_kernels=False):
+    def decode(self, tokens, seq_ids, outputs=None, bint embeddings=False, bint decode_kernels=False,
+               bint rank=False):
         """Evaluate one batch (see :meth:`_decode`).  A hybrid model's
         recurrent layers take a step as sequences of one token count, one
         after the other: the batch is arranged so, run as one step when its
         sequences have the same count and as one step per count otherwise,
         and the rows come back in the batch's order."""
         if not self.cache.hybrid:
-            return self._decode(tokens, seq_ids, outputs, embeddings, decode_kernels, 0)
+            return self._decode(tokens, seq_ids, outputs, embeddings, decode_kernels, 0, rank)
+        if rank:
+            raise errors.InvalidArgumentError("rank pooling is not supported for a hybrid model")
         self._check_open()
         ids = _checked_ids(tokens, self.model.hp.n_vocab)
         if ids.shape[0] > self.n_batch:
@@ -365,7 +372,7 @@ cdef class Context:
         out = np.concatenate([o for _, o in outs])
         return out[np.argsort(kept)]
 
-    def _decode(self, tokens, seq_ids, outputs, bint embeddings, bint decode_kernels, int n_seqs):
+    def _decode(self, tokens, seq_ids, outputs, bint embeddings, bint decode_kernels, int n_seqs, bint rank=False):
         """Evaluate one batch: ``tokens[i]`` goes to the next position of
         sequence ``seq_ids[i]`` (tokens of one sequence in order).
 
@@ -375,7 +382,10 @@ cdef class Context:
         The batch holds 1 .. n_batch tokens.  Anything that fails (a full
         cache, an abort, Ctrl-C) leaves the cache as it was.  With
         ``embeddings``, the rows are the final normed hidden states
-        ``(n_outputs, n_embd)`` instead of logits.
+        ``(n_outputs, n_embd)`` instead of logits.  With ``rank`` (and
+        ``embeddings``), the batch is one sequence's and the one row back is
+        the model's classification head on its first output row (an encoder)
+        or its last (a causal model): ``(1, n_cls_out)`` (blocks.pxi, rank_head).
 
         ``decode_kernels`` says that every token is a generated one (the next
         token of a stream, or a drafted guess): a step of up to 8 tokens then
@@ -398,6 +408,9 @@ cdef class Context:
             raise errors.InvalidArgumentError("this model is an encoder (BERT family): it gives embeddings, not logits")
         if not self.model.hp.causal:
             _check_whole_sequences(self.cache, seqs)
+        if rank and (not embeddings or not self.model.rank_outputs or (seqs != seqs[0]).any()):
+            raise errors.InvalidArgumentError("rank pooling takes one sequence's embeddings, from a model with a "
+                                              "classification head (cls / cls.output)")
         cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] rows = _output_rows(outputs, seqs)
         cdef int n_outputs = rows.shape[0]
         cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] cells = np.empty(n, dtype=np.int32)
@@ -426,7 +439,7 @@ cdef class Context:
         self.busy = True
         try:
             st = self._graph_for(n, n_kv, n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs, pair_lone_row,
-                                 <const int *> split_kv if split_rows else <const int *> NULL, &rows[0])
+                                 <const int *> split_kv if split_rows else <const int *> NULL, &rows[0], rank)
             _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0])
             self._compute()
         except BaseException:
@@ -436,7 +449,10 @@ cdef class Context:
             self.busy = False
         if n_seqs:
             self.cache.flip_slots(n, &seqs[0])
-        out = np.empty((n_outputs, self.model.hp.n_embd if embeddings else self.model.hp.n_vocab), dtype=np.float32)
+        if rank:
+            out = np.empty((1, st.logits.ne[0]), dtype=np.float32)
+        else:
+            out = np.empty((n_outputs, self.model.hp.n_embd if embeddings else self.model.hp.n_vocab), dtype=np.float32)
         ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out), 0, ggml_nbytes(st.logits))
         self.n_evaluated += n
         return out

@@ -106,6 +106,11 @@ cdef class Model:
     cdef ggml_tensor * per_layer_tok_embd    # (n_embd_per_layer * n_layer, n_vocab)
     cdef ggml_tensor * per_layer_model_proj  # (n_embd, n_embd_per_layer * n_layer)
     cdef ggml_tensor * per_layer_proj_norm   # (n_embd_per_layer)
+    # A reranker's classification head (rank pooling; archspec/rank.py): optional each.
+    cdef ggml_tensor * cls              # (n_embd, n_embd): dense layer before tanh, with cls_b (n_embd)
+    cdef ggml_tensor * cls_b
+    cdef ggml_tensor * cls_out          # (n_embd, n_cls_out): projection to the labels, with cls_out_b (n_cls_out)
+    cdef ggml_tensor * cls_out_b
     cdef readonly object path
     cdef readonly dict hparams
     cdef readonly str description
@@ -133,6 +138,7 @@ cdef class Model:
         self.tok_embd = self.output_norm = self.output = self.rope_freqs = NULL
         self.pos_embd = self.type_embd = self.tok_norm = self.tok_norm_b = NULL
         self.per_layer_tok_embd = self.per_layer_model_proj = self.per_layer_proj_norm = NULL
+        self.cls = self.cls_b = self.cls_out = self.cls_out_b = NULL
         self.closed = True
 
     def __init__(self, *args, **kwargs):
@@ -219,6 +225,14 @@ cdef class Model:
     def causal(self):
         """False where tokens attend to their whole sequence (BERT)."""
         return bool(self.hp.causal)
+
+    @property
+    def rank_outputs(self):
+        """A reranker's outputs per sequence (its classification head: cls.output's
+        labels, or n_embd for a head without it); 0 for a model without a head."""
+        if self.cls_out != NULL:
+            return self.hp.n_cls_out
+        return self.hp.n_embd if self.cls != NULL else 0
 
     @property
     def hybrid(self):
@@ -312,6 +326,10 @@ def open_model(path, str builder, dict hparams, dict global_tensors, list layer_
     m.per_layer_tok_embd = _optional_tensor(m, global_tensors, "per_layer_tok_embd")
     m.per_layer_model_proj = _optional_tensor(m, global_tensors, "per_layer_model_proj")
     m.per_layer_proj_norm = _optional_tensor(m, global_tensors, "per_layer_proj_norm")
+    m.cls = _optional_tensor(m, global_tensors, "cls")
+    m.cls_b = _optional_tensor(m, global_tensors, "cls_b")
+    m.cls_out = _optional_tensor(m, global_tensors, "cls_out")
+    m.cls_out_b = _optional_tensor(m, global_tensors, "cls_out_b")
 
     m.layers = <LayerWeights *> calloc(m.hp.n_layer, sizeof(LayerWeights))
     m.swa_layers = <unsigned char *> calloc(m.hp.n_layer, 1)

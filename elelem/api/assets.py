@@ -83,10 +83,11 @@ class ModelAssets:
                     log.debug("built the grammar tokenizer in %.3f s", time.perf_counter() - t0)
         return self._grammar_tokenizer
 
-    def tokenize(self, text, add_bos: Optional[bool] = None, special: bool = False) -> list[int]:
+    def tokenize(self, text, add_bos: Optional[bool] = None, special: bool = False,
+                 add_eos: Optional[bool] = None) -> list[int]:
         tokenizer = self.tokenizer
         with self.tokenizer_lock:
-            return tokenizer.encode(text, add_bos=add_bos, special=special)
+            return tokenizer.encode(text, add_bos=add_bos, add_eos=add_eos, special=special)
 
     def _metadata_eos_ids(self) -> frozenset[int]:
         ids = set()

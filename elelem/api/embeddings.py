@@ -5,8 +5,9 @@ output projection: the final normed hidden state of every token (llama.cpp's
 ``t_embd``).  Pooling then follows the model's GGUF metadata
 (``{arch}.pooling_type``, as llama.cpp reads it): ``none`` (each token's
 vector: llama.cpp's default for decoder models, which carry no such key),
-``mean``, ``cls`` (the first token) or ``last``; ``LLM(pooling=...)``
-overrides it.  ``normalize=True`` divides each vector by its Euclidean norm
+``mean``, ``cls`` (the first token), ``last`` (Qwen3-Embedding) or
+``rank`` (a reranker's classification head: its outputs, whose first is the
+score; :mod:`elelem.api.rerank`); ``LLM(pooling=...)`` overrides it.  ``normalize=True`` divides each vector by its Euclidean norm
 (llama-cpp-python's ``normalize_embedding``).  Inputs are tokenized as
 llama-cpp-python does (the model's BOS rule, no special tokens).
 """
@@ -18,23 +19,29 @@ import numpy as np
 
 from ..errors import ContextLimitError, InvalidArgumentError
 
-#: llama.cpp's enum llama_pooling_type (0..3; 4, rank, is for rerankers).
-POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last"}
+#: llama.cpp's enum llama_pooling_type.
+POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
 Input = Union[str, Sequence[str]]
 
 
-def model_pooling(gguf, arch: str, override: Optional[str]) -> str:
-    """The pooling to use: ``override``, else the model's metadata, else none."""
+def model_pooling(gguf, arch: str, override: Optional[str], has_head: bool = False) -> str:
+    """The pooling to use: ``override``, else the model's metadata, else
+    none; rank only for a model with a classification head (``has_head``)."""
     if override is not None:
         if override not in POOLING_TYPES.values():
             raise InvalidArgumentError(f"pooling must be one of {sorted(POOLING_TYPES.values())}, got {override!r}")
-        return override
-    value = gguf.get(f"{arch}.pooling_type", 0)
-    if isinstance(value, bool) or value not in POOLING_TYPES:
-        raise InvalidArgumentError(f"{arch}.pooling_type = {value!r} is not supported "
-                                   f"(elelem pools {', '.join(f'{k} ({v})' for k, v in POOLING_TYPES.items())})")
-    return POOLING_TYPES[value]
+        pooling = override
+    else:
+        value = gguf.get(f"{arch}.pooling_type", 0)
+        if isinstance(value, bool) or value not in POOLING_TYPES:
+            raise InvalidArgumentError(f"{arch}.pooling_type = {value!r} is not supported "
+                                       f"(elelem pools {', '.join(f'{k} ({v})' for k, v in POOLING_TYPES.items())})")
+        pooling = POOLING_TYPES[value]
+    if pooling == "rank" and not has_head:
+        raise InvalidArgumentError(f"rank pooling ({arch}.pooling_type = 4) needs a classification head "
+                                   f"(cls / cls.output), which this model lacks")
+    return pooling
 
 
 def embed(engine, assets, inputs: Input, *, pooling: str, n_ctx: int, normalize: bool = False,
@@ -52,8 +59,10 @@ def embed(engine, assets, inputs: Input, *, pooling: str, n_ctx: int, normalize:
                 raise ContextLimitError(f"the text has {len(ids)} tokens; n_ctx is {n_ctx} (truncate=True cuts it)")
             ids = ids[:n_ctx]
         total += len(ids)
-        rows = engine.embed(ids, seq).astype(np.float64)
-        vectors = _pool(rows, pooling)
+        if pooling == "rank":
+            vectors = engine.rank(ids, seq).astype(np.float64)
+        else:
+            vectors = _pool(engine.embed(ids, seq).astype(np.float64), pooling)
         if normalize:
             vectors = _normalized(vectors)
         out.append(vectors.tolist())

@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from contextlib import contextmanager
-from typing import Any, Callable, Concatenate, Iterable, Optional, ParamSpec, TypeVar, Union
+from typing import Any, Callable, Concatenate, Iterable, Optional, ParamSpec, Sequence, TypeVar, Union
 
 from .._core import (flash_attn_supported, new_context, open_model,  # names, not the package
                      place_layers, unsupported_weights)
@@ -35,6 +35,7 @@ from .devices import check_memory, connect_servers, kv_layer_bytes, parse_endpoi
 from .offload import Offload, keep_supported, plan_offload
 from .draft import open_draft
 from .embeddings import embed, embedding_response, model_pooling
+from .rerank import rerank
 from .infill import DEFAULT_N_BATCH, Piece, infill_ids
 from .options import (DEFAULT_N_CTX, DEFAULT_N_SEQ_MAX, DEFAULT_RPC_TIMEOUT, FIELD_GROUP, GROUPS,  # noqa: F401
                       KV_CELL_PAD, MAX_N_CTX, CacheOptions, ContextOptions, PlacementOptions, SpeculativeOptions,
@@ -193,7 +194,8 @@ class LLM:
             self.assets.tool_call_format = tool_call_format  # None: read from the chat template
             # embedding=True is llama-cpp-python's switch; here embeddings always work.
             self.embedding = bool(embedding)
-            self.pooling = model_pooling(self.gguf, self.spec.arch.name, pooling)
+            self.pooling = model_pooling(self.gguf, self.spec.arch.name, pooling,
+                                         has_head=self._model.rank_outputs > 0)
             self._session = Session(self._engine, self.assets, n_ctx=self._engine.n_ctx)
         except BaseException:
             self.close()
@@ -474,6 +476,16 @@ class LLM:
         """llama-cpp-python's (and OpenAI's) embeddings response for a text or a list of texts."""
         embeddings, total = self.embed(input if isinstance(input, list) else [input], return_count=True)
         return embedding_response(embeddings, total, model if model is not None else self.model_name)
+
+    def rerank(self, query: str, documents: Sequence[str], top_n: Optional[int] = None) -> list[dict]:
+        """How relevant each of ``documents`` is to ``query``, best first:
+        ``{"index", "relevance_score"}`` per document, at most ``top_n`` of
+        them, scored and ordered as llama.cpp's ``/v1/rerank`` does
+        (:mod:`elelem.api.rerank`).  The model must be a reranker: one with a
+        classification head (bge-reranker, Qwen3-Reranker)."""
+        engine = self._engine_or_raise()
+        results, _ = rerank(engine, self.assets, query, documents, top_n=top_n, n_ctx=engine.n_ctx)
+        return results
 
     def new_session(self, *, n_ctx: Optional[int] = None, n_threads: Optional[int] = None) -> Session:
         """A new sequence over this model, with the full text API and a cache

@@ -223,8 +223,33 @@ class Engine(PrefixReuse):
         with no request running, which is emptied).  The sequence holds
         nothing afterwards; the step is the engine's alone while it runs (its
         graph's output is not logits)."""
+        def steps(seq_id: int) -> np.ndarray:
+            step = self._ctx.n_batch
+            rows = [self._ctx.decode(tokens[i:i + step], seq_id, True, embeddings=True)
+                    for i in range(0, len(tokens), step)]
+            return np.concatenate(rows, axis=0)
+        return self._alone(tokens, seq, "embedding", steps)
+
+    def rank(self, tokens: list[int], seq: Optional[int] = None) -> np.ndarray:
+        """A reranker's outputs for ``tokens`` (its rerank prompt) evaluated alone as in :meth:`embed`:
+        the classification head on the first token's final hidden state (an encoder) or the last's,
+        float32 ``(n_cls_out,)``, the score first.  The last step outputs every row, as llama.cpp's
+        steps with embeddings do, so the head reads the rounding llama.cpp's does."""
+        if not self._ctx.model.rank_outputs:
+            raise InvalidArgumentError("this model has no classification head (cls / cls.output): it cannot rank")
+
+        def steps(seq_id: int) -> np.ndarray:
+            step = self._ctx.n_batch
+            for i in range(0, len(tokens) - step, step):   # a causal model's earlier chunks: their cells only
+                self._ctx.decode(tokens[i:i + step], seq_id, None, embeddings=True)
+            last = (len(tokens) - 1) // step * step
+            return self._ctx.decode(tokens[last:], seq_id, True, embeddings=True, rank=True)[0]
+        return self._alone(tokens, seq, "ranking", steps)
+
+    def _alone(self, tokens: list[int], seq: Optional[int], what: str, steps) -> np.ndarray:
+        """``steps(seq_id)`` on an empty sequence (``seq``, or a free one) while the engine's steps wait."""
         if not tokens:
-            raise InvalidArgumentError("cannot embed an empty list of tokens")
+            raise InvalidArgumentError(f"cannot run {what} on an empty list of tokens")
         if not self._ctx.model.causal and len(tokens) > self._ctx.n_batch:
             # Its tokens see the whole sequence, so it is one step (as in llama.cpp, whose n_ubatch must hold it).
             raise ContextLimitError(f"this model's tokens attend to their whole sequence, which must fit one "
@@ -240,13 +265,11 @@ class Engine(PrefixReuse):
                 self._ctx.seq_rm(seq_id, 0)
                 self._fresh_rows.pop(seq_id, None)
                 if self._make_room(len(tokens), {seq_id} | set(self._seq_request)) < len(tokens):
-                    raise KVCacheFullError(f"embedding {len(tokens)} tokens needs as many free KV cells; "
+                    raise KVCacheFullError(f"{what} {len(tokens)} tokens needs as many free KV cells; "
                                            f"{self._ctx.cache.n_free} of {self.kv_size} are free")
                 self._stepping = True
             try:
-                step = self._ctx.n_batch
-                rows = [self._ctx.decode(tokens[i:i + step], seq_id, True, embeddings=True)
-                        for i in range(0, len(tokens), step)]
+                return steps(seq_id)
             finally:
                 with self._cv:
                     self._ctx.seq_rm(seq_id, 0)
@@ -255,7 +278,6 @@ class Engine(PrefixReuse):
         finally:
             if own:
                 self.close_sequence(seq_id)
-        return np.concatenate(rows, axis=0)
 
     # -- requests --------------------------------------------------------------
 

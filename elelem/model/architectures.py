@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 from ..errors import ModelShapeError, UnsupportedArchitectureError
 from . import archs
 from .archspec.experts import expert_hparams
+from .archspec.rank import classifier_hparams
 from .archspec.hparams import MAX_LAYERS, MAX_WIDTH, check_hparams, key_reader, per_layer_key, rope_scaling
 from .archspec.shortconv import layer_kinds_from_kv_heads
 from .archspec.spec import Architecture, Role
@@ -54,9 +55,8 @@ class ModelSpec:
         """Tensors used as the weight operand of a matrix multiplication."""
         roles = archs.layer_roles()
         names = [n for table in self.layer_tensors for role, n in table.items() if n and roles[role].matmul]
-        proj = self.global_tensors.get("per_layer_model_proj")
-        if proj:
-            names.append(proj)
+        global_roles = archs.global_roles()
+        names += [n for role, n in self.global_tensors.items() if n and role != "output" and global_roles[role].matmul]
         head = self.global_tensors["output"] or self.global_tensors["tok_embd"]   # tok_embd: always there
         if not self.arch.encoder and head:  # an encoder has no output projection
             names.append(head)
@@ -185,6 +185,7 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
         expert_hparams(h, key, gguf, arch.experts)
     if arch.derive is not None:
         arch.derive(h, key, gguf)
+    classifier_hparams(h, gguf, arch.name)
 
     if h["n_head"] % h["n_head_kv"] != 0:
         raise ModelShapeError(f"n_head_kv = {h['n_head_kv']} does not divide n_head = {h['n_head']}")

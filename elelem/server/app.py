@@ -27,6 +27,7 @@ from .infill import error_response as llama_error_response, infill
 from .limits import RequestLimit
 from .metrics import Metrics
 from .registry import ModelRegistry
+from .rerank import rerank_endpoint
 
 log = logging.getLogger("elelem.server")
 
@@ -85,6 +86,9 @@ def create_app(config: ServerConfig, registry: Optional[ModelRegistry] = None) -
                                         error_response=anthropic.error_response), methods=["POST"]),
         Route("/v1/responses", _endpoint(state, responses.handler()), methods=["POST"]),
         Route("/infill", _endpoint(state, infill, error_response=llama_error_response), methods=["POST"]),
+        # llama-server's rerank routes, with its error shape
+        *(Route(path, _endpoint(state, rerank_endpoint, error_response=llama_error_response), methods=["POST"])
+          for path in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")),
     ]
     # ServerConfig.__post_init__ sets max_requests when it is not given.
     assert config.max_requests is not None

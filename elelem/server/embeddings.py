@@ -2,7 +2,8 @@
 
 OpenAI's shape has one vector per input, so a model whose pooling is
 ``none`` (decoder models carry no pooling key) is served with mean pooling;
-a model with its own pooling (``{arch}.pooling_type``) keeps it.  Vectors
+a model with its own pooling (``{arch}.pooling_type``) keeps it; a
+reranker's (rank) is refused: its scores are ``/v1/rerank``'s.  Vectors
 are normalized (OpenAI's are unit length).  ``encoding_format`` may be
 ``"float"`` or ``"base64"`` (little-endian float32, as OpenAI's client
 decodes it); ``dimensions`` is refused.
@@ -52,6 +53,8 @@ def embedding_call(body: Any) -> EmbeddingCall:
 
 def run_embedding(session, llm, call: EmbeddingCall, model_id: str) -> dict:
     """Embed on the request's session (its cache is replaced); blocking."""
+    if llm.pooling == "rank":
+        raise bad_request("this model is a reranker (rank pooling): its scores come from /v1/rerank")
     pooling = "mean" if llm.pooling == "none" else llm.pooling
     vectors, total = embed(llm.engine, session.assets, call.texts, pooling=pooling, n_ctx=session.n_ctx,
                            normalize=True, seq=session.seq)

@@ -1,4 +1,4 @@
-"""Tiny random BERT-family encoders (``bert``, ``nomic-bert``) written as GGUF
+"""Tiny random BERT-family encoders (``bert``, ``nomic-bert``, ``nomic-bert-moe``) written as GGUF
 files with the `gguf` package, and their NumPy reference forward pass.
 
 The reference follows the architectures' definitions in float64: BERT sums
@@ -6,7 +6,10 @@ token, token-type-0 and learned position embeddings, LayerNorms them, then
 runs post-norm blocks (attention over the whole sequence, add, LayerNorm;
 GELU FFN with biases, add, LayerNorm).  nomic-bert has no position table:
 it rotates Q and K (NeoX RoPE), fuses Q/K/V into one matrix and uses a
-SwiGLU FFN without biases.  The one ggml detail it reproduces is that
+SwiGLU FFN without biases.  nomic-bert-moe rotates too, with biases on
+its fused Q/K/V and BERT's GELU FFN, and every ``moe_every``-th layer (from
+layer 1) routes each token to its top ``n_expert_used`` of ``n_expert``
+GELU experts (softmax weights, not renormalised).  The one ggml detail it reproduces is that
 ggml's GELU reads a float16 table (tests/support/ggml_numerics.py).
 """
 from __future__ import annotations
@@ -35,7 +38,7 @@ def wordpiece_vocab() -> list[str]:
 
 @dataclass(frozen=True)
 class BertConfig:
-    arch: str = "bert"               # or "nomic-bert"
+    arch: str = "bert"               # or "nomic-bert", "nomic-bert-moe"
     n_embd: int = 32
     n_layer: int = 2
     n_head: int = 4
@@ -49,6 +52,9 @@ class BertConfig:
     fused_qkv: Optional[bool] = None  # default: nomic-bert fused, bert separate
     wtype: str = "f32"               # the blocks' matrices: f32, f16 or q8_0
     seed: int = 0
+    n_expert: int = 4                # nomic-bert-moe
+    n_expert_used: int = 2
+    moe_every: int = 2
 
     @property
     def n_vocab(self) -> int:
@@ -56,7 +62,10 @@ class BertConfig:
 
     @property
     def fused(self) -> bool:
-        return self.arch == "nomic-bert" if self.fused_qkv is None else self.fused_qkv
+        return self.arch.startswith("nomic-bert") if self.fused_qkv is None else self.fused_qkv
+
+    def moe_layer(self, i: int) -> bool:
+        return self.arch == "nomic-bert-moe" and self.moe_every > 0 and i % self.moe_every == 1
 
     def but(self, **kw) -> "BertConfig":
         return replace(self, **kw)
@@ -67,6 +76,7 @@ def make_weights(cfg: BertConfig) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(cfg.seed)
     e, f = cfg.n_embd, cfg.n_ff
     bert = cfg.arch == "bert"
+    biased = cfg.arch in ("bert", "nomic-bert-moe")   # biases, and a GELU FFN rather than SwiGLU
 
     def mat(n_out, n_in):
         return (rng.standard_normal((n_out, n_in)) / math.sqrt(n_in)).astype(np.float32)
@@ -83,6 +93,8 @@ def make_weights(cfg: BertConfig) -> dict[str, np.ndarray]:
         p = f"blk.{i}."
         if cfg.fused:
             w[p + "attn_qkv.weight"] = mat(3 * e, e)
+            if cfg.arch == "nomic-bert-moe":
+                w[p + "attn_qkv.bias"] = vec(3 * e)
         else:
             for n in "qkv":
                 w[p + f"attn_{n}.weight"] = mat(e, e)
@@ -90,13 +102,19 @@ def make_weights(cfg: BertConfig) -> dict[str, np.ndarray]:
                     w[p + f"attn_{n}.bias"] = vec(e)
         w[p + "attn_output.weight"] = mat(e, e)
         w[p + "attn_output_norm.weight"], w[p + "attn_output_norm.bias"] = vec(e, 1.0), vec(e)
-        w[p + "ffn_up.weight"] = mat(f, e)
-        w[p + "ffn_down.weight"] = mat(e, f)
-        if bert:
+        if cfg.moe_layer(i):
             w[p + "attn_output.bias"] = vec(e)
-            w[p + "ffn_up.bias"], w[p + "ffn_down.bias"] = vec(f), vec(e)
+            w[p + "ffn_gate_inp.weight"] = mat(cfg.n_expert, e)
+            w[p + "ffn_up_exps.weight"] = np.stack([mat(f, e) for _ in range(cfg.n_expert)])
+            w[p + "ffn_down_exps.weight"] = np.stack([mat(e, f) for _ in range(cfg.n_expert)])
         else:
-            w[p + "ffn_gate.weight"] = mat(f, e)
+            w[p + "ffn_up.weight"] = mat(f, e)
+            w[p + "ffn_down.weight"] = mat(e, f)
+            if biased:
+                w[p + "attn_output.bias"] = vec(e)
+                w[p + "ffn_up.bias"], w[p + "ffn_down.bias"] = vec(f), vec(e)
+            else:
+                w[p + "ffn_gate.weight"] = mat(f, e)
         w[p + "layer_output_norm.weight"], w[p + "layer_output_norm.bias"] = vec(e, 1.0), vec(e)
     return w
 
@@ -134,8 +152,12 @@ def _add_encoder_keys(writer: gguf.GGUFWriter, cfg: BertConfig) -> None:
         writer.add_causal_attention(cfg.causal)
     if cfg.pooling is not None:
         writer.add_pooling_type(gguf.PoolingType(cfg.pooling))
-    if cfg.arch == "nomic-bert":
+    if cfg.arch.startswith("nomic-bert"):
         writer.add_rope_freq_base(cfg.rope_base)
+    if cfg.arch == "nomic-bert-moe":
+        writer.add_expert_count(cfg.n_expert)
+        writer.add_expert_used_count(cfg.n_expert_used)
+        writer.add_uint32(f"{cfg.arch}.moe_every_n_layers", cfg.moe_every)
     vocab = wordpiece_vocab()
     writer.add_tokenizer_model("bert")
     writer.add_token_list(vocab)
@@ -145,6 +167,19 @@ def _add_encoder_keys(writer: gguf.GGUFWriter, cfg: BertConfig) -> None:
     for key, token in (("unk", "[UNK]"), ("bos", "[CLS]"), ("sep", "[SEP]"), ("pad", "[PAD]"), ("mask", "[MASK]")):
         getattr(writer, f"add_{key}_token_id")(vocab.index(token))
     writer.add_add_bos_token(True)   # [CLS] first; llama.cpp's WordPiece adds [SEP] last by default
+
+
+def _experts(h, w, p, cfg: BertConfig):
+    """nomic-bert-moe's expert FFN: each row's top experts by softmax, GELU(up) then down, weighted."""
+    logits = h @ w[p + "ffn_gate_inp.weight"].T
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        for e in np.argsort(-probs[t], kind="stable")[:cfg.n_expert_used]:
+            up = numerics.gelu_f16_table(h[t] @ w[p + "ffn_up_exps.weight"][e].T)
+            out[t] += probs[t, e] * (up @ w[p + "ffn_down_exps.weight"][e].T)
+    return out
 
 
 def numerics_qtype(wtype: str):
@@ -171,11 +206,11 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: BertConfig, tokens) ->
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
         if p + "attn_qkv.weight" in w:
-            q, k, v = np.split(x @ w[p + "attn_qkv.weight"].T, 3, axis=-1)
+            q, k, v = np.split(x @ w[p + "attn_qkv.weight"].T + w.get(p + "attn_qkv.bias", 0), 3, axis=-1)
         else:
             q, k, v = (x @ w[p + f"attn_{n_}.weight"].T + w.get(p + f"attn_{n_}.bias", 0) for n_ in "qkv")
         q, k, v = (t.reshape(n, cfg.n_head, hd) for t in (q, k, v))
-        if cfg.arch == "nomic-bert":
+        if cfg.arch.startswith("nomic-bert"):
             q = _rope(q, pos, cfg.rope_base, True)
             k = _rope(k, pos, cfg.rope_base, True)
         out = np.empty((n, cfg.n_head, hd))
@@ -185,7 +220,9 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: BertConfig, tokens) ->
             out[:, head] = (s / s.sum(axis=1, keepdims=True)) @ v[:, head]
         attn = out.reshape(n, e) @ w[p + "attn_output.weight"].T + w.get(p + "attn_output.bias", 0)
         h = _layer_norm(attn + x, w[p + "attn_output_norm.weight"], w[p + "attn_output_norm.bias"], cfg.norm_eps)
-        if p + "ffn_gate.weight" in w:
+        if p + "ffn_gate_inp.weight" in w:
+            ff = _experts(h, w, p, cfg)
+        elif p + "ffn_gate.weight" in w:
             ff = (_silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
         else:
             up = h @ w[p + "ffn_up.weight"].T + w[p + "ffn_up.bias"]

@@ -1,8 +1,9 @@
-# BERT-family encoders (bert, nomic-bert): token embeddings plus token type 0
-# plus, for BERT, learned absolute positions, LayerNormed; then post-norm
-# blocks: attention (RoPE for nomic-bert) over the whole sequence, add,
-# LayerNorm; FFN (GELU with biases for BERT, SwiGLU for nomic-bert), add,
-# LayerNorm.  No output head: the last hidden state is the output.  Written
+# BERT-family encoders (bert, nomic-bert, nomic-bert-moe): token embeddings
+# plus token type 0 plus, for BERT, learned absolute positions, LayerNormed;
+# then post-norm blocks: attention (RoPE for the nomic ones) over the whole
+# sequence, add, LayerNorm; FFN (GELU with biases for BERT and
+# nomic-bert-moe, SwiGLU for nomic-bert, routed experts in nomic-bert-moe's
+# expert layers), add, LayerNorm.  No output head: the last hidden state is the output.  Written
 # to follow llama.cpp's bert graph op for op.
 
 cdef ggml_tensor * build_bert(Model m, KVCache cache, Step * st) except NULL:
@@ -34,7 +35,9 @@ cdef ggml_tensor * build_bert(Model m, KVCache cache, Step * st) except NULL:
             h = select_outputs(st, h)
             x = select_outputs(st, x)
         ffn_in = norm_layer(st, ggml_add(ctx, h, x), lw.attn_out_norm, lw.attn_out_norm_b)
-        if lw.ffn_gate != NULL:
+        if lw.ffn_gate_inp != NULL:   # nomic-bert-moe's expert layers
+            h = ffn_moe(st, lw, ffn_in)
+        elif lw.ffn_gate != NULL:
             h = ffn_gated(st, lw, ffn_in, False)
         else:
             h = linear(st, lw.ffn_down, lw.ffn_down_b, ggml_gelu(ctx, linear(st, lw.ffn_up, lw.ffn_up_b, ffn_in)))

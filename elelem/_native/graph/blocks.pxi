@@ -29,6 +29,7 @@ cdef struct Step:
     int v_row               # a cell's transposed V: KVCache.v_row
     bint flash_attn         # ggml_flash_attn_ext, else mul_mat + softmax (llama.cpp's default)
     bint embeddings         # the output is the final normed hidden state (n_embd rows), not logits
+    bint rank               # ... read by the classification head (rank_head): one row, the step's one sequence's
     bint decode_kernels     # every token is a generated one: small matmuls as one-token steps run them
     bint pair_lone_row      # flash attention takes the step's one row twice (_flash_attention_lone_row)
     # Flash attention in a step of generated tokens, some of whose rows would
@@ -56,7 +57,7 @@ cdef struct Step:
     ggml_tensor * inp_rs_read     # I32 (n_seqs): the slots holding the sequences' states
     ggml_tensor * inp_rs_write    # I64 (n_seqs): the slots their new states go to
     ggml_tensor * inp_pos4        # I32 (4 * n_tokens): positions for multi-section RoPE; NULL without
-    ggml_tensor * logits        # F32 (n_vocab, n_outputs); (n_embd, n_outputs) for embeddings
+    ggml_tensor * logits        # F32 (n_vocab, n_outputs); (n_embd, n_outputs) for embeddings; (n_cls_out, 1) for rank
     # A prompt step that mixes sequences: the lengths of its runs of one
     # sequence's tokens (n_runs 0 otherwise, and for steps of generated
     # tokens).  Flash attention over FA_TILE_ROWS rows or more and repacked
@@ -465,6 +466,32 @@ cdef inline ggml_tensor * output_head(Step * st, Model m, ggml_tensor * x) noexc
     """The step's output from the final normed hidden state x (n_embd, n_outputs):
     the logits, or x itself when embeddings are wanted (llama.cpp's t_embd)."""
     return x if st.embeddings else linear(st, m.output, NULL, x)
+
+
+cdef ggml_tensor * rank_head(Step * st, Model m, ggml_tensor * x) noexcept:
+    """A reranker's score(s) from the final hidden states x (n_embd, n_outputs)
+    of one sequence: llama.cpp's rank pooling (build_pooling, RANK).  The row
+    read is the first token's for an encoder (its [CLS]), the last token's for
+    a causal model (llm_graph_input_cls::set_input); then the dense layer and
+    tanh where the model has ``cls``, the projection to the labels where it
+    has ``cls.output``, and a softmax over those for Qwen3-Reranker.  Plain
+    ggml_mul_mat, as llama.cpp's head: (n_cls_out, 1), or (n_embd, 1) for a
+    head without ``cls.output`` (whose first value is the score)."""
+    cdef ggml_context * ctx = st.ctx
+    cdef int64_t row = x.ne[1] - 1 if st.hp.causal else 0
+    cdef ggml_tensor * cur = ggml_view_2d(ctx, x, x.ne[0], 1, x.nb[1], row * x.nb[1])
+    if m.cls != NULL:
+        cur = ggml_mul_mat(ctx, m.cls, cur)
+        if m.cls_b != NULL:
+            cur = ggml_add(ctx, cur, m.cls_b)
+        cur = ggml_tanh(ctx, cur)
+    if m.cls_out != NULL:
+        cur = ggml_mul_mat(ctx, m.cls_out, cur)
+        if m.cls_out_b != NULL:
+            cur = ggml_add(ctx, cur, m.cls_out_b)
+    if st.hp.rank_softmax:
+        cur = ggml_soft_max(ctx, cur)
+    return cur
 
 
 cdef inline ggml_tensor * embed_tokens(Step * st, Model m) noexcept:

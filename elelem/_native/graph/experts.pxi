@@ -135,11 +135,15 @@ cdef ggml_tensor * _expert_products(Step * st, LayerWeights * lw, ggml_tensor * 
         up = matmul_id(st, lw.ffn_up_exps, x, chosen)                               # (n_ff_exp, n_used, n_tokens)
         if lw.ffn_up_exps_b != NULL:
             up = ggml_add_id(ctx, up, lw.ffn_up_exps_b, chosen)
-        gate = matmul_id(st, lw.ffn_gate_exps, x, chosen)
-        if lw.ffn_gate_exps_b != NULL:
-            gate = ggml_add_id(ctx, gate, lw.ffn_gate_exps_b, chosen)
+        gate = NULL
+        if lw.ffn_gate_exps != NULL:
+            gate = matmul_id(st, lw.ffn_gate_exps, x, chosen)
+            if lw.ffn_gate_exps_b != NULL:
+                gate = ggml_add_id(ctx, gate, lw.ffn_gate_exps_b, chosen)
     cdef ggml_tensor * h
-    if hp.expert_swiglu_oai:
+    if gate == NULL:   # experts without a gate (nomic-bert-moe): build_moe_ffn's GELU of up alone
+        h = ggml_gelu(ctx, up)
+    elif hp.expert_swiglu_oai:
         h = ggml_swiglu_oai(ctx, gate, up, 1.702, 7.0)   # llama.cpp's LLM_FFN_SWIGLU_OAI_MOE constants
     elif hp.expert_gelu:
         h = ggml_geglu_split(ctx, gate, up)
@@ -162,8 +166,9 @@ cdef ggml_tensor * ffn_moe(Step * st, LayerWeights * lw, ggml_tensor * x, ggml_t
     ``logits`` (n_expert, n_tokens), when given, are the router's (Gemma 4
     routes from its own input, build_moe_ffn's probs_in); else the router
     runs on x.  The experts' gate and up are two stacks or one
-    (ffn_gate_up_exps, gate first: Gemma 4), their activation SwiGLU, gpt-oss's
-    clamped SwiGLU or GeGLU (HParams), and each expert's output may be scaled
+    (ffn_gate_up_exps, gate first: Gemma 4) or up alone (nomic-bert-moe), their
+    activation SwiGLU, gpt-oss's clamped SwiGLU or GeGLU (HParams), GELU without
+    a gate, and each expert's output may be scaled
     (ffn_down_exps_s, llama.cpp's down_exps_s)."""
     cdef const HParams * hp = st.hp
     cdef ggml_context * ctx = st.ctx

@@ -5,10 +5,11 @@
     >>> tok.decode(ids)
     b'Hello, world!'
 
-Three vocabulary kinds are supported: byte-level BPE (``tokenizer.ggml.model =
+These vocabulary kinds are supported: byte-level BPE (``tokenizer.ggml.model =
 "gpt2"``: Qwen2, Llama 3, SmolLM, GPT-2), SentencePiece-style BPE
-(``"llama"``: Llama 2, Gemma) and WordPiece (``"bert"``: BERT, nomic-bert;
-see :mod:`.wpm`).  The behaviour follows llama.cpp's ``llama_tokenize`` /
+(``"llama"``: Llama 2, Gemma), WordPiece (``"bert"``: BERT, nomic-bert;
+see :mod:`.wpm`) and SentencePiece Unigram (``"t5"``: T5, XLM-RoBERTa's
+bge-reranker and nomic-embed-text-v2-moe; see :mod:`.ugm`).  The behaviour follows llama.cpp's ``llama_tokenize`` /
 ``llama_token_to_piece`` (llama-vocab.cpp).
 
 WordPiece
@@ -38,7 +39,7 @@ Special tokens
 Hostile input
     * Inputs over :data:`MAX_INPUT_BYTES` (64 MiB of UTF-8) raise ``ValueError``
       (:class:`elelem.errors.InvalidArgumentError`).
-    * ``bytes`` that are not valid UTF-8: byte-level BPE and WordPiece replace
+    * ``bytes`` that are not valid UTF-8: byte-level BPE, WordPiece and Unigram replace
       each invalid byte with U+FFFD (which WordPiece then drops), as llama.cpp
       does for stray and truncated bytes
       (llama.cpp decodes overlong and surrogate encodings leniently; elelem
@@ -58,7 +59,7 @@ Hostile input
       megabyte of one letter), done with a heap in O(n log n): a few seconds
       and about 200 MB per megabyte of such a word.
 
-Not supported: Unigram and RWKV vocabularies, and llama.cpp's per-model
+Not supported: RWKV vocabularies, and llama.cpp's per-model
 ``lstrip`` / ``rstrip`` token attributes (Phi-3, Jina, ModernBERT, and
 nomic-bert-moe's ``<mask>``).
 """

@@ -14,6 +14,7 @@ from .stream import StreamDecoder
 from .text_input import normalize_input
 from .vocab import (ATTR_CONTROL, ATTR_UNKNOWN, ATTR_USER_DEFINED, Vocab, load_vocab, unsupported_model,
                     wordpiece_options)
+from .ugm import Unigram
 from .wpm import WordPiece, check_wordpiece_vocab
 
 TextInput = Union[str, bytes, bytearray, memoryview]
@@ -24,15 +25,18 @@ class Tokenizer:
 
     Build one with :meth:`from_metadata`.  Supports byte-level BPE
     (``tokenizer.ggml.model = "gpt2"``), SentencePiece BPE (``"llama"``),
-    WordPiece (``"bert"``) and Gemma 4's BPE over ``▁`` pieces (``"gemma4"``).
+    WordPiece (``"bert"``), SentencePiece Unigram (``"t5"``) and Gemma 4's
+    BPE over ``▁`` pieces (``"gemma4"``).
     """
 
     def __init__(self, vocab: Vocab,
-                 model: Union[ByteLevelBPE, SentencePieceBPE, SentencePieceStyleBPE, WordPiece]):
+                 model: Union[ByteLevelBPE, SentencePieceBPE, SentencePieceStyleBPE, WordPiece, Unigram]):
         self._vocab = vocab
         self._model = model
         self._spm = isinstance(model, SentencePieceBPE)
         self._wpm = isinstance(model, WordPiece)
+        # Unigram, as SentencePiece BPE, reads invalid UTF-8 byte by byte (Unigram.normalize).
+        self._raw_bytes = self._spm or isinstance(model, Unigram)
         attrs = vocab.attrs
         cached = [(vocab.tokens[i], i) for i in range(vocab.n_vocab)
                   if attrs[i] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]
@@ -86,6 +90,13 @@ class Tokenizer:
                 raise GGUFError("a gemma4 tokenizer GGUF has no tokenizer.ggml.merges")
             merges = merges.tolist() if hasattr(merges, "tolist") else list(merges)
             return cls(vocab, SentencePieceStyleBPE(vocab.token_to_id, merges))
+        if model_type == "t5":
+            vocab = load_vocab(meta)
+            charsmap = meta.get("tokenizer.ggml.precompiled_charsmap")
+            if charsmap is not None and not (hasattr(charsmap, "dtype") and charsmap.dtype.kind in "iu"
+                                             and charsmap.dtype.itemsize == 1):
+                raise GGUFError("tokenizer.ggml.precompiled_charsmap must be an array of bytes")
+            return cls(vocab, Unigram(vocab, None if charsmap is None else charsmap.astype("u1").tobytes()))
         if model_type == "bert":
             vocab = load_vocab(meta)
             unk_id = check_wordpiece_vocab(vocab)
@@ -103,6 +114,14 @@ class Tokenizer:
     @property
     def add_space_prefix(self) -> bool:
         return self._vocab.add_space_prefix
+
+    @property
+    def special_flags(self) -> tuple[bool, bool, bool]:
+        """``(add_bos, add_eos, add_sep)`` as llama.cpp's ``llama_vocab_get_add_*``
+        report them: the vocabulary's own, which for WordPiece differ from
+        what :meth:`encode` adds (llama.cpp's WordPiece adds [CLS] and [SEP]
+        whatever they say)."""
+        return self._vocab.add_bos, self._vocab.add_eos, self._vocab.add_sep
 
     def encode(self, text: TextInput, *, add_bos: Optional[bool] = None,
                add_eos: Optional[bool] = None, special: bool = False) -> list[int]:
@@ -122,7 +141,7 @@ class Tokenizer:
             raise InvalidArgumentError("add_bos=True, but this model has no BOS token")
         if add_eos and end_id is None:
             raise InvalidArgumentError("add_eos=True, but this model has no EOS token")
-        raw = normalize_input(text, keep_raw_bytes=self._spm)
+        raw = normalize_input(text, keep_raw_bytes=self._raw_bytes)
 
         out: list[int] = [bos_id] if add_bos and bos_id is not None else []
         fragments = (self._split_special if special else self._split_plain).split(raw)

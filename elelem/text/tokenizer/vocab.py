@@ -66,14 +66,14 @@ _FORCED_USER_DEFINED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|
 
 _KEY = "tokenizer.ggml."
 #: the tokenizer.ggml.model values elelem reads
-MODELS = ("gpt2", "llama", "bert", "gemma4")
+MODELS = ("gpt2", "llama", "bert", "gemma4", "t5")
 
 
 @dataclass
 class Vocab:
     """Token pieces and what llama.cpp derives from them."""
 
-    model: str                      # tokenizer.ggml.model: "gpt2", "llama", "bert" or "gemma4"
+    model: str                      # tokenizer.ggml.model: "gpt2", "llama", "bert", "gemma4" or "t5"
     tokens: list[str]
     attrs: list[int]
     scores: Optional[list[float]]
@@ -86,6 +86,11 @@ class Vocab:
     add_eos: bool
     add_space_prefix: bool
     special_ids: dict[str, Optional[int]] = field(default_factory=dict)
+    # llama.cpp's add_sep (a separator between a reranker's query and document): WordPiece's
+    # default, or tokenizer.ggml.add_sep_token
+    add_sep: bool = False
+    # Unigram (t5): tokenizer.ggml.remove_extra_whitespaces
+    remove_extra_whitespaces: bool = False
 
     @property
     def n_vocab(self) -> int:
@@ -154,6 +159,10 @@ def load_vocab(meta: Mapping[str, Any], *, pre_add_bos: bool = False, pre_has_bo
         # bert-base's [CLS], [UNK], [SEP], [PAD], [MASK] ids are llama.cpp's defaults.
         ids = {"bos": 101, "eos": None, "unk": 100, "sep": 102, "pad": 0, "mask": 103}
         add_bos, add_eos, add_space_prefix = True, False, False
+    elif model == "t5":
+        # SentencePiece Unigram (T5, XLM-RoBERTa): llama.cpp's UGM defaults.
+        ids = {"bos": None, "eos": 1, "unk": 2, "pad": 0}
+        add_bos, add_eos, add_space_prefix = False, True, False
     elif model == "gemma4":
         # Gemma 4: BPE with no default special ids (the GGUF gives them).
         ids = {"bos": None, "eos": None, "unk": None}
@@ -197,8 +206,11 @@ def load_vocab(meta: Mapping[str, Any], *, pre_add_bos: bool = False, pre_has_bo
                 add_eos = value
             else:
                 add_space_prefix = value
-    if not spm:
+    if not spm and model != "t5":
         add_space_prefix = False  # llama.cpp: BPE vocabs never add a space prefix
+    add_sep = _get_bool(meta, "add_sep_token")
+    add_sep = model == "bert" if add_sep is None else add_sep
+    remove_extra_whitespaces = bool(_get_bool(meta, "remove_extra_whitespaces"))
     if model == "gemma4":
         add_bos = True  # llama.cpp overrides a false add_bos_token for Gemma 4 (llama.cpp#21500)
 
@@ -215,6 +227,7 @@ def load_vocab(meta: Mapping[str, Any], *, pre_add_bos: bool = False, pre_has_bo
         model=model, tokens=tokens, attrs=attrs, scores=scores, token_to_id=token_to_id,
         bos_id=ids["bos"], eos_id=ids["eos"], unk_id=ids["unk"], eog_ids=frozenset(eog),
         add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix, special_ids=ids,
+        add_sep=add_sep, remove_extra_whitespaces=remove_extra_whitespaces,
     )
 
 
