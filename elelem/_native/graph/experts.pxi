@@ -135,11 +135,15 @@ cdef ggml_tensor * _expert_products(Step * st, LayerWeights * lw, ggml_tensor * 
         up = matmul_id(st, lw.ffn_up_exps, x, chosen)                               # (n_ff_exp, n_used, n_tokens)
         if lw.ffn_up_exps_b != NULL:
             up = ggml_add_id(ctx, up, lw.ffn_up_exps_b, chosen)
-        gate = matmul_id(st, lw.ffn_gate_exps, x, chosen)
+        gate = NULL
+        if not hp.expert_relu_sqr:
+            gate = matmul_id(st, lw.ffn_gate_exps, x, chosen)
         if lw.ffn_gate_exps_b != NULL:
             gate = ggml_add_id(ctx, gate, lw.ffn_gate_exps_b, chosen)
     cdef ggml_tensor * h
-    if hp.expert_swiglu_oai:
+    if hp.expert_relu_sqr:   # no gate (llama.cpp's LLM_FFN_RELU_SQR without gate_exps)
+        h = ggml_sqr(ctx, ggml_relu(ctx, up))
+    elif hp.expert_swiglu_oai:
         h = ggml_swiglu_oai(ctx, gate, up, 1.702, 7.0)   # llama.cpp's LLM_FFN_SWIGLU_OAI_MOE constants
     elif hp.expert_gelu:
         h = ggml_geglu_split(ctx, gate, up)
@@ -163,7 +167,8 @@ cdef ggml_tensor * ffn_moe(Step * st, LayerWeights * lw, ggml_tensor * x, ggml_t
     routes from its own input, build_moe_ffn's probs_in); else the router
     runs on x.  The experts' gate and up are two stacks or one
     (ffn_gate_up_exps, gate first: Gemma 4), their activation SwiGLU, gpt-oss's
-    clamped SwiGLU or GeGLU (HParams), and each expert's output may be scaled
+    clamped SwiGLU or GeGLU (HParams), or up alone squared after a ReLU
+    (Nemotron-3-Nano), and each expert's output may be scaled
     (ffn_down_exps_s, llama.cpp's down_exps_s)."""
     cdef const HParams * hp = st.hp
     cdef ggml_context * ctx = st.ctx
