@@ -1,9 +1,9 @@
-"""Mamba-2 hybrids (nemotron_h, nemotron_h_moe): the NumPy reference of the
+"""Mamba-2 hybrids (nemotron_h, nemotron_h_moe, granitehybrid): the NumPy reference of the
 Mamba-2 layer (its scan against the state-space-duality form, its state
 carrying a sequence across pieces), elelem's forward pass against it, the
 state in the one cache, what ``elelem info`` shows, and the files refused
 before anything is computed.  The logits against llama.cpp are
-tests/test_arch_llamacpp.py's (the ``nemotron_h*`` configs); batching,
+tests/test_arch_llamacpp.py's (the ``nemotron_h*`` and ``granitehybrid*`` configs); batching,
 rewinds, forks and saved states tests/test_hybrid.py's."""
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from synthetic_mamba2 import Mamba2Config, gated_group_rms_norm, mamba2_layer, r
 
 NEMOTRON_H = Mamba2Config(seed=21)                                  # M - M * M - M
 NEMOTRON_NANO = Mamba2Config(arch="nemotron_h_moe", pattern="MEM*EM", seed=22)
+GRANITE = Mamba2Config(arch="granitehybrid", pattern="MM*MM*", ssm_n_head=16, ssm_n_group=1, n_ff=32, seed=23)
+GRANITE_DENSE = GRANITE.but(granite_experts=False, n_ff=128, seed=24)
 PROMPT = [int(t) for t in np.random.default_rng(3).integers(1, 96, 20)]
 
 
@@ -85,7 +87,8 @@ def test_a_mamba2_layer_run_in_pieces_equals_it_run_whole(tiny_model, n, cuts):
 
 
 @pytest.mark.parametrize("flash_attn", [False, True], ids=["softmax", "flash"])
-@pytest.mark.parametrize("cfg", [NEMOTRON_H, NEMOTRON_NANO], ids=["nemotron_h", "nemotron_h_moe"])
+@pytest.mark.parametrize("cfg", [NEMOTRON_H, NEMOTRON_NANO, GRANITE, GRANITE_DENSE],
+                         ids=["nemotron_h", "nemotron_h_moe", "granitehybrid", "granitehybrid_dense"])
 def test_logits_match_the_numpy_reference(tiny_model, cfg, flash_attn):
     path, weights = tiny_model(cfg)
     want = reference_logits(weights, cfg, PROMPT)
@@ -188,3 +191,35 @@ def test_a_broken_nemotron_h_moe_file_is_refused_naming_the_key_or_tensor(tiny_m
     path, _ = tiny_model(cfg)
     with pytest.raises(ModelShapeError, match=message):
         elelem.LLM(path)
+
+
+G = GRANITE
+
+
+@pytest.mark.parametrize("cfg, message", [
+    (G.but(drop=("blk.2.ffn_norm.weight",)), r"required tensor 'blk\.2\.ffn_norm\.weight' is missing"),
+    (G.but(drop=("blk.0.ffn_gate_shexp.weight",)), r"required tensor 'blk\.0\.ffn_gate_shexp\.weight' is missing"),
+    (G.but(drop=("blk.1.ssm_norm.weight",)), r"required tensor 'blk\.1\.ssm_norm\.weight' is missing"),
+    # inner_size 64 with n_embd 64: llama.cpp's granitehybrid asserts 2 * n_embd
+    (G.but(ssm_n_head=8), r"granitehybrid\.ssm\.inner_size = 64 must be twice embedding_length \(64\)"),
+    (G.but(extra_keys=(("{arch}.rope.scaling.finetuned", True),)),
+     r"granitehybrid\.rope\.scaling\.finetuned is not false"),
+    (G.but(drop_keys=("attention.layer_norm_rms_epsilon",)),
+     r"missing hyperparameter granitehybrid\.attention\.layer_norm_rms_epsilon"),
+    (G.but(kv_override=(0, 0, 2, 0, 0)), r"granitehybrid\.attention\.head_count_kv must be a number or an integer "
+                                         r"per layer"),
+    (G.but(kv_override=(0, 0, 0, 0, 0, 0)), r"has no attention layer"),
+], ids=["no-ffn-norm", "no-shared-gate", "no-ssm-norm", "inner-size", "rope", "no-eps", "kv-short", "no-attention"])
+def test_a_broken_granitehybrid_file_is_refused_naming_the_key_or_tensor(tiny_model, cfg, message):
+    path, _ = tiny_model(cfg)
+    with pytest.raises(ModelShapeError, match=message):
+        elelem.LLM(path)
+
+
+def test_info_shows_granites_scales(tiny_model):
+    from elelem.cli.info_cmd import describe
+
+    facts = describe(tiny_model(GRANITE)[0])
+    assert facts["layer_pattern"] == "RRARRA" and facts["recurrent_kind"] == "Mamba-2"
+    assert facts["shape"] == ("Mamba-2 d_inner 128: 16 heads of 8, 1 groups, state 16, convolution 4; scales: "
+                              "embeddings 12, residual 0.22, attention 0.0078125, logits 1/6")

@@ -1,7 +1,13 @@
-"""Tiny Mamba-2 hybrids (``nemotron_h``, ``nemotron_h_moe``) as llama.cpp's
-converter writes them (conversion/nemotron.py: NemotronHModel over
-conversion/granite.py: GraniteHybridModel and conversion/mamba.py:
+"""Tiny Mamba-2 hybrids (``nemotron_h``, ``nemotron_h_moe``, ``granitehybrid``)
+as llama.cpp's converter writes them (conversion/nemotron.py: NemotronHModel
+over conversion/granite.py: GraniteHybridModel and conversion/mamba.py:
 Mamba2Model), and a NumPy reference of their forward pass.
+
+Granite 4.0 H (``granitehybrid``): ``attention.head_count_kv`` per layer (0
+for Mamba-2), ``feed_forward_length`` one number (the experts' width too),
+every layer an FFN after ``ffn_norm`` (SwiGLU, or softmax-routed experts and
+a shared expert), ``rope.scaling.finetuned`` false (no RoPE), and Granite's
+``embedding_scale``, ``residual_scale``, ``attention.scale``, ``logit_scale``.
 
 The converter's layout: ``attention.head_count_kv`` and
 ``feed_forward_length`` one per layer (KV heads on the attention layers,
@@ -34,12 +40,14 @@ import numpy as np
 
 from synthetic import StoredWeights, _attend, _matmul, _rms_norm, _silu, write_tensors
 
-MAMBA2_ARCHS = ("nemotron_h", "nemotron_h_moe")
+MAMBA2_ARCHS = ("nemotron_h", "nemotron_h_moe", "granitehybrid")
 # The real interleaves, a letter per layer as the configs' hybrid_override_pattern writes them
 # (M Mamba-2, * attention, - MLP, E experts).  Nemotron-H-8B's first 26 of 52 layers:
 NEMOTRON_H_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*"
 # Nemotron-3-Nano-30B-A3B's first 26 of 52:
 NEMOTRON_3_NANO = "MEMEM*EMEMEM*EMEMEM*EMEMEM*"
+# Granite 4.0 H Tiny's first 20 of 40 (attention at 5 and 15; an FFN after every layer):
+GRANITE_4_H_TINY = "MMMMM*MMMMMMMMM*MMMM"
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,13 @@ class Mamba2Config:
     n_ff_shexp: int = 64
     expert_norm: bool = True
     expert_scale: float = 2.5
+    # Granite 4.0 H (granitehybrid): experts (n_expert, n_expert_used, n_ff wide, n_ff_shexp shared) or
+    # the dense SwiGLU FFN, and its scalars (Granite 4.0 H Tiny's)
+    granite_experts: bool = True
+    embedding_scale: float = 12.0
+    residual_scale: float = 0.22
+    attention_scale: float = 0.0078125
+    logit_scale: float = 6.0
     wtype: str = "f32"
     embd_type: str = "f32"
     tied: bool = False
@@ -80,6 +95,10 @@ class Mamba2Config:
     @property
     def n_layer(self) -> int:
         return len(self.pattern)
+
+    @property
+    def granite(self) -> bool:
+        return self.arch == "granitehybrid"
 
     @property
     def d_inner(self) -> int:
@@ -107,6 +126,8 @@ def make_weights(cfg: Mamba2Config) -> dict[str, np.ndarray]:
 
     def mat(*shape, scale=None):
         scale = scale if scale is not None else 1.0 / math.sqrt(shape[-1])
+        if len(shape) == 3:   # experts one at a time (the same numbers): a real-sized stack fits in memory
+            return np.stack([(rng.standard_normal(shape[1:]) * scale).astype(f32) for _ in range(shape[0])])
         return (rng.standard_normal(shape) * scale).astype(f32)
 
     def norm(*shape):
@@ -146,6 +167,20 @@ def make_weights(cfg: Mamba2Config) -> dict[str, np.ndarray]:
             w[p + "ffn_down_shexp.weight"] = mat(e, cfg.n_ff_shexp)
         else:
             raise ValueError(f"layer letter {kind!r}")
+        if cfg.granite:
+            w[p + "ffn_norm.weight"] = norm(e)
+            if cfg.granite_experts:
+                w[p + "ffn_gate_inp.weight"] = mat(cfg.n_expert, e, scale=4.0 / math.sqrt(e))
+                w[p + "ffn_gate_exps.weight"] = mat(cfg.n_expert, cfg.n_ff, e)
+                w[p + "ffn_up_exps.weight"] = mat(cfg.n_expert, cfg.n_ff, e)
+                w[p + "ffn_down_exps.weight"] = mat(cfg.n_expert, e, cfg.n_ff)
+                w[p + "ffn_gate_shexp.weight"] = mat(cfg.n_ff_shexp, e)
+                w[p + "ffn_up_shexp.weight"] = mat(cfg.n_ff_shexp, e)
+                w[p + "ffn_down_shexp.weight"] = mat(e, cfg.n_ff_shexp)
+            else:
+                w[p + "ffn_gate.weight"] = mat(cfg.n_ff, e)
+                w[p + "ffn_up.weight"] = mat(cfg.n_ff, e)
+                w[p + "ffn_down.weight"] = mat(e, cfg.n_ff)
     w["output_norm.weight"] = norm(e)
     if not cfg.tied:
         w["output.weight"] = mat(cfg.n_vocab, e)
@@ -153,8 +188,10 @@ def make_weights(cfg: Mamba2Config) -> dict[str, np.ndarray]:
 
 
 def _add_keys(writer: gguf.GGUFWriter, cfg: Mamba2Config) -> None:
-    """The keys NemotronHModel.set_gguf_parameters writes (through its parents)."""
+    """The keys NemotronHModel (or GraniteHybridModel).set_gguf_parameters writes (through its parents)."""
     a = cfg.arch
+    if cfg.granite:
+        return _add_granite_keys(writer, cfg)
     moe = a == "nemotron_h_moe"
     values = {
         "context_length": cfg.n_ctx_train,
@@ -193,8 +230,12 @@ def _add_keys(writer: gguf.GGUFWriter, cfg: Mamba2Config) -> None:
         if name not in cfg.drop_keys:
             writer.add_array(f"{a}.{name}", value)
     writer.add_rope_scaling_finetuned(False)   # GraniteHybridModel: no RoPE in the hybrids
+    _add_extra_keys(writer, cfg)
+
+
+def _add_extra_keys(writer: gguf.GGUFWriter, cfg: Mamba2Config) -> None:
     for key, value in cfg.extra_keys:
-        key = key.format(arch=a)
+        key = key.format(arch=cfg.arch)
         if isinstance(value, bool):
             writer.add_bool(key, value)
         elif isinstance(value, float):
@@ -203,6 +244,46 @@ def _add_keys(writer: gguf.GGUFWriter, cfg: Mamba2Config) -> None:
             writer.add_array(key, list(value))
         else:
             writer.add_uint32(key, value)
+
+
+def _add_granite_keys(writer: gguf.GGUFWriter, cfg: Mamba2Config) -> None:
+    """The keys GraniteHybridModel.set_gguf_parameters writes (GraniteMoeModel's, then its own)."""
+    values: dict = {
+        "context_length": cfg.n_ctx_train,
+        "embedding_length": cfg.n_embd,
+        "block_count": cfg.n_layer,
+        "feed_forward_length": cfg.n_ff,
+        "attention.head_count": cfg.n_head,
+        "rope.freq_base": 10000.0,
+        "attention.layer_norm_rms_epsilon": cfg.norm_eps,
+        "vocab_size": cfg.n_vocab,
+        "rope.dimension_count": cfg.head_dim,
+        "attention.scale": cfg.attention_scale,
+        "embedding_scale": cfg.embedding_scale,
+        "residual_scale": cfg.residual_scale,
+        "logit_scale": cfg.logit_scale,
+        "ssm.conv_kernel": cfg.ssm_d_conv,
+        "ssm.state_size": cfg.ssm_d_state,
+        "ssm.group_count": cfg.ssm_n_group,
+        "ssm.inner_size": cfg.d_inner,
+        "ssm.time_step_rank": cfg.ssm_n_head,
+    }
+    if cfg.granite_experts:
+        values.update({"expert_count": cfg.n_expert, "expert_used_count": cfg.n_expert_used,
+                       "expert_shared_feed_forward_length": cfg.n_ff_shexp})
+    for name, value in values.items():
+        if name in cfg.drop_keys:
+            continue
+        key = f"{cfg.arch}.{name}"
+        if isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_uint32(key, value)
+    if "attention.head_count_kv" not in cfg.drop_keys:
+        kv = cfg.kv_override or tuple(cfg.n_head_kv if k == "*" else 0 for k in cfg.pattern)
+        writer.add_array(f"{cfg.arch}.attention.head_count_kv", list(kv))
+    writer.add_rope_scaling_finetuned(False)
+    _add_extra_keys(writer, cfg)
 
 
 def write_mamba2_model(path: Path, cfg: Mamba2Config,
@@ -303,6 +384,28 @@ def _experts(h, w, p, cfg: Mamba2Config, mm):
     return out
 
 
+def _granite_experts(h, w, p, cfg: Mamba2Config, mm):
+    """Granite's routed experts: softmax router, top-k, the chosen weights
+    renormalised (never scaled); SwiGLU experts."""
+    logits = mm(h, p + "ffn_gate_inp.weight")
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(len(h)):
+        chosen = np.argsort(-probs[t], kind="stable")[:cfg.n_expert_used]
+        weights = probs[t][chosen] / probs[t][chosen].sum()
+        for e, wt in zip(chosen, weights):
+            g = mm(h[t:t + 1], p + "ffn_gate_exps.weight", e)
+            u = mm(h[t:t + 1], p + "ffn_up_exps.weight", e)
+            out[t] += wt * mm(_silu(g) * u, p + "ffn_down_exps.weight", e)[0]
+    return out
+
+
+def _swiglu(h, w, p, mm, suffix=""):
+    g, u = mm(h, p + f"ffn_gate{suffix}.weight"), mm(h, p + f"ffn_up{suffix}.weight")
+    return mm(_silu(g) * u, p + f"ffn_down{suffix}.weight")
+
+
 def reference_hidden(weights, cfg: Mamba2Config, tokens) -> np.ndarray:
     """The output projection's input (the final normed hidden state), (n_tokens, n_embd)."""
     w = {k: v.astype(np.float64) for k, v in weights.items()}
@@ -311,6 +414,10 @@ def reference_hidden(weights, cfg: Mamba2Config, tokens) -> np.ndarray:
     n = len(tokens)
     allowed = np.tril(np.ones((n, n), dtype=bool))
     x = w["token_embd.weight"][tokens]
+    residual, kq_scale = 1.0, 1.0 / math.sqrt(cfg.head_dim)
+    if cfg.granite:
+        x = x * cfg.embedding_scale
+        residual, kq_scale = cfg.residual_scale, cfg.attention_scale
     for i, kind in enumerate(cfg.pattern):
         p = f"blk.{i}."
         h = _rms_norm(x, w[p + "attn_norm.weight"], cfg.norm_eps)
@@ -320,18 +427,23 @@ def reference_hidden(weights, cfg: Mamba2Config, tokens) -> np.ndarray:
             q = mm(h, p + "attn_q.weight").reshape(n, cfg.n_head, cfg.head_dim)
             k = mm(h, p + "attn_k.weight").reshape(n, cfg.n_head_kv, cfg.head_dim)
             v = mm(h, p + "attn_v.weight").reshape(n, cfg.n_head_kv, cfg.head_dim)
-            out = mm(_attend(q, k, v, allowed, 1.0 / math.sqrt(cfg.head_dim)).reshape(n, -1),
-                     p + "attn_output.weight")
+            out = mm(_attend(q, k, v, allowed, kq_scale).reshape(n, -1), p + "attn_output.weight")
         elif kind == "-":
             out = mm(_relu_sqr(mm(h, p + "ffn_up.weight")), p + "ffn_down.weight")
         else:
             out = _experts(h, w, p, cfg, mm) + mm(_relu_sqr(mm(h, p + "ffn_up_shexp.weight")),
                                                   p + "ffn_down_shexp.weight")
-        x = x + out
+        x = x + residual * out
+        if cfg.granite:
+            h = _rms_norm(x, w[p + "ffn_norm.weight"], cfg.norm_eps)
+            ffn = (_granite_experts(h, w, p, cfg, mm) + _swiglu(h, w, p, mm, "_shexp") if cfg.granite_experts
+                   else _swiglu(h, w, p, mm))
+            x = x + residual * ffn
     return _rms_norm(x, w["output_norm.weight"], cfg.norm_eps)
 
 
 def reference_logits(weights, cfg: Mamba2Config, tokens) -> np.ndarray:
     x = reference_hidden(weights, cfg, tokens)
     name = "output.weight" if "output.weight" in weights else "token_embd.weight"
-    return x @ weights[name].astype(np.float64).T
+    logits = x @ weights[name].astype(np.float64).T
+    return logits / cfg.logit_scale if cfg.granite else logits

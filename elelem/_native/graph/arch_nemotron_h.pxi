@@ -10,17 +10,6 @@
 #   the final norm (its embeddings_nextn_masked is off by default).
 
 
-cdef ggml_tensor * _nemotron_attention(Step * st, KVCache cache, int il, LayerWeights * lw,
-                                       ggml_tensor * x) noexcept:
-    cdef const HParams * hp = st.hp
-    cdef ggml_context * ctx = st.ctx
-    cdef ggml_tensor * q = ggml_reshape_3d(ctx, linear(st, lw.wq, lw.bq, x), hp.head_dim_k, hp.n_head, st.n_tokens)
-    cdef ggml_tensor * k = ggml_reshape_3d(ctx, linear(st, lw.wk, lw.bk, x), hp.head_dim_k,
-                                           cache.shapes[il].n_head_kv, st.n_tokens)
-    cdef ggml_tensor * v = linear(st, lw.wv, lw.bv, x)
-    return linear(st, lw.wo, lw.bo, attention(st, cache, il, q, k, v, st.inp_mask, hp.attn_scale))
-
-
 cdef inline ggml_tensor * relu_sqr_ffn(Step * st, ggml_tensor * up, ggml_tensor * down, ggml_tensor * x) noexcept:
     """down(relu(up(x))^2): llama.cpp's build_ffn with LLM_FFN_RELU_SQR and no gate."""
     return linear(st, down, NULL, ggml_sqr(st.ctx, ggml_relu(st.ctx, linear(st, up, NULL, x))))
@@ -48,7 +37,7 @@ cdef ggml_tensor * build_nemotron_h(Model m, KVCache cache, Step * st) except NU
         elif lw.ffn_up != NULL or lw.ffn_gate_inp != NULL:
             h = _nemotron_ffn(st, lw, h)
         else:
-            h = _nemotron_attention(st, cache, il, lw, h)
+            h = attention_without_rope(st, cache, il, lw, h)
         x = ggml_add(ctx, h, x)
     x = norm_rms(st, select_outputs(st, x), m.output_norm)
     return output_head(st, m, x)   # (n_vocab, n_outputs), or (n_embd, n_outputs)

@@ -1,5 +1,6 @@
-# The Mamba-2 layer, included into core.pyx after blocks.pxi: shared by the
-# builders of the Mamba-2 hybrids (Nemotron-H, Granite 4.0 H).  Written after
+# The Mamba-2 layer, and the attention layer without RoPE beside it, included
+# into core.pyx after blocks.pxi: shared by the builders of the Mamba-2
+# hybrids (Nemotron-H, Granite 4.0 H).  Written after
 # llama.cpp's llm_build_mamba_base::build_mamba2_layer (src/models/
 # mamba-base.cpp) op for op, with one ubatch's state per sequence (its K = 1:
 # no rollback snapshots, which elelem keeps itself: snapshots.pxi).
@@ -70,3 +71,17 @@ cdef ggml_tensor * mamba2_layer(Step * st, KVCache cache, int il, LayerWeights *
     y = ggml_swiglu_split(ctx, ggml_cont(ctx, z), y)
     y = norm_rms(st, ggml_reshape_4d(ctx, y, d_inner // n_group, n_group, per, n_seqs), lw.mamba_norm)
     return linear(st, lw.ssm_out, NULL, ggml_reshape_2d(ctx, y, d_inner, st.n_tokens))
+
+
+cdef ggml_tensor * attention_without_rope(Step * st, KVCache cache, int il, LayerWeights * lw,
+                                          ggml_tensor * x) noexcept:
+    """The Mamba-2 hybrids' attention layer on x (n_embd, n_tokens): Q, K and V
+    projected separately (optional biases), no positional encoding (their
+    Mamba-2 layers order the tokens), Q.K times attn_scale."""
+    cdef const HParams * hp = st.hp
+    cdef ggml_context * ctx = st.ctx
+    cdef ggml_tensor * q = ggml_reshape_3d(ctx, linear(st, lw.wq, lw.bq, x), hp.head_dim_k, hp.n_head, st.n_tokens)
+    cdef ggml_tensor * k = ggml_reshape_3d(ctx, linear(st, lw.wk, lw.bk, x), hp.head_dim_k,
+                                           cache.shapes[il].n_head_kv, st.n_tokens)
+    cdef ggml_tensor * v = linear(st, lw.wv, lw.bv, x)
+    return linear(st, lw.wo, lw.bo, attention(st, cache, il, q, k, v, st.inp_mask, hp.attn_scale))
