@@ -1,5 +1,6 @@
 """Hybrid models (qwen35, qwen3next: Gated DeltaNet layers beside full
-attention; lfm2, lfm2moe: short gated convolution layers beside attention):
+attention; lfm2, lfm2moe: short gated convolution layers beside attention;
+nemotron_h, granitehybrid: Mamba-2 layers beside attention and FFN layers):
 the recurrent state through everything the engine does --
 batching, rewinding, forking, speculative decoding, saved states -- exact on
 tiny synthetic models (tests/support/synthetic.py), each test once per architecture.
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import elelem
 from elelem.errors import InvalidArgumentError, ModelShapeError
 from synthetic import TinyConfig
+from synthetic_mamba2 import Mamba2Config
 
 HYBRID = TinyConfig(arch="qwen35", head_dim=32, n_rot=16, n_layer=4, wtype="q8_0", seed=11)
 # Qwen3-Next: grouped value heads, fused projections, experts, an MTP layer.
@@ -26,7 +28,14 @@ NEXT = TinyConfig(arch="qwen3next", head_dim=32, n_rot=8, n_layer=4, wtype="q8_0
 LFM2 = TinyConfig(arch="lfm2", head_dim=16, n_layer=6, wtype="q8_0", seed=11)
 LFM2MOE = TinyConfig(arch="lfm2moe", head_dim=16, n_layer=4, layer_types="CACC", n_dense_lead=1, wtype="q8_0",
                      seed=11)
-HYBRIDS = {"qwen35": HYBRID, "qwen3next": NEXT, "lfm2": LFM2, "lfm2moe": LFM2MOE}
+# Nemotron-H: Mamba-2 layers (M), an MLP (-) and attention (*) as M - M * M -, Q8_0; its state
+# the convolution's and the scan's.
+NEMOTRON_H = Mamba2Config(pattern="M-M*M-", wtype="q8_0", seed=11)
+# Granite 4.0 H: Mamba-2 and attention, each followed by experts and a shared expert; Granite's scales.
+GRANITE = Mamba2Config(arch="granitehybrid", pattern="MM*M", ssm_n_head=16, ssm_n_group=1, n_ff=32, wtype="q8_0",
+                       seed=11)
+HYBRIDS = {"qwen35": HYBRID, "qwen3next": NEXT, "lfm2": LFM2, "lfm2moe": LFM2MOE, "nemotron_h": NEMOTRON_H,
+           "granitehybrid": GRANITE}
 
 
 @pytest.fixture(scope="module", params=list(HYBRIDS))

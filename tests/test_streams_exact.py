@@ -1,5 +1,6 @@
 """Batching never changes an answer: 8 and 16 greedy streams arriving at random
-times, on dense, mixture-of-experts and hybrid models, with and without
+times, on dense, mixture-of-experts and hybrid (Gated DeltaNet, short-convolution,
+Mamba-2) models, with and without
 speculative decoding, each get the tokens they get alone.
 
 The weights are the types that tell kernels apart: Q6_K experts and heads
@@ -18,6 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import elelem
 from synthetic import TinyConfig
+from synthetic_mamba2 import Mamba2Config
 
 K_QUANT_EXPERTS = tuple((f"{r}_exps.weight", "q6_k") for r in ("ffn_gate", "ffn_up", "ffn_down"))
 MODELS = {
@@ -32,6 +34,10 @@ MODELS = {
     "lfm2moe": TinyConfig(arch="lfm2moe", head_dim=64, n_embd=256, n_ff_exp=256, n_expert=4, n_expert_used=2,
                           n_layer=4, layer_types="CCAC", n_dense_lead=1, wtype="q8_0", seed=25,
                           wtypes=K_QUANT_EXPERTS),
+    # Mamba-2 hybrid with experts (Nemotron-3-Nano's kinds): Mamba-2, experts, attention
+    "nemotron_h_moe": Mamba2Config(arch="nemotron_h_moe", n_embd=256, pattern="MEM*E", n_head=4, n_head_kv=2,
+                                   head_dim=64, ssm_n_head=8, ssm_head_dim=32, n_expert=4, n_expert_used=2,
+                                   n_ff_exp=256, n_ff_shexp=256, wtype="q8_0", seed=26),
 }
 TOKENS = 24
 

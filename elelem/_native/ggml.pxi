@@ -177,6 +177,11 @@ cdef extern from "ggml.h" nogil:
     ggml_tensor * ggml_silu(ggml_context * ctx, ggml_tensor * a)
     ggml_tensor * ggml_view_4d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2,
                                int64_t ne3, size_t nb1, size_t nb2, size_t nb3, size_t offset)
+    # Mamba-2 (Nemotron-H, Granite 4.0 H) and its squared-ReLU FFNs
+    ggml_tensor * ggml_ssm_scan(ggml_context * ctx, ggml_tensor * s, ggml_tensor * x, ggml_tensor * dt,
+                                ggml_tensor * A, ggml_tensor * B, ggml_tensor * C, ggml_tensor * ids, int64_t K)
+    ggml_tensor * ggml_relu(ggml_context * ctx, ggml_tensor * a)
+    ggml_tensor * ggml_sqr(ggml_context * ctx, ggml_tensor * a)
 
     ggml_cgraph * ggml_new_graph_custom(ggml_context * ctx, size_t size, bint grads)
     void ggml_build_forward_expand(ggml_cgraph * cgraph, ggml_tensor * tensor)

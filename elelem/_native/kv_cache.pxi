@@ -484,8 +484,9 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
                 raise MemoryError()
             buf_types[ib] = layer_buft[il]
             c.n_bufs += 1
-        if m.recurrent_layers[il]:
-            # No cells to speak of: K and V of one element, kept so that every
+        if m.recurrent_layers[il] or m.shapes[il].n_head_kv == 0:
+            # No cells to speak of (a recurrent layer, or one that is an FFN
+            # alone: Nemotron-H's): K and V of one element, kept so that every
             # layer has them (a cell's bytes stay a sum over layers).
             c.k[il] = ggml_new_tensor_2d(c.ctxs[ib], type_k, ggml_blck_size(type_k), kv_size)
             c.v[il] = ggml_new_tensor_2d(c.ctxs[ib], type_v, ggml_blck_size(type_v), kv_size)

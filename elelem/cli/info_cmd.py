@@ -64,7 +64,8 @@ def describe(path) -> dict:
         "chat_template": bool(meta.get("tokenizer.chat_template")),
         "attention": _attention(hparams),
         "encoder": bool(hparams.get("encoder")),
-        # a hybrid's layers, a letter each (R recurrent, A attention), and one sequence's recurrent state
+        # a hybrid's layers, a letter each (R recurrent, A attention, F an FFN alone), and one sequence's
+        # recurrent state
         "layer_pattern": spec.layer_pattern() if spec else None,
         "recurrent_kind": (spec.arch.recurrent_kind or None) if spec else None,
         "recurrent_state_bytes": spec.recurrent_state_bytes() if spec else None,
@@ -138,7 +139,8 @@ def _hybrid_rows(facts: dict) -> list[tuple[str, str]]:
     if not pattern:
         return []
     kind = facts["recurrent_kind"] or "recurrent"
-    rows = [("layer pattern", f"{pattern.count('R')} {kind}, {pattern.count('A')} attention: {pattern}")]
+    ffn = f", {pattern.count('F')} FFN" if "F" in pattern else ""   # layers that are an FFN alone (Nemotron-H)
+    rows = [("layer pattern", f"{pattern.count('R')} {kind}, {pattern.count('A')} attention{ffn}: {pattern}")]
     state = facts["recurrent_state_bytes"]
     if state:
         parts = ", ".join(f"{part} {_kib(n)}" for part, n in state.items())

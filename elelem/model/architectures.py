@@ -89,11 +89,13 @@ class ModelSpec:
                 f"vocab {h['n_vocab']}, trained context {h['n_ctx_train']}")
 
     def layer_pattern(self) -> Optional[str]:
-        """A hybrid's layers in order, a letter each: R recurrent, A attention; None for others."""
+        """A hybrid's layers in order, a letter each: R recurrent, A attention, F an FFN
+        alone (Nemotron-H); None for others."""
         flags = self.hparams.get("recurrent_layers")
         if not flags or not any(flags):
             return None
-        return "".join("R" if f else "A" for f in flags)
+        ffn = self.hparams.get("ffn_layers") or [False] * len(flags)
+        return "".join("R" if f else ("F" if alone else "A") for f, alone in zip(flags, ffn))
 
     def recurrent_state_bytes(self) -> Optional[dict[str, int]]:
         """One sequence's recurrent state over every recurrent layer, in bytes
@@ -154,14 +156,10 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
     }
     if not 0 < h["n_layer"] <= MAX_LAYERS:
         raise ModelShapeError(f"hyperparameter n_layer = {h['n_layer']} is out of range")
-    # A model whose every layer has experts may have no dense FFN width.
-    h["n_ff"] = per_layer_key(h, gguf, arch.name, arch.per_layer_shapes, key, "feed_forward_length", "layer_n_ff",
-                              gguf.get(prefix + "expert_feed_forward_length") if arch.experts else None)
-    if arch.recurrent_from_kv_heads:
-        layer_kinds_from_kv_heads(h, gguf, arch.name)
+    if arch.layer_kinds is not None:
+        arch.layer_kinds(h, key, gguf)
     else:
-        h["n_head_kv"] = per_layer_key(h, gguf, arch.name, arch.per_layer_shapes, key, "attention.head_count_kv",
-                                       "layer_n_head_kv", h["n_head"])
+        _ffn_and_kv_heads(h, gguf, arch, key)
     for name in ("n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_ctx_train", "n_vocab"):
         if not 0 < h[name] < 2**31:
             raise ModelShapeError(f"hyperparameter {name} = {h[name]} is out of range")
@@ -205,6 +203,19 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
             raise ModelShapeError(f"{name} = {h[name]} must be a positive number")
     check_hparams(h, archs.hparams())
     return h
+
+
+def _ffn_and_kv_heads(h: dict[str, Any], gguf: GGUFFile, arch: Architecture, key) -> None:
+    """feed_forward_length and head_count_kv, each a number or one per layer."""
+    prefix = arch.name + "."
+    # A model whose every layer has experts may have no dense FFN width.
+    h["n_ff"] = per_layer_key(h, gguf, arch.name, arch.per_layer_shapes, key, "feed_forward_length", "layer_n_ff",
+                              gguf.get(prefix + "expert_feed_forward_length") if arch.experts else None)
+    if arch.recurrent_from_kv_heads:
+        layer_kinds_from_kv_heads(h, gguf, arch.name)
+    else:
+        h["n_head_kv"] = per_layer_key(h, gguf, arch.name, arch.per_layer_shapes, key, "attention.head_count_kv",
+                                       "layer_n_head_kv", h["n_head"])
 
 
 # Per-layer hparams lists (Gemma 4) -> the hparam each gives a layer its value of.

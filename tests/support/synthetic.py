@@ -428,6 +428,9 @@ def write_model(path: Path, cfg: TinyConfig,
     if cfg.arch == "deepseek2":   # multi-head latent attention: tests/support/synthetic_mla.py
         from synthetic_mla import write_mla_model
         return write_mla_model(path, cfg, extra_metadata)
+    if cfg.arch in ("nemotron_h", "nemotron_h_moe", "granitehybrid"):   # Mamba-2 hybrids: synthetic_mamba2.py
+        from synthetic_mamba2 import write_mamba2_model
+        return write_mamba2_model(path, cfg, extra_metadata)
     weights = make_weights(cfg)
     for name in cfg.drop:
         del weights[name]

@@ -141,7 +141,9 @@ cdef ggml_tensor * _expert_products(Step * st, LayerWeights * lw, ggml_tensor * 
             if lw.ffn_gate_exps_b != NULL:
                 gate = ggml_add_id(ctx, gate, lw.ffn_gate_exps_b, chosen)
     cdef ggml_tensor * h
-    if gate == NULL:   # experts without a gate (nomic-bert-moe): build_moe_ffn's GELU of up alone
+    if hp.expert_relu_sqr:   # no gate (llama.cpp's LLM_FFN_RELU_SQR without gate_exps: Nemotron-3-Nano)
+        h = ggml_sqr(ctx, ggml_relu(ctx, up))
+    elif gate == NULL:   # experts without a gate (nomic-bert-moe): build_moe_ffn's GELU of up alone
         h = ggml_gelu(ctx, up)
     elif hp.expert_swiglu_oai:
         h = ggml_swiglu_oai(ctx, gate, up, 1.702, 7.0)   # llama.cpp's LLM_FFN_SWIGLU_OAI_MOE constants
@@ -166,9 +168,10 @@ cdef ggml_tensor * ffn_moe(Step * st, LayerWeights * lw, ggml_tensor * x, ggml_t
     ``logits`` (n_expert, n_tokens), when given, are the router's (Gemma 4
     routes from its own input, build_moe_ffn's probs_in); else the router
     runs on x.  The experts' gate and up are two stacks or one
-    (ffn_gate_up_exps, gate first: Gemma 4) or up alone (nomic-bert-moe), their
-    activation SwiGLU, gpt-oss's clamped SwiGLU or GeGLU (HParams), GELU without
-    a gate, and each expert's output may be scaled
+    (ffn_gate_up_exps, gate first: Gemma 4) or up alone, their activation
+    SwiGLU, gpt-oss's clamped SwiGLU or GeGLU (HParams), or without a gate a
+    squared ReLU (Nemotron-3-Nano) or GELU (nomic-bert-moe), and each expert's
+    output may be scaled
     (ffn_down_exps_s, llama.cpp's down_exps_s)."""
     cdef const HParams * hp = st.hp
     cdef ggml_context * ctx = st.ctx

@@ -29,6 +29,7 @@ HPARAMS = (
     HParam("expert_scale", "float", 0.0, "and multiplied by this (0 or 1: not)"),
     HParam("expert_swiglu_oai", "bool", False, "gpt-oss's clamped SwiGLU (alpha 1.702, limit 7), else SwiGLU"),
     HParam("expert_gelu", "bool", False, "the experts' activation is GeGLU (tanh GELU), not SwiGLU"),
+    HParam("expert_relu_sqr", "bool", False, "the experts have no gate: relu(up)^2 (Nemotron-3-Nano)"),
     HParam("n_expert_shared", "int", 0, "shared experts (read by the checks)", core=False),
     HParam("n_ff_shexp", "int", 0, "the shared experts' FFN width (read by the checks)", core=False),
 )
@@ -71,3 +72,4 @@ def expert_hparams(h: dict, key: Key, gguf: Any, experts: Experts) -> None:
     h["expert_scale"] = float(key("expert_weights_scale", 0.0))
     h["expert_swiglu_oai"] = experts.activation == "swiglu_oai"
     h["expert_gelu"] = experts.activation == "gelu"
+    h["expert_relu_sqr"] = experts.activation == "relu_sqr"

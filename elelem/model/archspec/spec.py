@@ -75,7 +75,8 @@ class Experts:
                                      # (the raw logits, softmax over the chosen experts only: gpt-oss)
     normalize: Optional[bool] = True # renormalise the chosen weights to sum 1; None: the file says
                                      # (expert_weights_norm)
-    activation: str = "silu"         # SwiGLU, "swiglu_oai": gpt-oss's clamped variant, or "gelu": GeGLU (Gemma 4)
+    activation: str = "silu"         # SwiGLU, "swiglu_oai": gpt-oss's clamped variant, "gelu": GeGLU (Gemma 4),
+                                     # or "relu_sqr": no gate, relu(up)^2 (Nemotron-3-Nano)
     required: tuple[str, ...] = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
     optional: tuple[str, ...] = ()
 
@@ -110,6 +111,10 @@ class Architecture:
     per_layer_shapes: bool = False   # head_count_kv and feed_forward_length may differ per layer
     # a layer whose head_count_kv is 0 recurs, the others attend (llama.cpp's LFM2: is_recr(il))
     recurrent_from_kv_heads: bool = False
+    # reads the per-layer arrays that say each layer's kind, setting n_ff, n_head_kv,
+    # recurrent_layers and the per-layer lists, in place of feed_forward_length and
+    # head_count_kv read as numbers (Nemotron-H: elelem.model.archspec.mamba2)
+    layer_kinds: Optional[Derive] = None
     # (hparams) -> a recurrent layer's state per sequence in floats, by part (``elelem info``)
     recurrent_state: Optional[Callable[[Mapping[str, Any]], Mapping[str, int]]] = None
     recurrent_kind: str = ""          # what a recurrent layer is, in words (``elelem info``)

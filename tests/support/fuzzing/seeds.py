@@ -62,6 +62,10 @@ SYNTHETIC_SEEDS = (
     Seed("minimax-m2-f32-gpt2", "minimax-m2", "gpt2", config=(("head_dim", 16), ("n_rot", 8), ("n_ff", 32))),
     # multi-head latent attention, Q through q_lora_rank, a dense layer then experts
     Seed("deepseek2-q8_0-gpt2", "deepseek2", "gpt2", wtype="q8_0"),
+    # Mamba-2 hybrids: a Mamba-2 layer, experts, attention (Nemotron-3-Nano); Mamba-2 and
+    # attention each followed by experts and a shared expert, Granite's scales (Granite 4.0 H)
+    Seed("nemotron_h_moe-q8_0-gpt2", "nemotron_h_moe", "gpt2", wtype="q8_0"),
+    Seed("granitehybrid-f32-gpt2", "granitehybrid", "gpt2"),
 )
 
 
@@ -137,6 +141,7 @@ def write_seed(path: Path, seed: Seed) -> Path:
     sys.path.insert(0, str(ROOT / "tests" / "support"))
     try:
         from synthetic import TinyConfig, write_model
+        from synthetic_mamba2 import Mamba2Config
         from synthetic_mla import MLAConfig
     finally:
         sys.path.remove(str(ROOT / "tests" / "support"))
@@ -165,6 +170,14 @@ def write_seed(path: Path, seed: Seed) -> Path:
                         qk_rope=16, v_head_dim=32, n_ff=64, n_expert=4, n_ctx_train=256, tied=seed.tied,
                         wtype=seed.wtype, seed=len(seed.name), extra_keys=seed.extra_keys)
         write_model(path, mla, extra_metadata=add_tokenizer)
+        return path
+    if seed.arch in ("nemotron_h_moe", "granitehybrid"):
+        granite = seed.arch == "granitehybrid"
+        mamba2 = Mamba2Config(arch=seed.arch, n_vocab=n_vocab, n_embd=32, pattern="M*" if granite else "ME*",
+                              n_head=2, n_head_kv=1, head_dim=16, n_ff=32, n_expert=4, n_ff_exp=32, n_ff_shexp=64,
+                              ssm_n_group=1 if granite else 2, n_ctx_train=256, tied=seed.tied, wtype=seed.wtype,
+                              seed=len(seed.name), extra_keys=seed.extra_keys)
+        write_model(path, mamba2, extra_metadata=add_tokenizer)
         return path
     cfg = TinyConfig(arch=seed.arch, n_vocab=n_vocab, n_embd=32, n_layer=2,
                      n_head=2, n_head_kv=1, n_ff=64, n_ctx_train=256, tied=seed.tied, wtype=seed.wtype,
