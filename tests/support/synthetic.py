@@ -428,6 +428,9 @@ def write_model(path: Path, cfg: TinyConfig,
     if cfg.arch == "deepseek2":   # multi-head latent attention: tests/support/synthetic_mla.py
         from synthetic_mla import write_mla_model
         return write_mla_model(path, cfg, extra_metadata)
+    if cfg.arch == "laguna":   # per-layer heads, a softplus output gate: tests/support/synthetic_laguna.py
+        from synthetic_laguna import write_laguna_model
+        return write_laguna_model(path, cfg, extra_metadata)
     weights = make_weights(cfg)
     for name in cfg.drop:
         del weights[name]

@@ -62,6 +62,8 @@ SYNTHETIC_SEEDS = (
     Seed("minimax-m2-f32-gpt2", "minimax-m2", "gpt2", config=(("head_dim", 16), ("n_rot", 8), ("n_ff", 32))),
     # multi-head latent attention, Q through q_lora_rank, a dense layer then experts
     Seed("deepseek2-q8_0-gpt2", "deepseek2", "gpt2", wtype="q8_0"),
+    # per-layer heads, a full layer then a sliding one, a softplus gate per head, a dense layer then experts
+    Seed("laguna-f32-gpt2", "laguna", "gpt2", n_swa=4),
 )
 
 
@@ -137,6 +139,7 @@ def write_seed(path: Path, seed: Seed) -> Path:
     sys.path.insert(0, str(ROOT / "tests" / "support"))
     try:
         from synthetic import TinyConfig, write_model
+        from synthetic_laguna import LagunaConfig
         from synthetic_mla import MLAConfig
     finally:
         sys.path.remove(str(ROOT / "tests" / "support"))
@@ -165,6 +168,12 @@ def write_seed(path: Path, seed: Seed) -> Path:
                         qk_rope=16, v_head_dim=32, n_ff=64, n_expert=4, n_ctx_train=256, tied=seed.tied,
                         wtype=seed.wtype, seed=len(seed.name), extra_keys=seed.extra_keys)
         write_model(path, mla, extra_metadata=add_tokenizer)
+        return path
+    if seed.arch == "laguna":
+        laguna = LagunaConfig(n_vocab=n_vocab, n_embd=32, n_layer=2, heads_full=2, heads_swa=4, n_head_kv=1,
+                              head_dim=16, n_ff=64, n_expert=4, n_ctx_train=256, n_swa=seed.n_swa, tied=seed.tied,
+                              wtype=seed.wtype, seed=len(seed.name), extra_keys=seed.extra_keys)
+        write_model(path, laguna, extra_metadata=add_tokenizer)
         return path
     cfg = TinyConfig(arch=seed.arch, n_vocab=n_vocab, n_embd=32, n_layer=2,
                      n_head=2, n_head_kv=1, n_ff=64, n_ctx_train=256, tied=seed.tied, wtype=seed.wtype,
