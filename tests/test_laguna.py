@@ -115,9 +115,9 @@ def test_the_layers_are_read_as_llamacpp_reads_them(tiny_model):
 def test_info_shows_the_layer_pattern_and_the_gate(tiny_model):
     facts = describe(tiny_model(XS2)[0])
     assert facts["supported"], facts.get("unsupported_reason")
-    assert facts["shape"] == ("4/6 heads x 16 (2 KV); softplus output gate per head; sliding window 5 but "
-                              "layers 0, 4 (RoPE over 8 dims there, 16 with base 10000 in the window); 1 dense, "
-                              "then sigmoid routing with a selection bias and a shared expert of n_ff 64")
+    assert facts["shape"] == ("4/6 heads x 16 (2 KV); softplus output gate per head; sliding window 5 in all "
+                              "layers but 0, 4 (full: RoPE over 8 dims; window: RoPE over 16 dims, base 10000); "
+                              "1 dense, then sigmoid routing with a selection bias and a shared expert of n_ff 64")
     assert describe(tiny_model(M1)[0])["shape"] == (
         "4 heads x 16 (2 KV); softplus output gate per element; every layer full attention; 2 dense, then "
         "sigmoid routing with a selection bias and a shared expert of n_ff 64")

@@ -98,9 +98,9 @@ def laguna_shape(h: Mapping[str, Any]) -> str:
         full = [il for il, s in enumerate(swa) if not s]
         listed = ", ".join(map(str, full[:6])) + (", ..." if len(full) > 6 else "")
         rot = h["layer_n_rot"]
-        parts.append(f"sliding window {h['n_swa']} but layers {listed} "
-                     f"(RoPE over {rot[full[0]] if full else h['n_rot']} dims there, "
-                     f"{rot[swa.index(True)]} with base {h['rope_base_swa']:g} in the window)")
+        parts.append(f"sliding window {h['n_swa']} in all layers but {listed or 'none'} "
+                     f"(full: RoPE over {rot[full[0]] if full else h['n_rot']} dims; "
+                     f"window: RoPE over {rot[swa.index(True)]} dims, base {h['rope_base_swa']:g})")
     else:
         parts.append("every layer full attention")
     parts.append(f"{h['n_layer_dense_lead']} dense, then sigmoid routing with a selection bias "
