@@ -17,6 +17,8 @@ config, measured.  (Against llama.cpp on an AVX-512 CPU they differ by up to
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -32,6 +34,19 @@ sys.path.insert(0, str(Path(__file__).parent / "support" / "fixtures"))
 from make_arch_fixtures import CONFIGS, FLASH_ATTN, N_GREEDY, N_PROMPT, token_ids  # noqa: E402
 
 TOKEN_IDS = token_ids()
+STORED = Path(__file__).parent / "support" / "fixtures" / "arch_logits.json"
+
+
+def test_the_stored_fallback_has_every_config():
+    """arch_logits.json, used where no reference build is, was made from today's CONFIGS: every one,
+    with the same fields (else the fallback is refused on every machine, silently skipping)."""
+    stored = json.loads(STORED.read_text(encoding="utf-8"))
+    assert stored["header"]["made_by"] == "tests/support/fixtures/make_arch_fixtures.py"
+    assert stored["header"]["token_ids"] == TOKEN_IDS
+    assert stored["header"]["flash_attn"] == sorted(FLASH_ATTN)
+    assert list(stored["configs"]) == list(CONFIGS)
+    for name, cfg in CONFIGS.items():
+        assert stored["configs"][name]["config"] == json.loads(json.dumps(dataclasses.asdict(cfg))), name
 
 
 def kernel_options(name: str) -> dict:

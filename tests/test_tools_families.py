@@ -1,5 +1,5 @@
 """Chat and tools of the 2026 agent families: GLM-4.7, MiniMax-M2, Seed-OSS, LFM2/LFM2.5,
-NVIDIA Nemotron (Nano 2 and 3), Granite 4, SmolLM3, DeepSeek V3.1.
+NVIDIA Nemotron (Nano 2 and 3), Granite 4, SmolLM3, DeepSeek V3.1, Kimi K2, Laguna.
 
 For each family's real template (llama.cpp's corpus, models/templates/ of the pinned sdist):
 
@@ -94,6 +94,17 @@ FAMILIES = {
                       "{\"city\": \"Paris\", \"days\": 2}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time"
                       "<｜tool▁sep｜>{\"tz\": \"UTC\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
                       (None, "Both.", [PARIS2, UTC])),
+    # Laguna XS.2 writes GLM-4.5's calls (a newline after the name and each value); S-2.1 GLM-4.7's (none)
+    "laguna-xs.2": ("poolside-Laguna-XS.2.jinja", GLMParser, None, "<think>",
+                    "Weather, then time.\n</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+                    "<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>\n"
+                    "<tool_call>get_time\n<arg_key>tz</arg_key>\n<arg_value>UTC</arg_value>\n</tool_call>\n",
+                    (None, "Weather, then time.", [PARIS2, UTC])),
+    "laguna-s-2.1": ("poolside-Laguna-S-2.1.jinja", GLMParser, None, "<think>",
+                     "Both.</think>Checking.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+                     "<arg_key>days</arg_key><arg_value>2</arg_value></tool_call><tool_call>get_time<arg_key>tz"
+                     "</arg_key><arg_value>UTC</arg_value></tool_call>",
+                     ("Checking.", "Both.", [PARIS2, UTC])),
     "kimi-k2-thinking": ("Kimi-K2-Thinking.jinja", KimiK2Parser, None, "<think>",
                          "<think>Both at once.</think>Checking.<|tool_calls_section_begin|><|tool_call_begin|>"
                          "functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\", \"days\": 2}"

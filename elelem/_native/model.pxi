@@ -14,9 +14,11 @@ include "declarations.pxi"
 cdef struct LayerShape:
     # A layer's attention geometry, where it differs between layers (Gemma 4:
     # sliding-window and global layers have their own head widths, KV heads and
-    # rotated dims); every layer has HParams' values otherwise.  With multi-head
+    # rotated dims; Laguna: its own head count and rotated dims); every layer has
+    # HParams' values otherwise.  With multi-head
     # latent attention these are the cached widths: one head of the latent and
     # the RoPE part for K, the latent for V.
+    int n_head            # Q's heads (the builders that read it: arch_laguna)
     int n_head_kv
     int head_dim_k
     int head_dim_v
@@ -369,11 +371,11 @@ cdef void _check_declared(dict hparams, list layer_tensors) except *:
 
 cdef void _fill_layer_shapes(Model m, dict h) except *:
     """Each layer's attention geometry: HParams' values, or the per-layer lists
-    ``layer_n_head_kv``, ``layer_head_dim_k``, ``layer_head_dim_v``,
+    ``layer_n_head``, ``layer_n_head_kv``, ``layer_head_dim_k``, ``layer_head_dim_v``,
     ``layer_n_rot`` and ``layer_kv_source`` where hparams has them (checked
-    by elelem.model.archs.gemma4)."""
+    by elelem.model.archs.gemma4 and .laguna)."""
     cdef int il, n = m.hp.n_layer
-    defaults = {"layer_n_head_kv": m.hp.n_head_kv, "layer_head_dim_k": m.hp.head_dim_k,
+    defaults = {"layer_n_head": m.hp.n_head, "layer_n_head_kv": m.hp.n_head_kv, "layer_head_dim_k": m.hp.head_dim_k,
                 "layer_head_dim_v": m.hp.head_dim_v, "layer_n_rot": m.hp.n_rot}
     lists = {}
     for name, value in defaults.items():
@@ -383,6 +385,7 @@ cdef void _fill_layer_shapes(Model m, dict h) except *:
         if len(values) != n:
             raise errors.ModelShapeError(f"{len(values)} entries of {name} for {n} layers")
     for il in range(n):
+        m.shapes[il].n_head = lists["layer_n_head"][il]
         m.shapes[il].n_head_kv = lists["layer_n_head_kv"][il]
         m.shapes[il].head_dim_k = lists["layer_head_dim_k"][il]
         m.shapes[il].head_dim_v = lists["layer_head_dim_v"][il]

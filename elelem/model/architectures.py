@@ -148,7 +148,6 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
         "n_vocab": int(embd.shape[1]),
         "n_embd": int(key("embedding_length")),
         "n_layer": int(key("block_count")),
-        "n_head": int(key("attention.head_count")),
         "n_ctx_train": int(key("context_length")),
         "rms_eps": float(key("attention.layer_norm_rms_epsilon", 1e-5)),
         "rope_base": float(key("rope.freq_base", 10000.0)),
@@ -156,6 +155,9 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
     }
     if not 0 < h["n_layer"] <= MAX_LAYERS:
         raise ModelShapeError(f"hyperparameter n_layer = {h['n_layer']} is out of range")
+    # One head count, or one per layer (Laguna: its full and sliding layers differ)
+    h["n_head"] = per_layer_key(h, gguf, arch.name, arch.per_layer_shapes or arch.per_layer_heads, key,
+                                "attention.head_count", "layer_n_head", None)
     if arch.layer_kinds is not None:
         arch.layer_kinds(h, key, gguf)
     else:
@@ -169,9 +171,11 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
     for name in ("n_embd", "n_head", "n_head_kv", "n_ff"):
         if h[name] > MAX_WIDTH:
             raise ModelShapeError(f"hyperparameter {name} = {h[name]} is out of range")
-    if gguf.get(prefix + "attention.key_length") is None and h["n_embd"] % h["n_head"] != 0:
-        raise ModelShapeError(f"n_head = {h['n_head']} does not divide n_embd = {h['n_embd']}")
-    h["head_dim_k"] = int(key("attention.key_length", h["n_embd"] // h["n_head"]))
+    # llama.cpp's default head width is n_embd over the first layer's head count
+    n_head_first = h["layer_n_head"][0] if "layer_n_head" in h else h["n_head"]
+    if gguf.get(prefix + "attention.key_length") is None and h["n_embd"] % n_head_first != 0:
+        raise ModelShapeError(f"n_head = {n_head_first} does not divide n_embd = {h['n_embd']}")
+    h["head_dim_k"] = int(key("attention.key_length", h["n_embd"] // n_head_first))
     h["head_dim_v"] = int(key("attention.value_length", h["head_dim_k"]))
     for name in ("head_dim_k", "head_dim_v"):
         if not 0 < h[name] <= 4096:
@@ -218,9 +222,9 @@ def _ffn_and_kv_heads(h: dict[str, Any], gguf: GGUFFile, arch: Architecture, key
                                        "layer_n_head_kv", h["n_head"])
 
 
-# Per-layer hparams lists (Gemma 4) -> the hparam each gives a layer its value of.
-_LAYER_HPARAMS = {"layer_n_head_kv": "n_head_kv", "layer_head_dim_k": "head_dim_k",
-                  "layer_head_dim_v": "head_dim_v", "layer_n_ff": "n_ff"}
+# Per-layer hparams lists (Gemma 4, Laguna) -> the hparam each gives a layer its value of.
+_LAYER_HPARAMS = {"layer_n_head": "n_head", "layer_n_head_kv": "n_head_kv", "layer_head_dim_k": "head_dim_k",
+                  "layer_head_dim_v": "head_dim_v", "layer_n_ff": "n_ff", "layer_attn_gate_width": "attn_gate_width"}
 
 
 def _layer_hparams(h: Mapping[str, Any], i: int) -> Mapping[str, Any]:

@@ -431,6 +431,9 @@ def write_model(path: Path, cfg: TinyConfig,
     if cfg.arch in ("nemotron_h", "nemotron_h_moe", "granitehybrid"):   # Mamba-2 hybrids: synthetic_mamba2.py
         from synthetic_mamba2 import write_mamba2_model
         return write_mamba2_model(path, cfg, extra_metadata)
+    if cfg.arch == "laguna":   # per-layer heads, a softplus output gate: tests/support/synthetic_laguna.py
+        from synthetic_laguna import write_laguna_model
+        return write_laguna_model(path, cfg, extra_metadata)
     weights = make_weights(cfg)
     for name in cfg.drop:
         del weights[name]

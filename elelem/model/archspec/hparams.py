@@ -68,6 +68,7 @@ HPARAMS = (
     # Read by the core by name: one value per layer
     HParam("swa_layers", "bools", None, "1 where the layer attends over the sliding window"),
     HParam("recurrent_layers", "bools", None, "1 for a recurrent layer (Gated DeltaNet, LFM2's short convolution)"),
+    HParam("layer_n_head", "ints", None, "each layer's heads, where they differ (Laguna)"),
     HParam("layer_n_head_kv", "ints", None, "each layer's KV heads, where they differ (Gemma 4)"),
     HParam("layer_head_dim_k", "ints", None, "each layer's K width, where they differ"),
     HParam("layer_head_dim_v", "ints", None, "each layer's V width, where they differ"),
@@ -141,8 +142,8 @@ def per_layer_key(h: dict, gguf: Any, arch_name: str, per_layer_shapes: bool, ke
     """A hyperparameter llama.cpp reads as one number or one per layer
     (get_key_or_arr): the number, or for an array of equal values that value.
     An array of differing values is kept as ``h[layer_name]`` where the
-    architecture has per-layer shapes (Gemma 4; the number returned is then
-    the largest), and refused elsewhere."""
+    architecture has per-layer shapes (Gemma 4, Laguna's head counts; the
+    number returned is then the largest), and refused elsewhere."""
     full = array(gguf.get(arch_name + "." + name))
     if full is None:
         return int(key(name, default))
@@ -155,7 +156,7 @@ def per_layer_key(h: dict, gguf: Any, arch_name: str, per_layer_shapes: bool, ke
     if len(set(values)) > 1:
         if not per_layer_shapes:
             raise ModelShapeError(f"{arch_name}.{name} differs from layer to layer ({values}), which elelem "
-                                  f"supports for Gemma 4 only")
+                                  f"does not support for {arch_name}")
         h[layer_name] = values
     return max(values)
 
@@ -236,9 +237,10 @@ def nextn(h: dict, key: Key, gguf: Any) -> None:
     h["n_layer"] -= count
 
 
-def swa_pattern(h: dict, key: Key, gguf: Any, default: int) -> None:
+def swa_pattern(h: dict, key: Key, gguf: Any, default: int, dense_first: bool = False) -> None:
     """Which layers attend over the sliding window, as llama.cpp's
-    set_swa_pattern: every layer but each ``pattern``-th (an array in the
+    set_swa_pattern: every layer but each ``pattern``-th, the last of each
+    ``pattern`` layers, or with ``dense_first`` the first (an array in the
     file names them one by one)."""
     prefix = gguf.get("general.architecture") + "."
     raw = gguf.get(prefix + "attention.sliding_window_pattern", default)
@@ -250,4 +252,7 @@ def swa_pattern(h: dict, key: Key, gguf: Any, default: int) -> None:
     pattern = int(key("attention.sliding_window_pattern", default))
     if pattern < 0:
         raise ModelShapeError(f"{prefix}attention.sliding_window_pattern = {pattern} must not be negative")
-    h["swa_layers"] = [pattern == 0 or il % pattern < pattern - 1 for il in range(h["n_layer"])]
+    if dense_first:
+        h["swa_layers"] = [pattern == 0 or il % pattern != 0 for il in range(h["n_layer"])]
+    else:
+        h["swa_layers"] = [pattern == 0 or il % pattern < pattern - 1 for il in range(h["n_layer"])]

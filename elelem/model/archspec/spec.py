@@ -109,6 +109,7 @@ class Architecture:
     layer_roles: Optional[Callable[[Mapping[str, Any], int, Mapping[str, Any]],
                                    tuple[tuple[str, ...], tuple[str, ...]]]] = None
     per_layer_shapes: bool = False   # head_count_kv and feed_forward_length may differ per layer
+    per_layer_heads: bool = False    # head_count may differ per layer (Laguna; the builder reads LayerShape.n_head)
     # a layer whose head_count_kv is 0 recurs, the others attend (llama.cpp's LFM2: is_recr(il))
     recurrent_from_kv_heads: bool = False
     # reads the per-layer arrays that say each layer's kind, setting n_ff, n_head_kv,

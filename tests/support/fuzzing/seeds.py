@@ -66,6 +66,8 @@ SYNTHETIC_SEEDS = (
     # attention each followed by experts and a shared expert, Granite's scales (Granite 4.0 H)
     Seed("nemotron_h_moe-q8_0-gpt2", "nemotron_h_moe", "gpt2", wtype="q8_0"),
     Seed("granitehybrid-f32-gpt2", "granitehybrid", "gpt2"),
+    # per-layer heads, a full layer then a sliding one, a softplus gate per head, a dense layer then experts
+    Seed("laguna-f32-gpt2", "laguna", "gpt2", n_swa=4),
 )
 
 
@@ -142,6 +144,7 @@ def write_seed(path: Path, seed: Seed) -> Path:
     try:
         from synthetic import TinyConfig, write_model
         from synthetic_mamba2 import Mamba2Config
+        from synthetic_laguna import LagunaConfig
         from synthetic_mla import MLAConfig
     finally:
         sys.path.remove(str(ROOT / "tests" / "support"))
@@ -178,6 +181,12 @@ def write_seed(path: Path, seed: Seed) -> Path:
                               ssm_n_group=1 if granite else 2, n_ctx_train=256, tied=seed.tied, wtype=seed.wtype,
                               seed=len(seed.name), extra_keys=seed.extra_keys)
         write_model(path, mamba2, extra_metadata=add_tokenizer)
+        return path
+    if seed.arch == "laguna":
+        laguna = LagunaConfig(n_vocab=n_vocab, n_embd=32, n_layer=2, heads_full=2, heads_swa=4, n_head_kv=1,
+                              head_dim=16, n_ff=64, n_expert=4, n_ctx_train=256, n_swa=seed.n_swa, tied=seed.tied,
+                              wtype=seed.wtype, seed=len(seed.name), extra_keys=seed.extra_keys)
+        write_model(path, laguna, extra_metadata=add_tokenizer)
         return path
     cfg = TinyConfig(arch=seed.arch, n_vocab=n_vocab, n_embd=32, n_layer=2,
                      n_head=2, n_head_kv=1, n_ff=64, n_ctx_train=256, tied=seed.tied, wtype=seed.wtype,
