@@ -281,3 +281,15 @@ def test_scales_are_checked(tiny_model, tmp_path):
                 llm.generate([1, 2, 3], max_tokens=1, lora=bad)
         assert llm.lora_adapters == [{"id": 0, "path": str(lora), "name": "tiny-lora", "scale": 1.0,
                                       "alpha": 16.0, "targets": 1}]
+
+
+@pytest.mark.real_model
+def test_compat_llama_takes_lora_path_and_lora_scale(files, llamacpp_lora):
+    from elelem.compat import Llama
+    want = llamacpp_lora["smollm_lora_path"]["rows"]
+    with Llama(str(files["smollm"]), lora_path=str(files["smollm_a"]), lora_scale=0.5, n_ctx=256,
+               n_threads=THREADS, logits_all=True, verbose=False, elelem_options=elelem_kernel_options()) as llm:
+        assert (llm.lora_path, llm.lora_scale) == (str(files["smollm_a"]), 0.5)
+        llm.eval(TOKENS[:N_PROMPT])
+        got = [row_digest(row) for row in llm.scores[:N_PROMPT]]
+    assert got == [r["sha256"] for r in want[:N_PROMPT]]
