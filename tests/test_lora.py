@@ -293,3 +293,18 @@ def test_compat_llama_takes_lora_path_and_lora_scale(files, llamacpp_lora):
         llm.eval(TOKENS[:N_PROMPT])
         got = [row_digest(row) for row in llm.scores[:N_PROMPT]]
     assert got == [r["sha256"] for r in want[:N_PROMPT]]
+
+
+@pytest.mark.real_model
+def test_the_command_line_applies_lora_scaled(files):
+    import subprocess
+    import sys
+    from pathlib import Path
+    prompt = "The capital of France is"
+    with elelem.LLM(files["smollm"], lora=[(files["smollm_a"], 2.0)], n_threads=1) as llm:
+        want = llm.generate(prompt, max_tokens=8, temperature=0)
+    result = subprocess.run([sys.executable, "-m", "elelem", "run", "-m", str(files["smollm"]), "-t", "1", "--raw",
+                             "--temperature", "0", "-n", "8", "--lora-scaled", f"{files['smollm_a']}:2", prompt],
+                            capture_output=True, text=True, timeout=180, cwd=Path(elelem.__file__).parents[1])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip("\n") == want.rstrip("\n")
