@@ -280,7 +280,7 @@ def test_scales_are_checked(tiny_model, tmp_path):
             with pytest.raises(InvalidArgumentError, match=message):
                 llm.generate([1, 2, 3], max_tokens=1, lora=bad)
         assert llm.lora_adapters == [{"id": 0, "path": str(lora), "name": "tiny-lora", "scale": 1.0,
-                                      "alpha": 16.0, "targets": 1}]
+                                      "alpha": 16.0, "targets": 1, "task_name": "", "prompt_prefix": ""}]
 
 
 @pytest.mark.real_model

@@ -61,9 +61,10 @@ def resolve_scales(spec: ScalesSpec, n: int, default: tuple[float, ...]) -> tupl
     elif isinstance(spec, (str, bytes)) or not isinstance(spec, Sequence):
         raise InvalidArgumentError(f"lora scales are a list of numbers, {{id: scale}} or [{{'id', 'scale'}}], "
                                    f"got {spec!r}")
-    elif all(isinstance(v, Mapping) for v in spec) and spec:
+    elif all(isinstance(v, Mapping) for v in spec):   # [] too: every adapter at 0
         pairs = []
         for entry in spec:
+            assert isinstance(entry, Mapping)
             if "id" not in entry:
                 raise InvalidArgumentError(f"a lora entry needs an 'id' (and a 'scale'), got {dict(entry)!r}")
             pairs.append((entry["id"], entry.get("scale", 0.0)))
@@ -84,7 +85,8 @@ def resolve_scales(spec: ScalesSpec, n: int, default: tuple[float, ...]) -> tupl
 def describe(infos: Sequence[AdapterInfo], scales: Sequence[float]) -> list[dict]:
     """The adapters as llama-server's ``GET /lora-adapters`` lists them."""
     return [{"id": i, "path": str(info.path), "name": info.name, "scale": float(scale), "alpha": info.alpha,
-             "targets": len(info.targets)} for i, (info, scale) in enumerate(zip(infos, scales))]
+             "targets": len(info.targets), "task_name": info.task_name, "prompt_prefix": info.prompt_prefix}
+            for i, (info, scale) in enumerate(zip(infos, scales))]
 
 
 def _scale(value: Any, what: str) -> float:

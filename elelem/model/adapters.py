@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from ..errors import AdapterError, GGUFError
 
 if TYPE_CHECKING:
-    from ..gguf.reader import GGUFFile
+    from ..gguf.reader import GGUFFile, TensorInfo
     from .architectures import ModelSpec
 
 #: The types llama.cpp's converter writes LoRA factors in (--outtype).
@@ -42,6 +42,8 @@ class AdapterInfo:
     alpha: float                 # adapter.lora.alpha (0: none)
     targets: tuple[str, ...]     # the weights it changes
     ranks: tuple[int, ...]       # the distinct ranks of its pairs
+    task_name: str = ""          # adapter.lora.task_name and .prompt_prefix, as llama-server lists them
+    prompt_prefix: str = ""
 
 
 def read_adapter(path: str | os.PathLike, base: "GGUFFile", spec: "ModelSpec") -> AdapterInfo:
@@ -70,7 +72,7 @@ def read_adapter(path: str | os.PathLike, base: "GGUFFile", spec: "ModelSpec") -
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise AdapterError(f"{where}: adapter.lora.alpha is {alpha!r}, not a number")
 
-    pairs: dict[str, dict[str, object]] = {}
+    pairs: dict[str, dict[str, "TensorInfo"]] = {}
     for name, info in gguf.tensors.items():
         for side in ("lora_a", "lora_b"):
             if name.endswith("." + side):
@@ -96,23 +98,24 @@ def read_adapter(path: str | os.PathLike, base: "GGUFFile", spec: "ModelSpec") -
         if target != tok_embd and target not in adaptable:
             raise AdapterError(f"{where}: the adapter changes {target!r}, which this model does not multiply")
         for side, info in (("lora_a", a), ("lora_b", b)):
-            if info.type_name not in FACTOR_TYPES:  # type: ignore[attr-defined]
-                raise AdapterError(f"{where}: {target}.{side} is {info.type_name}; "  # type: ignore[attr-defined]
+            if info.type_name not in FACTOR_TYPES:
+                raise AdapterError(f"{where}: {target}.{side} is {info.type_name}; "
                                    f"LoRA factors are {', '.join(sorted(FACTOR_TYPES))}")
-        sa, sb, sw = (_padded(t.shape) for t in (a, b, weight))  # type: ignore[attr-defined]
+        sa, sb, sw = (_padded(t.shape) for t in (a, b, weight))
         if target == tok_embd:
             fits = sw[0] == sb[1] and sw[1] == sa[1] and sa[0] == sb[0] and sa[2:] == sb[2:] == (1, 1)
         else:
             fits = (sw[0] == sa[0] and sw[1] == sb[1] and sa[1] == sb[0] and sa[2] == sb[2] == sw[2]
                     and sa[3] == sb[3] == 1)
         if not fits:
-            raise AdapterError(f"{where}: {target}.lora_a {list(a.shape)} and .lora_b {list(b.shape)} "  # type: ignore[attr-defined]
+            raise AdapterError(f"{where}: {target}.lora_a {list(a.shape)} and .lora_b {list(b.shape)} "
                                f"do not fit the model's {target} {list(weight.shape)} "
                                f"(is it an adapter for another model?)")
         if sb[0] not in ranks:
             ranks.append(sb[0])
     name = gguf.get("general.name") or Path(where).stem
-    return AdapterInfo(Path(where), str(name), float(alpha), tuple(pairs), tuple(ranks))
+    return AdapterInfo(Path(where), str(name), float(alpha), tuple(pairs), tuple(ranks),
+                       str(gguf.get("adapter.lora.task_name") or ""), str(gguf.get("adapter.lora.prompt_prefix") or ""))
 
 
 def _padded(shape) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from . import admin, anthropic, chat, responses
+from . import admin, anthropic, chat, lora, responses
 from .auth import check_key
 from .body import read_json
 from .chat_page import chat_page
@@ -85,6 +85,8 @@ def create_app(config: ServerConfig, registry: Optional[ModelRegistry] = None) -
                                         error_response=anthropic.error_response), methods=["POST"]),
         Route("/v1/responses", _endpoint(state, responses.handler()), methods=["POST"]),
         Route("/infill", _endpoint(state, infill, error_response=llama_error_response), methods=["POST"]),
+        Route("/lora-adapters", _endpoint(state, lora.list_adapters), methods=["GET"]),
+        Route("/lora-adapters", _endpoint(state, lora.set_adapters), methods=["POST"]),
     ]
     # ServerConfig.__post_init__ sets max_requests when it is not given.
     assert config.max_requests is not None
