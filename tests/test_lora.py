@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 
 import elelem
+from elelem.cpu import cpu_backend_info
 from elelem.errors import AdapterError, InvalidArgumentError
+from kernel_choice import small_batch_isa  # noqa: F401 (a fixture)
 from llamacpp_reference import THREADS, elelem_kernel_options
 from synthetic import TinyConfig, reference_logits, write_model
 from synthetic_lora import weight_shapes, write_lora
@@ -308,3 +310,40 @@ def test_the_command_line_applies_lora_scaled(files):
                             capture_output=True, text=True, timeout=180, cwd=Path(elelem.__file__).parents[1])
     assert result.returncode == 0, result.stderr
     assert result.stdout.rstrip("\n") == want.rstrip("\n")
+
+
+# -- elelem's own fast paths with an adapter: the experts kernel, small-batch kernels, widened copies --
+
+@pytest.mark.parametrize("expert_type", ["q4_k", "q6_k"])
+def test_the_fast_paths_keep_ggml_s_numbers_with_an_adapter(tiny_model, tmp_path, expert_type, small_batch_isa):
+    from kernel_choice import through_ggml_alone
+    cfg = TinyConfig(arch="qwen3moe", head_dim=32, n_embd=512, n_ff_exp=256, n_expert=8, n_expert_used=3,
+                     wtype="q8_0", seed=7, wtypes=(("output.weight", "q8_0"), ("attn_v.weight", "q5_0"),
+                                                    ("attn_q.weight", "q4_1")) + tuple(
+        (f"{r}_exps.weight", expert_type) for r in ("ffn_gate", "ffn_up", "ffn_down")))
+    path, _ = tiny_model(cfg)
+    shapes = weight_shapes(path)
+    targets = ["blk.0.ffn_up_exps.weight", "blk.1.ffn_down_exps.weight", "blk.0.attn_v.weight",
+               "blk.1.attn_q.weight", "output.weight"]
+    write_lora(tmp_path / "a.gguf", "qwen3moe", {n: shapes[n] for n in targets}, rank=8, seed=4, dtype="f16")
+    rng = np.random.default_rng(12)
+    prompts = [rng.integers(0, cfg.n_vocab, 5 + s).tolist() for s in range(6)]
+    generated = rng.integers(0, cfg.n_vocab, 6).tolist()
+    scales = [(0.5,), (0.0,), (1.0,), (-0.5,), (0.5,), (2.0,)]
+
+    def rows():
+        with elelem.LLM(path, lora=[tmp_path / "a.gguf"], n_threads=3, n_seq_max=6, flash_attn=True, amx=False,
+                        kv_size=512, widen=True) as llm:
+            ctx = llm.engine.context
+            for s, sc in enumerate(scales):
+                ctx.set_lora_scales(s, sc)
+            got = [ctx.decode(p, [s] * len(p), True) for s, p in enumerate(prompts)]
+            got.append(ctx.decode(generated, list(range(6)), True, decode_kernels=True))
+            ops = ctx.step_ops()
+            got.append(ctx.decode(generated[:1], [0], True, decode_kernels=True))
+            return np.concatenate(got), ops
+
+    fast, ops = rows()
+    if cpu_backend_info()["small_batch_kernels"]:
+        assert ops.get("CUSTOM", 0) > 0          # elelem's kernels ran in the batched step
+    np.testing.assert_array_equal(fast, through_ggml_alone(rows))
