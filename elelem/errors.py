@@ -55,6 +55,10 @@ class ModelShapeError(ElelemError, ValueError):
     """A missing tensor, a mis-shaped tensor, or hyperparameters that do not fit."""
 
 
+class AdapterError(ElelemError, ValueError):
+    """A LoRA adapter file that is not one, or is not for this model (architecture, weights, shapes)."""
+
+
 class ContextLimitError(ElelemError, ValueError):
     """Evaluating would run past the end of the context window (``n_ctx``)."""
 

@@ -365,3 +365,24 @@ def test_serve_passes_the_tool_call_format_to_its_models():
     args = build_parser().parse_args(["serve", "--tool-call-format", "qwen3_coder", "--rpc", "127.0.0.1:50052"])
     assert _llm_options(args) == {"tool_call_format": "qwen3_coder", "rpc_servers": ["127.0.0.1:50052"]}
     assert _llm_options(build_parser().parse_args(["serve"])) == {}
+
+
+@pytest.mark.parametrize("command", [["run", "hi"], ["chat"], ["bench"], ["serve"]])
+def test_lora_flags_keep_their_order_as_llamacpps(command):
+    from elelem.cli.parser import build_parser
+    parser = build_parser()
+    assert parser.parse_args(command).lora == []
+    args = parser.parse_args(command[:1] + ["--lora", "a.gguf,b.gguf", "--lora-scaled", "c.gguf:0.5,d:e.gguf:-1",
+                                            "--lora", "f.gguf"] + command[1:])
+    assert args.lora == [("a.gguf", 1.0), ("b.gguf", 1.0), ("c.gguf", 0.5), ("d:e.gguf", -1.0), ("f.gguf", 1.0)]
+    with pytest.raises(SystemExit):
+        parser.parse_args(command[:1] + ["--lora-scaled", "c.gguf"] + command[1:])
+
+
+def test_serve_can_load_adapters_without_applying_them():
+    from elelem.cli.parser import build_parser
+    from elelem.cli.serve_cmd import _llm_options
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--lora-scaled", "a.gguf:0.5", "--lora-init-without-apply"])
+    assert _llm_options(args)["lora"] == [("a.gguf", 0.0)]
+    assert _llm_options(parser.parse_args(["serve", "--lora-scaled", "a.gguf:0.5"]))["lora"] == [("a.gguf", 0.5)]

@@ -55,6 +55,12 @@ CASES = [
     (dict(type="q4_0", n=4, decode_kernels=True, repacked=True, plain=False), "one_column_each"),
     (dict(type="f32", n=4, decode_kernels=True), "one_column_each"),
     (dict(type="f32", n=1, decode_kernels=True), "ggml"),
+    # a LoRA adapter's factor of any float type: one-token numbers too (an F16 weight keeps tinyBLAS)
+    (dict(type="f16", n=4, decode_kernels=True, adapter=True), "one_column_each"),
+    (dict(type="bf16", n=8, decode_kernels=True, adapter=True), "one_column_each"),
+    (dict(type="f16", n=4, decode_kernels=True), "ggml"),
+    (dict(type="f16", n=4, adapter=True), "ggml"),
+    (dict(type="q8_0", n=4, decode_kernels=True, adapter=True), "small_batch"),
     # weights elsewhere (AMX tiles, a GPU) and columns that are not plain 2-D keep ggml's
     (dict(type="q8_0", n=4, decode_kernels=True, plain=False), "ggml"),
     (dict(type="q8_0", n=4, decode_kernels=True, host=False), "ggml"),

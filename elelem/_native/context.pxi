@@ -43,6 +43,13 @@ cdef class Context:
     cdef bint lost                      # a server was lost mid-call: the context is unusable
     cdef readonly RecurrentSnapshots snapshots   # a hybrid model's (snapshots.pxi)
     cdef readonly long n_replayed       # tokens evaluated again to rewind a recurrent state
+    # LoRA adapters (adapter.pxi) the steps may apply, fixed at creation (the
+    # graph's node budget counts their products), and each sequence's scale
+    # of each: seq_lora[seq * MAX_ADAPTERS + adapter], 0 where it is not applied.
+    cdef readonly tuple adapters
+    cdef const AdapterWeights * adapter_weights[MAX_ADAPTERS]
+    cdef int n_adapters
+    cdef float seq_lora[MAX_SEQ_IDS * MAX_ADAPTERS]
 
     def __cinit__(self):
         self.n_backends = 0
@@ -60,6 +67,9 @@ cdef class Context:
         self.snapshots = RecurrentSnapshots()
         self.n_replayed = 0
         self.lost = False
+        self.adapters = ()
+        self.n_adapters = 0
+        memset(self.seq_lora, 0, sizeof(self.seq_lora))
 
     def __init__(self, *args, **kwargs):
         raise TypeError("Context objects are made by elelem._core.new_context()")
@@ -208,6 +218,7 @@ cdef class Context:
 
     cdef ggml_cgraph * _build(self, Step * st) except NULL:
         cdef ggml_init_params p
+        cdef int j
         p.mem_size = self.graph_meta_size
         p.mem_buffer = self.graph_meta
         p.no_alloc = True
@@ -220,6 +231,12 @@ cdef class Context:
         st.kv_size = self.cache.kv_size
         st.v_row = self.cache.v_row
         st.flash_attn = self.flash_attn
+        st.n_lora = 0
+        for j in range(self.n_adapters):
+            if st.lora_mask & (1 << j):
+                st.lora[st.n_lora] = self.adapter_weights[j]
+                st.lora_id[st.n_lora] = j
+                st.n_lora += 1
         _make_inputs(st)
         st.logits = _builders[self.model.builder_id](self.model, self.cache, st)
         if st.rank:
@@ -237,6 +254,7 @@ cdef class Context:
         st.n_kv = self.cache.kv_size
         st.n_outputs = min(st.n_tokens, self.cache.n_seq_max)
         st.n_seqs = 1 if self.cache.hybrid else 0   # one sequence's prompt: the widest recurrent step
+        st.lora_mask = (1 << self.n_adapters) - 1   # every adapter applied
         cdef ggml_cgraph * gf = self._build(&st)
         try:
             if not self._sched_call(gf, 2, "reserving the compute buffers"):
@@ -260,7 +278,7 @@ cdef class Context:
     cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs, bint embeddings,
                            bint decode_kernels, const int32_t * seqs, int n_seqs=0,
                            bint pair_lone_row=False, const int * split_kv=NULL,
-                           const int32_t * out_rows=NULL, bint rank=False) except NULL:
+                           const int32_t * out_rows=NULL, bint rank=False, int lora_mask=0) except NULL:
         cdef Step * st = &self.graph_step
         cdef int n_runs = 0
         cdef int run_length[MAX_RUNS]
@@ -287,7 +305,7 @@ cdef class Context:
                 and memcmp(st.run_length, run_length, n_runs * sizeof(int)) == 0 \
                 and st.n_out_runs == n_out_runs \
                 and memcmp(st.out_run_length, out_run_length, n_out_runs * sizeof(int)) == 0 \
-                and st.split_rows == split_rows \
+                and st.split_rows == split_rows and st.lora_mask == lora_mask \
                 and (not split_rows or memcmp(st.split_kv, split_kv, n_tokens * sizeof(int)) == 0):
             return st
         self._drop_graph()
@@ -305,6 +323,7 @@ cdef class Context:
         st.n_out_runs = n_out_runs
         memcpy(st.out_run_length, out_run_length, n_out_runs * sizeof(int))
         st.split_rows = split_rows
+        st.lora_mask = lora_mask
         if split_rows:
             memcpy(st.split_kv, split_kv, n_tokens * sizeof(int))
         self._build(st)
@@ -436,11 +455,13 @@ cdef class Context:
         cdef int split_kv[MAX_SPLIT_ROWS]
         cdef bint split_rows = (self.flash_attn and decode_kernels and 2 <= n < FA_TILE_ROWS
                                 and _one_token_splits(self.cache, n, used_before, &cells[0], &positions[0], split_kv))
+        cdef int lora_mask = self._lora_mask(n, &seqs[0])
         self.busy = True
         try:
             st = self._graph_for(n, n_kv, n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs, pair_lone_row,
-                                 <const int *> split_kv if split_rows else <const int *> NULL, &rows[0], rank)
+                                 <const int *> split_kv if split_rows else <const int *> NULL, &rows[0], rank, lora_mask)
             _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0])
+            set_lora_inputs(st, &seqs[0], self.seq_lora)
             self._compute()
         except BaseException:
             self.cache.unplace(n, &seqs[0], &cells[0])
@@ -456,6 +477,38 @@ cdef class Context:
         ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out), 0, ggml_nbytes(st.logits))
         self.n_evaluated += n
         return out
+
+    # -- LoRA adapters -----------------------------------------------------------
+
+    cdef int _lora_mask(self, int n, const int32_t * seqs) noexcept:
+        """The adapters some row of a step applies (scale not 0), as bits."""
+        cdef int mask = 0, i, j
+        for i in range(n):
+            for j in range(self.n_adapters):
+                if self.seq_lora[seqs[i] * MAX_ADAPTERS + j] != 0.0:
+                    mask |= 1 << j
+        return mask
+
+    def set_lora_scales(self, seq, scales=None):
+        """The scale of each of the context's adapters (``adapters``, in
+        order) for sequence ``seq``'s next steps; None or 0: not applied.
+        Cells already evaluated keep the numbers they got."""
+        self._check_open()
+        cdef int s = self.cache._check_seq(seq)
+        values = [0.0] * self.n_adapters if scales is None else [float(v) for v in scales]
+        if len(values) != self.n_adapters:
+            raise errors.InvalidArgumentError(f"{len(values)} LoRA scales for {self.n_adapters} adapters")
+        for v in values:
+            if v != v or v in (float("inf"), float("-inf")):
+                raise errors.InvalidArgumentError(f"a LoRA scale must be a finite number, got {v}")
+        cdef int j
+        for j in range(self.n_adapters):
+            self.seq_lora[s * MAX_ADAPTERS + j] = values[j]
+
+    def lora_scales(self, seq):
+        """Sequence ``seq``'s scale of each adapter (set_lora_scales)."""
+        cdef int s = self.cache._check_seq(seq)
+        return tuple(self.seq_lora[s * MAX_ADAPTERS + j] for j in range(self.n_adapters))
 
     # -- trimming and forking: the cells, and a hybrid model's recurrent state -------
 
@@ -766,7 +819,7 @@ cdef ggml_type _kv_type(str option, object name, Model model, bint values) excep
 
 def new_context(Model model, object kv_size, object n_batch=512, object n_threads=1, object kv_type="f16",
                 bint flash_attn=False, object n_seq_max=1, object type_v=None, list devices=None,
-                list layer_device=None):
+                list layer_device=None, list adapters=None):
     """Backends, scheduler and a KV cache of ``kv_size`` cells shared by up to
     ``n_seq_max`` sequences, over ``model``.  ``kv_type`` is the type of K (and
     of V, unless ``type_v`` says otherwise): f16, f32, q8_0 or q4_0.  A
@@ -774,8 +827,16 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
     transposed V, which cannot be stored in blocks), so it turns it on.
     ``devices`` and ``layer_device`` are those the model's layers were placed
     with (place_layers): each device gets a backend, ahead of the CPU, and
-    each layer's K and V live on its device."""
+    each layer's K and V live on its device.  ``adapters`` are LoRA adapters
+    for the model (open_adapter) that steps may apply, each sequence at its
+    own scales (Context.set_lora_scales; none at first)."""
     model._check_open()
+    adapters = adapters or []
+    if len(adapters) > MAX_ADAPTERS:
+        raise errors.InvalidArgumentError(f"{len(adapters)} LoRA adapters: a context takes at most {MAX_ADAPTERS}")
+    for ad in adapters:
+        if (<Adapter?> ad).model is not model:
+            raise errors.InvalidArgumentError(f"the LoRA adapter {ad.path} was loaded for another model")
     cdef int cells = _checked_count("kv_size", kv_size, MAX_CELLS)
     cdef int batch = _checked_count("n_batch", n_batch, MAX_CELLS)
     cdef int threads = _checked_count("n_threads", n_threads, MAX_N_THREADS)
@@ -793,6 +854,14 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
 
     cdef Context c = Context.__new__(Context)
     c.model = model
+    c.adapters = tuple(adapters)
+    cdef int ia
+    cdef size_t lora_nodes = 0
+    for ia in range(len(adapters)):
+        c.adapter_weights[ia] = &(<Adapter> adapters[ia]).weights
+        # each pair's A and B products (split by runs or groups of rows at most), its scale and sum
+        lora_nodes += <size_t> c.adapter_weights[ia].n_pairs * LORA_PAIR_NODES
+    c.n_adapters = len(adapters)
     c.n_batch = min(batch, cells)
     c.n_threads = threads
     c.flash_attn = flash_attn
@@ -830,7 +899,7 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
     if model.hp.n_expert > 0:   # ... and about 12 for each group of rows through the experts (graph/experts.pxi)
         moe_nodes = 32 + 2 * model.hp.n_expert_used + 12 * MAX_EXPERT_GROUPS
     c.graph_size = max(<size_t> GGML_DEFAULT_GRAPH_SIZE,
-                       <size_t> model.hp.n_layer * (64 + (5 + 7 * 5) * MAX_RUNS + moe_nodes) + 256)
+                       <size_t> model.hp.n_layer * (64 + (5 + 7 * 5) * MAX_RUNS + moe_nodes) + 256 + lora_nodes)
     c.graph_meta_size = ggml_tensor_overhead() * c.graph_size + ggml_graph_overhead_custom(c.graph_size, False)
     c.graph_meta = malloc(c.graph_meta_size)
     if c.graph_meta == NULL:

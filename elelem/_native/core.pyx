@@ -19,7 +19,7 @@ short builder per architecture in arch_*.pxi, each registering itself.
 """
 from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint8_t, uint32_t, uintptr_t, uint64_t, INT64_MAX
 from libc.stdlib cimport malloc, calloc, free
-from libc.string cimport memset, memcpy, memcmp, strcmp
+from libc.string cimport memset, memcpy, memcmp, strcmp, strlen
 from libc.math cimport INFINITY, log, floorf, sqrtf
 from posix.fcntl cimport open as c_open, O_RDONLY
 from posix.types cimport off_t
@@ -77,6 +77,7 @@ include "checks.pxi"
 include "devices.pxi"
 include "rpc.pxi"
 include "model.pxi"
+include "adapter.pxi"
 include "widen.pxi"
 include "placement.pxi"
 include "kv_cache.pxi"
@@ -84,6 +85,7 @@ include "kv_state.pxi"
 include "snapshots.pxi"
 include "graph/blocks.pxi"
 include "graph/matmul.pxi"
+include "graph/lora.pxi"
 include "graph/experts.pxi"
 include "graph/mla.pxi"
 include "graph/mamba2.pxi"

@@ -57,8 +57,10 @@ class StreamStats:
 class GenerationTarget:
     """Where a stream runs: the engine, the sequence, its limit, its lock."""
 
-    def __init__(self, engine: Engine, seq: int, n_ctx: int, n_vocab: int, lock: threading.RLock):
+    def __init__(self, engine: Engine, seq: int, n_ctx: int, n_vocab: int, lock: threading.RLock,
+                 lora: Optional[tuple[float, ...]] = None):
         self.engine = engine
+        self.lora = lora    # the LoRA adapters' scales (None: the engine's)
         self.seq = seq
         self.n_ctx = n_ctx
         self.n_vocab = n_vocab
@@ -237,7 +239,7 @@ def _run(stats: StreamStats, target: GenerationTarget, tokenizer: Tokenizer, sam
         # The drafter reads ``seq`` live: the prompt, then each token ``pick`` appends.
         request = Request(target.seq, prompt=list(seq), pick=pick, n_ctx=target.n_ctx, streamed=True,
                           max_new=max_tokens, drafter=engine.new_drafter(target.seq, seq) if speculative else None,
-                          ends=eog_ids)
+                          ends=eog_ids, lora=target.lora)
         stats.request = request
         t0 = time.perf_counter()
         try:

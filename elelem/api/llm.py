@@ -22,12 +22,13 @@ import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Concatenate, Iterable, Optional, ParamSpec, Sequence, TypeVar, Union
 
-from .._core import (flash_attn_supported, new_context, open_model,  # names, not the package
+from .._core import (flash_attn_supported, new_context, open_adapter, open_model,  # names, not the package
                      place_layers, unsupported_weights)
 from ..cpu import amx_types, widen_after, widen_q5_0
 from ..engine.engine import Engine
 from ..errors import ClosedError, ContextLimitError
 from ..gguf.reader import GGUFFile, read_gguf
+from ..model.adapters import AdapterInfo, read_adapter
 from ..model.architectures import ModelSpec, model_spec
 from ..model.hub import ProgressFn, resolve_model
 from .assets import ModelAssets
@@ -37,6 +38,7 @@ from .draft import open_draft
 from .embeddings import embed, embedding_response, model_pooling
 from .rerank import rerank
 from .infill import DEFAULT_N_BATCH, Piece, infill_ids
+from .lora import ScalesSpec, describe, resolve_scales
 from .options import (DEFAULT_N_CTX, DEFAULT_N_SEQ_MAX, DEFAULT_RPC_TIMEOUT, FIELD_GROUP, GROUPS,  # noqa: F401
                       KV_CELL_PAD, MAX_N_CTX, CacheOptions, ContextOptions, PlacementOptions, SpeculativeOptions,
                       WeightOptions, build_options, padded_cells)
@@ -82,7 +84,7 @@ class LLM:
     ``n_ctx``, ``n_batch``, ``n_threads``, ``kv_size``, ``n_seq_max``,
     ``kv_type``, ``type_k``, ``type_v``, ``flash_attn``), ``weights``
     (:class:`~elelem.api.options.WeightOptions`: ``use_mmap``, ``repack``,
-    ``amx``, ``widen``), ``placement``
+    ``amx``, ``widen``, ``lora``), ``placement``
     (:class:`~elelem.api.options.PlacementOptions`: ``n_gpu_layers``,
     ``main_gpu``, ``tensor_split``, ``rpc_servers``, ``rpc_timeout``),
     ``speculation`` (:class:`~elelem.api.options.SpeculativeOptions`:
@@ -118,7 +120,7 @@ class LLM:
                  prompt_cache: str | os.PathLike | None = None, prompt_cache_bytes: Optional[int] = None,
                  embedding: bool = False, pooling: Optional[str] = None, rpc_servers=None,
                  n_gpu_layers: Optional[int] = None, main_gpu: int = 0, tensor_split=None,
-                 rpc_timeout: float = DEFAULT_RPC_TIMEOUT, widen: Optional[bool] = None,
+                 rpc_timeout: float = DEFAULT_RPC_TIMEOUT, widen: Optional[bool] = None, lora: Any = (),
                  tool_call_format: Optional[str] = None, state_cache_mb: Optional[int] = None,
                  context: Optional[ContextOptions] = None, weights: Optional[WeightOptions] = None,
                  placement: Optional[PlacementOptions] = None, speculation: Optional[SpeculativeOptions] = None,
@@ -134,6 +136,7 @@ class LLM:
         self._engine: Optional[Engine] = None
         self._model: Any = None  # the native Model (no stub: the core is compiled)
         self._session: Optional[Session] = None
+        self._lora: list[AdapterInfo] = []
         self.path = resolve_model(model_path, progress=progress)
         self.gguf: GGUFFile = read_gguf(self.path)
         self.spec: ModelSpec = model_spec(self.gguf)
@@ -176,11 +179,13 @@ class LLM:
                              rpc_timeout=float(placement.rpc_timeout), output_device=self.offload.output_device)
                 log.info("layers: %s%s", self.placement.describe(), "; output head on " + self.placement.devices[
                     self.offload.output_device].name if self.offload.output_device >= 0 else "")
+            self._lora = [read_adapter(path, self.gguf, self.spec) for path, _ in weights.lora]
+            adapters = [open_adapter(model=self._model, path=info.path, alpha=info.alpha) for info in self._lora]
             native = new_context(
                 model=self._model, kv_size=cells, n_batch=n_batch,
                 n_threads=default_n_threads() if context.n_threads is None else context.n_threads,
                 kv_type=type_k, type_v=type_v, flash_attn=flash, n_seq_max=context.n_seq_max,
-                devices=self.placement.devices, layer_device=self.placement.layer_device)
+                devices=self.placement.devices, layer_device=self.placement.layer_device, adapters=adapters)
             draft = None if speculation.draft_model is None else open_draft(
                 speculation.draft_model, target_gguf=self.gguf, target_n_vocab=self.spec.hparams["n_vocab"],
                 context=native, repack=weights.repack, use_mmap=weights.use_mmap, amx=weights.amx)
@@ -190,6 +195,7 @@ class LLM:
             self._engine = Engine(native, n_ctx=n_ctx if context.kv_size is None else min(n_ctx, native.kv_size),
                                   speculative=bool(speculation.speculative), draft=draft, prompt_cache=disk_cache,
                                   state_cache_bytes=caches.state_cache_bytes)
+            self._engine.lora_scales = tuple(scale for _, scale in weights.lora)
             self.assets = ModelAssets(self.path, self.gguf, self.spec)
             self.assets.tool_call_format = tool_call_format  # None: read from the chat template
             # embedding=True is llama-cpp-python's switch; here embeddings always work.
@@ -307,6 +313,21 @@ class LLM:
     def widened(self) -> tuple[int, int]:
         """(weights, bytes) of the Q8_0 copies of Q5_0 weights (see ``widen``)."""
         return self._model.n_widened, self._model.widened_bytes
+
+    @property
+    def lora_adapters(self) -> list[dict]:
+        """The LoRA adapters loaded (``lora=``), each with its id, path, name
+        and the scale calls run at unless they say otherwise
+        (:mod:`elelem.api.lora`)."""
+        return describe(self._lora, self._engine_or_raise().lora_scales)
+
+    def set_lora(self, scales: ScalesSpec) -> None:
+        """Set the LoRA adapters' scales for the calls that start from now
+        on: a scale for each adapter, ``{id: scale}`` or llama-server's
+        ``[{"id": .., "scale": ..}]`` (adapters not named: 0).  0 leaves an
+        adapter out."""
+        engine = self._engine_or_raise()
+        engine.lora_scales = resolve_scales(scales, len(engine.lora_scales), engine.lora_scales)
 
     @property
     def model_name(self) -> str:

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from ..engine.state_cache import DEFAULT_STATE_CACHE_MB
 from ..errors import InvalidArgumentError
+from .lora import normalize_adapters
 
 DEFAULT_N_CTX = 4096
 DEFAULT_N_SEQ_MAX = 16
@@ -132,12 +133,22 @@ class WeightOptions:
         ``elelem.cpu.WIDEN_AFTER_PROMPT_TOKENS`` tokens; True lifts that limit
         and makes them at the first prompt; False never widens.
         ``elelem info --system`` shows what this CPU has.
+    :param lora: LoRA adapters (GGUF files as llama.cpp's
+        ``convert_lora_to_gguf.py`` writes them) to load with the model: each a
+        path (at scale 1) or ``(path, scale)``, as llama.cpp's ``--lora`` and
+        ``--lora-scaled``; at most 8.  Their scales change at run time
+        (:mod:`elelem.api.lora`).  An adapter for another model raises
+        :class:`~elelem.errors.AdapterError`.
     """
 
     use_mmap: bool = True
     repack: bool = True
     amx: Union[bool, Iterable[str], None] = None
     widen: Optional[bool] = None
+    lora: Any = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lora", normalize_adapters(self.lora))
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from ..engine.request import Request
 from ..errors import ClosedError, ContextLimitError, InvalidArgumentError, InvalidTokenError
 from .assets import ModelAssets
 from .generation import GenerationTarget, TextStream
+from .lora import resolve_scales
 from .states import LLMState, cache_settings, check_state, make_state, model_file_identity
 from .text_api import TextAPI
 
@@ -192,9 +193,10 @@ class Session(TextAPI):
 
     def _open_stream(self, ids, params, budget, stop, constraint, on_end=None,
                      speculative: Optional[bool] = None, logprobs: Optional[int] = None,
-                     preserved: frozenset = frozenset()) -> TextStream:
+                     preserved: frozenset = frozenset(), lora: Any = None) -> TextStream:
         self._check_open()
-        target = GenerationTarget(self._engine, self._seq, self._n_ctx, self.n_vocab, self._lock)
+        scales = resolve_scales(lora, len(self._engine.lora_scales), self._engine.lora_scales)
+        target = GenerationTarget(self._engine, self._seq, self._n_ctx, self.n_vocab, self._lock, scales)
         stream = TextStream(target, self.assets.tokenizer, ids, params, budget, stop, constraint,
                             on_end=on_end, on_evaluated=self._count,
                             speculative=self._engine.speculative if speculative is None else bool(speculative),

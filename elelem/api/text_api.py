@@ -8,6 +8,9 @@ chat methods, as llama-cpp-python's ``create_chat_completion``; 0 is greedy),
 ``presence_penalty`` (0.0), ``logit_bias`` ({}), ``seed`` (None: fresh
 randomness; the same seed gives the same text).  ``speculative`` (None: the
 LLM's setting) turns speculative decoding on or off for one call.
+``lora`` (None: the LLM's scales) sets the LoRA adapters' scales for one call
+(:mod:`elelem.api.lora`: ``{id: scale}``, ``[{"id": .., "scale": ..}]`` or a
+scale for each adapter).
 ``logprobs`` (None: off; N in 0..20) records each generated token's
 log-probability and its N likeliest alternatives on the stream
 (``TextStream.logprobs``); the ``create_*`` methods report them in
@@ -77,7 +80,7 @@ class TextAPI:
 
         def _open_stream(self, ids, params, budget, stop, constraint, on_end=None,
                          speculative: Optional[bool] = None, logprobs: Optional[int] = None,
-                         preserved: frozenset = frozenset()) -> TextStream: ...
+                         preserved: frozenset = frozenset(), lora: Any = None) -> TextStream: ...
 
     # -- tokens ----------------------------------------------------------------
 
@@ -290,6 +293,7 @@ class TextAPI:
         sampling = dict(sampling)
         speculative = sampling.pop("speculative", None)
         logprobs = sampling.pop("logprobs", None)
+        lora = sampling.pop("lora", None)
         if logprobs is not None and speculative is None:
             # Verified drafts come from batched steps, whose logits differ from one-token
             # steps by rounding (up to ~0.1 in a logprob on SmolLM2): decode token by token
@@ -302,7 +306,7 @@ class TextAPI:
         params = SamplingParams(**{**defaults, **sampling})
         budget = token_budget(len(ids), max_tokens, self.n_ctx)
         return self._open_stream(ids, params, budget, normalize_stop(stop), constraint, speculative=speculative,
-                                 logprobs=logprobs, preserved=preserved)
+                                 logprobs=logprobs, preserved=preserved, lora=lora)
 
 
 def _unlimited_if_not_positive(max_tokens: Optional[int]) -> Optional[int]:

@@ -12,7 +12,7 @@ def main(args: argparse.Namespace) -> int:
 
     r = run_benchmark(model_path(args.model), n_threads=args.threads, n_prompt=args.prompt_tokens,
                       n_decode=args.gen_tokens, repeats=1, n_ctx=args.ctx, use_mmap=args.use_mmap,
-                      repack=args.repack, amx=args.amx, rpc_servers=args.rpc,
+                      repack=args.repack, amx=args.amx, rpc_servers=args.rpc, lora=args.lora,
                       flash_attn=flash_attn_option(args), **gpu_options(args))
     if args.json:
         print(json.dumps(r.as_dict(), indent=2))

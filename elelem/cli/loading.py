@@ -43,7 +43,7 @@ def llm_options(args: argparse.Namespace, *, n_ctx: int | None = None) -> dict:
     return {
         "context": ContextOptions(n_ctx=args.ctx if n_ctx is None else n_ctx, n_threads=args.threads,
                                   flash_attn=flash_attn_option(args)),
-        "weights": WeightOptions(use_mmap=args.use_mmap, repack=args.repack, amx=args.amx),
+        "weights": WeightOptions(use_mmap=args.use_mmap, repack=args.repack, amx=args.amx, lora=args.lora),
         "placement": PlacementOptions(rpc_servers=args.rpc, **gpu_options(args)),
         "speculation": SpeculativeOptions(speculative=args.speculative, draft_model=None if args.draft_model is None
                                           else model_path(args.draft_model)),

@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="ggml's fused attention kernel (default auto, as llama.cpp: on where every device "
                             "holding K/V runs it; off: mul_mat + softmax, llama-cpp-python's default)")
     _add_gpu_options(model)
+    _add_lora_options(model)
 
     speculation = argparse.ArgumentParser(add_help=False)
     speculation.add_argument("--no-speculative", dest="speculative", action="store_false",
@@ -156,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--rpc", default=None, metavar="HOST:PORT,...", type=_rpc_servers,
                        help="split each model's layers over these 'elelem rpc-server's and this CPU")
     _add_gpu_options(serve)
+    _add_lora_options(serve)
+    serve.add_argument("--lora-init-without-apply", action="store_true",
+                       help="load the LoRA adapters at scale 0 (set their scales later: POST /lora-adapters)")
     serve.add_argument("--no-flash-attn", dest="flash_attn", action="store_false",
                        help="attend with mul_mat + softmax, llama-cpp-python's default, instead of ggml's "
                             "fused kernel (on by default, as in llama.cpp's server: it skips the cells of "
@@ -263,6 +267,34 @@ def _add_gpu_options(parser: argparse.ArgumentParser) -> None:
                           "'elelem info --devices' lists them")
     gpu.add_argument("-ts", "--tensor-split", type=_tensor_split, default=None, metavar="W,W,...",
                      help="split the layers over every GPU in these proportions (e.g. 3,1)")
+
+
+class _LoraAction(argparse.Action):
+    """--lora FNAME[,FNAME] (scale 1) and --lora-scaled FNAME:SCALE[,...], as llama.cpp's:
+    (path, scale) pairs in the order given, both flags into one list."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        adapters = list(getattr(namespace, self.dest) or [])
+        for item in str(values).split(","):
+            if option_string == "--lora":
+                adapters.append((item, 1.0))
+                continue
+            path, sep, scale = item.rpartition(":")
+            try:
+                adapters.append((path, float(scale)))
+            except ValueError:
+                sep = ""
+            if not sep or not path:
+                parser.error(f"--lora-scaled takes FNAME:SCALE, got {item!r}")
+        setattr(namespace, self.dest, adapters)
+
+
+def _add_lora_options(parser: argparse.ArgumentParser) -> None:
+    lora = parser.add_argument_group("LoRA adapters (llama.cpp's names)")
+    lora.add_argument("--lora", action=_LoraAction, dest="lora", default=[], metavar="FNAME[,FNAME]",
+                      help="a LoRA adapter (GGUF) applied at scale 1; repeat or separate by commas for several")
+    lora.add_argument("--lora-scaled", action=_LoraAction, dest="lora", default=[], metavar="FNAME:SCALE[,...]",
+                      help="a LoRA adapter applied at SCALE")
 
 
 def _tensor_split(text: str) -> list[float]:

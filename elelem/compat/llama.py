@@ -93,12 +93,16 @@ class Llama:
                  type_k: Any = None, type_v: Any = None, logits_all: bool = False, embedding: bool = False,
                  pooling_type: int = -1, last_n_tokens_size: int = 64, spm_infill: bool = False,
                  chat_format: Optional[str] = None, verbose: bool = True,
+                 lora_path: Optional[str] = None, lora_scale: float = 1.0,
                  elelem_options: Optional[dict] = None, tool_call_format: Optional[str] = None, **kwargs: Any):
         """``elelem_options`` (not a llama-cpp-python keyword) are more keywords for
         :class:`elelem.LLM`: ``{"prompt_cache": DIR}``, ``{"repack": False}``, ...
         ``tool_call_format`` (not one either) names the format the model writes tool calls in
         (``"hermes"``, ``"qwen3_coder"``, ``"harmony"``, ``"mistral"``, ``"llama3"``, ``"glm"``);
-        by default it is read from the chat template, as llama.cpp does."""
+        by default it is read from the chat template, as llama.cpp does.  ``lora_path`` is a
+        LoRA adapter (GGUF) applied at ``lora_scale``, as llama-cpp-python's; more adapters,
+        and scales changed later, through ``elelem_options={"lora": [...]}`` and
+        ``self._llm.set_lora`` (:mod:`elelem.api.lora`)."""
         # Layers on GPUs or RPC servers: llama-cpp-python's names and meanings, its
         # default n_gpu_layers=0 included (every layer stays on the CPU).
         devices = {k: kwargs.pop(k) for k in ("rpc_servers", "n_gpu_layers", "main_gpu", "tensor_split")
@@ -109,6 +113,9 @@ class Llama:
         self.model_path = str(model_path)
         self.verbose = verbose      # elelem never prints: it logs to logging.getLogger("elelem")
         self.chat_format = chat_format
+        self.lora_path = lora_path
+        self.lora_scale = lora_scale
+        self.lora_base = kwargs.get("lora_base")
         self.last_n_tokens_size = last_n_tokens_size
         self.spm_infill = bool(spm_infill)
         self._logits_all = bool(logits_all)
@@ -128,7 +135,7 @@ class Llama:
             "context": ContextOptions(n_ctx=n_ctx, n_batch=self.n_batch, n_threads=n_threads,
                                       flash_attn=bool(flash_attn), type_k=options.kv_type_name("type_k", type_k),
                                       type_v=options.kv_type_name("type_v", type_v)),
-            "weights": WeightOptions(use_mmap=use_mmap),
+            "weights": WeightOptions(use_mmap=use_mmap, lora=((lora_path, lora_scale),) if lora_path else ()),
             "placement": PlacementOptions(**devices),
             **options.embedding_options(LLM, embedding, pooling_type),
             **({"tool_call_format": tool_call_format} if tool_call_format is not None else {}),

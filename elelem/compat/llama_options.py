@@ -28,7 +28,6 @@ POOLING_NAMES = {-1: None, 0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
 _CPU_ONLY = "elelem splits by layer, each layer's K/V on its device, and lets ggml's scheduler offload ops"
 _FROM_GGUF = "elelem reads the model's settings from its GGUF metadata as they are"
-_NO_LORA = "LoRA adapters are not supported"
 
 #: keyword -> (llama-cpp-python's default, why it changes nothing here).
 NO_EFFECT: dict[str, tuple[Any, str]] = {
@@ -51,9 +50,7 @@ NO_EFFECT: dict[str, tuple[Any, str]] = {
     "swa_full": (None, "the sliding-window layers keep the cache they need"),
     "n_ubatch": (512, "elelem computes n_batch tokens per step"),
     "no_perf": (False, "timings are on each TextStream (prefill_seconds, decode_seconds)"),
-    "lora_base": (None, _NO_LORA),
-    "lora_scale": (1.0, _NO_LORA),
-    "lora_path": (None, _NO_LORA),
+    "lora_base": (None, "the adapter applies to the model's own weights (llama-cpp-python 0.3.36 ignores it too)"),
     "chat_format": (None, "chats are rendered with the model's own chat template (ChatML when it has none)"),
     "chat_handler": (None, "chats are rendered with the model's own chat template (ChatML when it has none)"),
     "tokenizer": (None, "elelem tokenizes as llama.cpp does, from the GGUF vocabulary"),

@@ -33,12 +33,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ..errors import CapacityError, ClosedError, ContextLimitError, InvalidArgumentError, KVCacheFullError
-from .prefix_reuse import MIN_SHARED_WAIT, REUSE_ALIGNMENT, PrefixReuse  # noqa: F401 -- the reuse grid, for callers
+from .prefix_reuse import MIN_SHARED_WAIT, MIXED_LORA, REUSE_ALIGNMENT, PrefixReuse  # noqa: F401 -- the reuse grid, for callers
 from .prompt_cache import PromptCache
 from .request import Request
 from .speculative import PromptLookup
@@ -104,6 +104,11 @@ class Engine(PrefixReuse):
         # one token rounds otherwise).  Only a prefix of these is worth
         # re-evaluating a wider tail for (exact_tail).
         self._fresh_rows: dict[int, int] = {}
+        # LoRA adapters (Context.adapters): the scales a request gets unless it
+        # names its own (Request.lora), and the scales each sequence's cells
+        # were evaluated at (prefix_reuse.py: a prompt reuses only its own).
+        self.lora_scales: tuple[float, ...] = (0.0,) * len(getattr(context, "adapters", ()))
+        self._seq_lora: dict[int, Any] = {}
         self._abort_for_cancel = False
         self._idle_waiters = 0              # callers waiting for a moment between two steps
         self._admissions = 0
@@ -167,6 +172,7 @@ class Engine(PrefixReuse):
             self._ctx.seq_rm(seq, 0)
             self._last_used.pop(seq, None)
             self._fresh_rows.pop(seq, None)
+            self._seq_lora.pop(seq, None)
             self._free_seqs.append(seq)
             self._free_seqs.sort()
             self._cv.notify_all()
@@ -207,6 +213,7 @@ class Engine(PrefixReuse):
             self._check_open()
             self._ctx.seq_rm(seq, 0)
             self._fresh_rows.pop(seq, None)
+            self._seq_lora.pop(seq, None)
             self._make_room(len(tokens), {seq} | set(self._seq_request))
             self._ctx.seq_load(seq, tokens, state, stored)
 
@@ -264,6 +271,9 @@ class Engine(PrefixReuse):
                     raise InvalidArgumentError(f"sequence {seq_id} is running a request")
                 self._ctx.seq_rm(seq_id, 0)
                 self._fresh_rows.pop(seq_id, None)
+                self._seq_lora.pop(seq_id, None)
+                if self.lora_scales:
+                    self._ctx.set_lora_scales(seq_id, self.lora_scales)
                 if self._make_room(len(tokens), {seq_id} | set(self._seq_request)) < len(tokens):
                     raise KVCacheFullError(f"{what} {len(tokens)} tokens needs as many free KV cells; "
                                            f"{self._ctx.cache.n_free} of {self.kv_size} are free")
@@ -346,6 +356,8 @@ class Engine(PrefixReuse):
     # -- driving ---------------------------------------------------------------
 
     def _drive(self, own: Request, ready: Callable[[], bool]) -> None:
+        if own.lora is None:
+            own.lora = self.lora_scales
         if not own.prefetch_tried:
             self._prefetch_cached_prefix(own)
         with self._cv:
@@ -528,6 +540,11 @@ class Engine(PrefixReuse):
             request.admitted = False  # admitted at a later step, forking a prefix another is evaluating
             return
         length = cache.seq_length_of(request.seq)
+        if request.prompt is None and self._lora_of(request.seq) != request.lora:
+            # Tokens appended at other adapter scales than the cells before them.
+            self._seq_lora[request.seq] = MIXED_LORA if length else request.lora
+        if self.lora_scales:
+            self._ctx.set_lora_scales(request.seq, request.lora)
         limit = request.n_ctx if request.n_ctx is not None else self.n_ctx
         if length + len(request.pending) > limit:
             self._drop(request, ContextLimitError(
@@ -562,6 +579,7 @@ class Engine(PrefixReuse):
                 log.debug("KV cache full: dropping the cached prefix of idle sequence %d", seq)
                 self._cut(seq, 0)
                 self._fresh_rows.pop(seq, None)
+                self._seq_lora.pop(seq, None)
                 if cache.n_free >= need:
                     break
         return cache.n_free

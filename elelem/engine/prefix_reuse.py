@@ -8,6 +8,12 @@ prompt, gets the logits of evaluating the whole prompt afresh (the 4-column
 grid of repacked matmuls, the step classes of exact_tail), or, on a hybrid
 model, where a snapshot holds the recurrent state.  ``PrefixReuse`` is the
 engine's part that does it: its methods run under the engine's lock.
+
+Cells hold what the LoRA adapters of their evaluation made of them: a prompt
+reuses only cells evaluated at its own adapter scales (``Request.lora``; the
+engine keeps each sequence's in ``_seq_lora``), and the parked states and the
+prompt cache on disk, which keep no scales, serve and take only sequences
+without adapters.
 """
 from __future__ import annotations
 
@@ -50,6 +56,8 @@ class PrefixReuse:
         _free_seqs: list[int]
         _last_used: dict[int, float]
         _fresh_rows: dict[int, int]
+        _seq_lora: dict[int, Any]
+        lora_scales: tuple[float, ...]
         _finished_seqs: list[int]
         prompt_tokens: int
         prompt_tokens_evaluated: int
@@ -69,13 +77,16 @@ class PrefixReuse:
         # last token alone were re-evaluated could get other logits -- and at a
         # near-tie another greedy answer -- than the prompt evaluated afresh.
         limit = _reuse_limit(prompt)
-        own, donor, shared = self._prefix_in_memory(request.seq, prompt, limit)
+        key = request.lora
+        own, donor, shared = self._prefix_in_memory(request.seq, prompt, limit, key)
         if self._prefix_coming(request, prompt, limit, shared):
             return False
-        loaded = self._load_parked(request, prompt, limit, own, donor, shared)
-        loaded = loaded or self._load_cached_prefix(request, prompt, limit, shared)
+        loaded = 0
+        if not any(key or ()):   # no adapter: what the state and prompt caches hold is for it
+            loaded = self._load_parked(request, prompt, limit, own, donor, shared)
+            loaded = loaded or self._load_cached_prefix(request, prompt, limit, shared)
         if not loaded and cache.seq_length_of(request.seq) < own:   # cut for a load that found no room
-            own, donor, shared = self._prefix_in_memory(request.seq, prompt, limit)
+            own, donor, shared = self._prefix_in_memory(request.seq, prompt, limit, key)
         if loaded:
             shared = loaded
             fresh = 0   # a state from disk: how its positions were evaluated is not kept
@@ -93,6 +104,7 @@ class PrefixReuse:
                 self._ctx.seq_cp(donor, request.seq, shared)
             else:
                 self._cut(request.seq, own)
+        self._seq_lora[request.seq] = key
         # Evaluated here as a prompt: afresh, or after positions that were.
         self._fresh_rows[request.seq] = len(prompt) if fresh == shared else fresh
         request.reused = shared
@@ -156,20 +168,22 @@ class PrefixReuse:
         last_step = n - (n - 1) // self._ctx.n_batch * self._ctx.n_batch
         return max((w for w in self._ctx.width_thresholds if w <= last_step), default=1)
 
-    def _prefix_in_memory(self, seq: int, prompt: list[int], limit: int) -> tuple[int, Optional[int], int]:
+    def _prefix_in_memory(self, seq: int, prompt: list[int], limit: int,
+                          key: Any) -> tuple[int, Optional[int], int]:
         """``(own, donor, shared)``: the prefix of ``prompt`` sequence ``seq``
         holds, and the longest one any sequence holds (``donor``: which other
-        one, or None), at most ``limit`` positions.  Under the lock."""
+        one, or None), at most ``limit`` positions, of cells evaluated at the
+        LoRA scales ``key``.  Under the lock."""
         cache = self._ctx.cache
         # A hybrid model's prefix ends where a snapshot is (_at_resume_points), on the grid or not.
         grid = (lambda n: n) if cache.hybrid else _aligned
-        own = grid(min(_common_prefix(cache.seq_tokens(seq), prompt), limit))
+        own = grid(min(_common_prefix(cache.seq_tokens(seq), prompt), limit)) if self._lora_of(seq) == key else 0
         donor, shared = None, own
         # A hybrid model's donor is worth the positions its state can be forked at.
         worth = self._ctx.resume_point if cache.hybrid else (lambda _, n: n)
         best = worth(seq, own)
         for other in self._last_used:
-            if other != seq:
+            if other != seq and self._lora_of(other) == key:
                 n = grid(min(_common_prefix(cache.seq_tokens(other), prompt), limit))
                 if worth(other, n) > best:
                     donor, shared, best = other, n, worth(other, n)
@@ -184,7 +198,8 @@ class PrefixReuse:
             held = max(held, request.prefetched[0].n)
         cache = self._ctx.cache
         for other in self._active:
-            if other is request or not other.admitted or other.done or other.prompt is None:
+            if (other is request or not other.admitted or other.done or other.prompt is None
+                    or other.lora != request.lora):
                 continue
             n = _aligned(min(_common_prefix(other.prompt, prompt), limit))
             if not cache.hybrid:  # what the fork will take of it (_admit): a prompt's positions
@@ -202,14 +217,14 @@ class PrefixReuse:
         Whether it is used is decided at admission (_load_cached_prefix)."""
         request.prefetch_tried = True
         disk = self.prompt_cache
-        if disk is None or request.prompt is None or request.admitted:
+        if disk is None or request.prompt is None or request.admitted or any(request.lora or ()):
             return
         limit = _reuse_limit(request.prompt)
         hit = disk.lookup(request.prompt, limit)   # the index: in memory, under the cache's own lock
         if hit is None:
             return
         with self._cv:  # brief: what memory offers (a chat's next turn holds its prefix already)
-            held = self._prefix_in_memory(request.seq, request.prompt, limit)[2]
+            held = self._prefix_in_memory(request.seq, request.prompt, limit, request.lora)[2]
         if hit.n - held < disk.min_tokens:
             return
         entry = disk.read(hit)
@@ -259,7 +274,7 @@ class PrefixReuse:
             return
         cache = self._ctx.cache
         for seq in seqs:
-            if seq in self._free_seqs or cache.seq_length_of(seq) < disk.min_tokens:
+            if seq in self._free_seqs or cache.seq_length_of(seq) < disk.min_tokens or self._lora_of(seq) != self._no_lora:
                 continue
             tokens = cache.seq_tokens(seq)
             if not disk.holds(tokens):
@@ -287,8 +302,10 @@ class PrefixReuse:
 
     def _cut(self, seq: int, keep: int) -> None:
         """Trim ``seq`` to ``keep`` positions for another prompt, parking the
-        states a hybrid sequence loses (StateCache.park)."""
-        self.states.park(seq, keep)
+        states a hybrid sequence loses (StateCache.park; not a sequence's with
+        LoRA adapters: a parked state keeps no scales)."""
+        if self._lora_of(seq) == self._no_lora:
+            self.states.park(seq, keep)
         self._ctx.seq_rm(seq, keep)
         self.states.fit()
 
@@ -313,6 +330,21 @@ class PrefixReuse:
         self.states.load(request.seq, key, state)
         log.debug("state cache: resumed %d of %d prompt tokens from a parked state", len(key), len(prompt))
         return len(key)
+
+
+    def _lora_of(self, seq: int) -> Any:
+        """The LoRA scales sequence ``seq``'s cells were evaluated at (Request.lora):
+        none (all 0) until a request says otherwise; MIXED_LORA after scales changed mid-sequence."""
+        return self._seq_lora.get(seq, self._no_lora)
+
+    @property
+    def _no_lora(self) -> tuple[float, ...]:
+        return (0.0,) * len(self.lora_scales)
+
+
+#: The LoRA key of a sequence whose cells were evaluated at several adapter
+#: scales (an evaluation appended at others): no prompt reuses them.
+MIXED_LORA = ("mixed",)
 
 
 def _common_prefix(a, b) -> int:

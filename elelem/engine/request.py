@@ -40,8 +40,12 @@ class Request:
 
     def __init__(self, seq: int, *, tokens: Sequence[int] = (), prompt: Optional[Sequence[int]] = None,
                  all_logits: bool = False, pick: Optional[Picker] = None, n_ctx: Optional[int] = None,
-                 streamed: bool = False, max_new: int = 0, drafter=None, ends: Iterable[int] = ()):
+                 streamed: bool = False, max_new: int = 0, drafter=None, ends: Iterable[int] = (),
+                 lora: Optional[tuple[float, ...]] = None):
         self.seq = seq
+        # The scale of each of the context's LoRA adapters for this request's
+        # tokens; None: the engine's (Engine.lora_scales) when it is admitted.
+        self.lora = lora
         self.prompt = list(prompt) if prompt is not None else None
         self.pending: list[int] = list(tokens)   # still to evaluate, in order
         self.all_logits = all_logits

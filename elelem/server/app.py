@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from . import admin, anthropic, chat, responses
+from . import admin, anthropic, chat, lora, responses
 from .auth import check_key
 from .body import read_json
 from .chat_page import chat_page
@@ -89,6 +89,8 @@ def create_app(config: ServerConfig, registry: Optional[ModelRegistry] = None) -
         # llama-server's rerank routes, with its error shape
         *(Route(path, _endpoint(state, rerank_endpoint, error_response=llama_error_response), methods=["POST"])
           for path in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")),
+        Route("/lora-adapters", _endpoint(state, lora.list_adapters), methods=["GET"]),
+        Route("/lora-adapters", _endpoint(state, lora.set_adapters), methods=["POST"]),
     ]
     # ServerConfig.__post_init__ sets max_requests when it is not given.
     assert config.max_requests is not None

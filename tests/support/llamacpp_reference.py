@@ -251,6 +251,27 @@ class Reference:
 
         return self._once(f"{script}:{name}", make)
 
+    def lora_logits(self, cases: list[dict], inputs: list[Path]) -> dict:
+        """make_lora_fixtures.py's output for ``cases`` (its --cases format), live only:
+        an adapter's effect is checked on this machine's llama.cpp or not at all."""
+        def make():
+            with tempfile.TemporaryDirectory() as tmp:
+                spec = Path(tmp) / "cases.json"
+                spec.write_text(json.dumps(cases))
+                # The key: the cases with each path as its index in inputs (paths change between
+                # sessions), and the files' content.
+                index = {str(Path(p)): i for i, p in enumerate(inputs)}
+                options = [json.dumps([c | {"model": index[str(Path(c["model"]))],
+                                            "adapters": [[index[str(Path(p))], s] for p, s in c["adapters"]]}
+                                       for c in cases])]
+                live = run_script("make_lora_fixtures.py", ["--cases", str(spec), "--out", "{out}/lora_logits.json"],
+                                  options, inputs, ["lora_logits.json"])
+            if live is None:
+                skip_or_fail(self.not_built())
+            return live["lora_logits.json"]
+
+        return self._once("make_lora_fixtures.py", make)
+
     @staticmethod
     def not_built() -> str:
         return (f"no llama.cpp reference is built for this machine (python scripts/reference_llamacpp.py builds "

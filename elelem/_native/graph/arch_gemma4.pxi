@@ -89,7 +89,7 @@ cdef ggml_tensor * build_gemma4(Model m, KVCache cache, Step * st) except NULL:
             h = norm_rms(st, ffn_gated(st, lw, norm_rms(st, attn_out, lw.ffn_norm), True), lw.ffn_post_norm_1)
             # The router reads attn_out RMS-normed, scaled by 1/sqrt(n_embd) and its own scale.
             logits = ggml_scale(ctx, ggml_rms_norm(ctx, attn_out, hp.rms_eps), <float> 1.0 / sqrtf(<float> hp.n_embd))
-            logits = matmul(st, lw.ffn_gate_inp, ggml_mul(ctx, logits, lw.ffn_gate_inp_s))
+            logits = linear(st, lw.ffn_gate_inp, NULL, ggml_mul(ctx, logits, lw.ffn_gate_inp_s))
             moe = ffn_moe(st, lw, norm_rms(st, attn_out, lw.ffn_pre_norm_2), logits)
             h = ggml_add(ctx, h, norm_rms(st, moe, lw.ffn_post_norm_2))
         else:

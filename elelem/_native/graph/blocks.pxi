@@ -72,6 +72,17 @@ cdef struct Step:
     int n_out_runs
     int out_run_length[MAX_RUNS]
     bint output_rows            # the graph being built is past select_outputs: its rows are the output rows
+    # LoRA adapters (graph/lora.pxi): those of the context's whose scale is
+    # not 0 for some row of the step, in the context's order.
+    int lora_mask                           # their bits in the context's list of adapters
+    int n_lora
+    const AdapterWeights * lora[MAX_ADAPTERS]
+    int lora_id[MAX_ADAPTERS]               # their indices in the context's list
+    # F32 (1, n_tokens) inputs: each row's scale for adapter j's pairs of rank
+    # slot r, at j * MAX_ADAPTER_RANKS + r; and the same of the output rows (made on first use)
+    ggml_tensor * lora_scale[MAX_ADAPTERS * MAX_ADAPTER_RANKS]
+    ggml_tensor * lora_scale_out[MAX_ADAPTERS * MAX_ADAPTER_RANKS]
+    int lora_row0               # the first row of those being built (a group of rows through the experts), else 0
 
 
 cdef void _make_inputs(Step * st) except *:
@@ -113,6 +124,7 @@ cdef void _make_inputs(Step * st) except *:
     if st.hp.rope_type == GGML_ROPE_TYPE_IMROPE:
         st.inp_pos4 = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I32, 4 * st.n_tokens)
         ggml_set_input(st.inp_pos4)
+    make_lora_inputs(st)
 
 
 cdef inline void _set_input(ggml_tensor * t, const void * data, size_t size) noexcept:
@@ -228,9 +240,12 @@ cdef inline ggml_tensor * norm_layer(Step * st, ggml_tensor * x, ggml_tensor * w
 
 
 cdef inline ggml_tensor * linear(Step * st, ggml_tensor * w, ggml_tensor * b, ggml_tensor * x) noexcept:
-    """x @ w (+ b): (n_in, n) -> (n_out, n); b may be NULL."""
-    x = matmul(st, w, x)
-    return ggml_add(st.ctx, x, b) if b != NULL else x
+    """x @ w (+ b): (n_in, n) -> (n_out, n); b may be NULL.  The step's LoRA
+    adapters add their products before the bias (graph/lora.pxi)."""
+    cdef ggml_tensor * y = matmul(st, w, x)
+    if st.n_lora:
+        y = add_lora(st, w, x, y)
+    return ggml_add(st.ctx, y, b) if b != NULL else y
 
 
 cdef inline ggml_tensor * rope(Step * st, ggml_tensor * x, float freq_base, float freq_scale,
@@ -496,4 +511,6 @@ cdef ggml_tensor * rank_head(Step * st, Model m, ggml_tensor * x) noexcept:
 
 cdef inline ggml_tensor * embed_tokens(Step * st, Model m) noexcept:
     cdef ggml_tensor * x = ggml_get_rows(st.ctx, m.tok_embd, st.inp_tokens)  # (n_embd, n_tokens)
+    if st.n_lora:
+        x = add_lora_embedding(st, x)   # before the scale, as llama.cpp's build_inp_embd
     return ggml_scale(st.ctx, x, st.hp.embd_scale) if st.hp.embd_scale != 1.0 else x

@@ -126,18 +126,22 @@ cdef ggml_tensor * _expert_products(Step * st, LayerWeights * lw, ggml_tensor * 
     cdef ggml_tensor * up
     cdef ggml_tensor * gate
     cdef int64_t n_ff
+    # Each product as llama.cpp's build_lora_mm_id: the experts, their scale,
+    # the LoRA adapters' products (add_lora_id, a no-op without), then the bias.
     if lw.ffn_gate_up_exps != NULL:
         up = matmul_id(st, lw.ffn_gate_up_exps, x, chosen)                          # (2 n_ff_exp, n_used, n_tokens)
+        up = add_lora_id(st, lw.ffn_gate_up_exps, x, chosen, up)
         n_ff = up.ne[0] // 2
         gate = ggml_view_3d(ctx, up, n_ff, up.ne[1], up.ne[2], up.nb[1], up.nb[2], 0)
         up = ggml_view_3d(ctx, up, n_ff, up.ne[1], up.ne[2], up.nb[1], up.nb[2], n_ff * up.nb[0])
     else:
-        up = matmul_id(st, lw.ffn_up_exps, x, chosen)                               # (n_ff_exp, n_used, n_tokens)
+        up = add_lora_id(st, lw.ffn_up_exps, x, chosen,
+                         matmul_id(st, lw.ffn_up_exps, x, chosen))                 # (n_ff_exp, n_used, n_tokens)
         if lw.ffn_up_exps_b != NULL:
             up = ggml_add_id(ctx, up, lw.ffn_up_exps_b, chosen)
         gate = NULL
         if lw.ffn_gate_exps != NULL:
-            gate = matmul_id(st, lw.ffn_gate_exps, x, chosen)
+            gate = add_lora_id(st, lw.ffn_gate_exps, x, chosen, matmul_id(st, lw.ffn_gate_exps, x, chosen))
             if lw.ffn_gate_exps_b != NULL:
                 gate = ggml_add_id(ctx, gate, lw.ffn_gate_exps_b, chosen)
     cdef ggml_tensor * h
@@ -157,6 +161,7 @@ cdef ggml_tensor * _expert_products(Step * st, LayerWeights * lw, ggml_tensor * 
         scale = ggml_repeat_4d(ctx, ggml_reshape_3d(ctx, lw.ffn_down_exps_s, 1, hp.n_expert, 1),
                                1, hp.n_expert, n_tokens, 1)
         experts = ggml_mul(ctx, experts, ggml_get_rows(ctx, scale, chosen))
+    experts = add_lora_id(st, lw.ffn_down_exps, h, chosen, experts)
     if lw.ffn_down_exps_b != NULL:
         experts = ggml_add_id(ctx, experts, lw.ffn_down_exps_b, chosen)
     return experts
@@ -215,12 +220,14 @@ cdef ggml_tensor * ffn_moe(Step * st, LayerWeights * lw, ggml_tensor * x, ggml_t
         experts = _expert_products(st, lw, x, chosen)
     else:
         for g in range(n_groups):
+            st.lora_row0 = group_start[g]   # the rows whose LoRA scales apply (graph/lora.pxi)
             part = _expert_products(
                 st, lw,
                 ggml_view_3d(ctx, x, n_embd, 1, group_length[g], x.nb[1], x.nb[2], <size_t> group_start[g] * x.nb[2]),
                 ggml_view_2d(ctx, chosen, n_used, group_length[g], chosen.nb[1],
                              <size_t> group_start[g] * chosen.nb[1]))
             experts = part if experts == NULL else ggml_concat(ctx, experts, part, 2)
+        st.lora_row0 = 0
     experts = ggml_mul(ctx, experts, weights)
     ggml_build_forward_expand(st.gf, experts)
 

@@ -52,6 +52,7 @@ ctypedef struct MatmulCase:
     bint host               # in host memory (a CPU buffer)
     bint repacked           # in ggml's CPU_REPACK buffer (its gemv for one column, gemm from 4)
     bint rows_of_8          # its rows a multiple of 8 (repacked Q4_K: block_q4_Kx8)
+    bint adapter            # a LoRA factor (graph/lora.pxi): small, F32/F16/BF16/Q8_0
     # The columns
     int64_t n
     bint x_f32
@@ -155,8 +156,11 @@ cdef int matmul_path(const MatmulCase * c, const CpuKernels * k) noexcept:
     if _small_batch_takes(c, k):
         return MATMUL_SMALL_BATCH
     # An F32 weight (a MoE router) in a step of generated tokens: each column
-    # as its one-token step (sgemm rounds otherwise, and may choose another expert).
-    if c.decode_kernels and c.n >= 2 and c.type == GGML_TYPE_F32 and c.plain and c.x_simple:
+    # as its one-token step (sgemm rounds otherwise, and may choose another
+    # expert).  So too a LoRA factor of any float type: it is small (rank
+    # rows or columns), and its product joins every row's numbers.
+    if (c.decode_kernels and c.n >= 2 and (c.type == GGML_TYPE_F32 or (c.adapter and _float_type(c.type)))
+            and c.plain and c.x_simple):
         return MATMUL_ONE_COLUMN_EACH
     if (c.n == 1 and k.one_column_k_quants and k.small_batch_isa != ELELEM_SMALL_BATCH_NONE and c.x_f32
             and c.x_simple and _repacked_q4_k_case(c)):
@@ -200,6 +204,12 @@ cdef inline bint _is_repacked(const ggml_tensor * w) noexcept:
             and strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w.buffer)), b"CPU_REPACK") == 0)
 
 
+cdef inline bint _is_lora_factor(const ggml_tensor * w) noexcept:
+    """A LoRA adapter's A or B (adapter.pxi keeps the file's names: <weight>.lora_a / .lora_b)."""
+    cdef size_t n = strlen(w.name)
+    return n > 7 and (strcmp(w.name + n - 7, b".lora_a") == 0 or strcmp(w.name + n - 7, b".lora_b") == 0)
+
+
 cdef MatmulCase matmul_case(Step * st, const ggml_tensor * w, const ggml_tensor * x, int64_t n) noexcept:
     """The facts of the product of w by n columns x in step st (x NULL: F32
     columns as the graph makes them, for a choice made before they exist)."""
@@ -209,6 +219,7 @@ cdef MatmulCase matmul_case(Step * st, const ggml_tensor * w, const ggml_tensor 
     c.host = w.buffer != NULL and ggml_backend_buffer_is_host(w.buffer)
     c.repacked = _is_repacked(w)
     c.rows_of_8 = w.ne[1] % 8 == 0
+    c.adapter = _is_lora_factor(w)
     c.n = n
     c.x_f32 = x == NULL or x.type == GGML_TYPE_F32
     c.x_simple = x == NULL or (x.ne[2] == 1 and x.ne[3] == 1 and ggml_is_contiguous(x))
@@ -233,6 +244,7 @@ def _matmul_path(**facts):
     c.host = facts.pop("host", True)
     c.repacked = facts.pop("repacked", False)
     c.rows_of_8 = facts.pop("rows_of_8", True)
+    c.adapter = facts.pop("adapter", False)
     c.n = facts.pop("n")
     c.x_f32 = facts.pop("x_f32", True)
     c.x_simple = facts.pop("x_simple", True)

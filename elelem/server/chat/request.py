@@ -31,6 +31,7 @@ from ...sampling.logprobs import chat_logprobs_count
 from ..call import Call
 from ..config import ServerConfig
 from ..errors import bad_request
+from ..lora import LORA_LIST
 from ..fields import (ANY, BOOLEAN, FLAG, LIST, NONEMPTY_LIST, OBJECT, POSITIVE_INTEGER, STRING, Field, Kind, Spec,
                       number_in, one_of)
 
@@ -54,6 +55,7 @@ _COMMON = {
     "n": Field(one_of(1), message="{path} must be 1: one choice per request"),
     "user": Field(STRING),
     "logprobs": Field(),  # checked with top_logprobs by the sampling layer
+    "lora": Field(LORA_LIST),   # llama-server's per-request adapter scales
 }
 CHAT = Spec({
     **_COMMON,
@@ -124,6 +126,8 @@ def completion_call(body: Any, config: ServerConfig) -> Call:
 def _common(body: dict, config: ServerConfig) -> dict:
     stream = body.get("stream") is True
     options: dict = {name: body[name] for name in _PASSED_ON if body.get(name) is not None}
+    if body.get("lora"):   # an empty list: the server's scales, as llama-server
+        options["lora"] = body["lora"]
     if body.get("max_tokens") is not None:
         options["max_tokens"] = _max_tokens(body, "max_tokens", config)
     stop = body.get("stop")

@@ -28,6 +28,7 @@ from ...errors import InvalidArgumentError
 from ..config import ServerConfig
 from ..errors import bad_request
 from ..fields import BOOLEAN, LIST, STRING, Field, Kind, Spec
+from ..lora import LORA_LIST
 
 _PIECE = Kind("a string or a list of strings and token ids", lambda value: isinstance(value, str) or (
     isinstance(value, list) and all(isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool))
@@ -56,6 +57,7 @@ SPEC = Spec({
     "seed": Field(_INTEGER),
     "ignore_eos": Field(BOOLEAN),
     "grammar": Field(STRING),
+    "lora": Field(LORA_LIST),
     "n_probs": Field(_INTEGER),
     "n_indent": Field(_INTEGER), "t_max_predict_ms": Field(_INTEGER),
     "response_fields": Field(Kind("a list of strings", lambda value: isinstance(value, list) and all(
@@ -116,6 +118,8 @@ def generation_options(body: dict, assets: ModelAssets, config: ServerConfig) ->
         options["stop"] = [s for s in stops if s]
     if body.get("grammar"):
         options["grammar"] = body["grammar"]
+    if body.get("lora"):   # an empty list: the server's scales, as llama-server
+        options["lora"] = body["lora"]
     bias = logit_bias(body.get("logit_bias"), assets)
     if body.get("ignore_eos"):
         bias.update({token: -math.inf for token in assets.tokenizer.eog_ids})
