@@ -1,21 +1,26 @@
-"""Opening the draft model of ``LLM(draft_model=...)``.
+"""Opening the draft model of ``LLM(draft_model=...)``, and the MTP head a model's file carries.
 
 The draft model is a path, a packaged model name, or an open ``LLM`` (whose
 weights are then shared, not loaded again: keep it open while it drafts).
 Its vocabulary is checked against the target's before its weights are
 opened.  It gets a native context of its own, with one sequence per target
 sequence and as many cells as the target's cache (a draft sequence holds
-the same tokens as its target sequence, plus a few drafts).
+the same tokens as its target sequence, plus a few drafts).  The MTP head
+(``open_mtp``) is opened the same way, from the model's own file.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 from .._core import new_context, open_model
 from ..cpu import amx_types
 from ..engine.draft_model import DraftModel, check_same_vocabulary
+from ..engine.mtp import MTPHead
 from ..errors import ClosedError
 from ..gguf.reader import GGUFFile, read_gguf
 from ..model.architectures import model_spec
 from ..model.hub import resolve_model
+from ..model.mtp import mtp_matmul_weights, mtp_spec
 
 
 def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, repack: bool,
@@ -46,3 +51,29 @@ def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, r
             owned.close()
         raise
     return DraftModel(draft_context, owned_model=owned)
+
+
+def open_mtp(path, gguf: GGUFFile, spec, *, context, repack: bool, use_mmap: bool, amx) -> Optional[MTPHead]:
+    """The MTP head of the model at ``path`` (elelem.model.mtp), with a native
+    context of its own beside the model's ``context`` -- one sequence per
+    target sequence, as many cells, the same cache types -- or None where
+    the file carries none.  Its weights are the file's, mapped again (the
+    model's token embeddings and output are shared through the page cache;
+    repacked copies are made for it)."""
+    head_spec = mtp_spec(spec, gguf)
+    if head_spec is None:
+        return None
+    model = open_model(
+        path=path, builder=spec.arch.mtp_builder, hparams=head_spec.hparams, global_tensors=head_spec.global_tensors,
+        layer_tensors=head_spec.layer_tensors, description=f"{spec.arch.name} MTP head",
+        matmul_weights=mtp_matmul_weights(head_spec), repack=repack, use_mmap=use_mmap, amx_types=amx_types(amx),
+        shards=gguf.shard_paths)
+    try:
+        cache = context.cache
+        head_context = new_context(model=model, kv_size=context.kv_size, n_batch=context.n_batch,
+                                   n_threads=context.n_threads, kv_type=cache.type_k, type_v=cache.type_v,
+                                   flash_attn=context.flash_attn, n_seq_max=context.n_seq_max)
+    except BaseException:
+        model.close()
+        raise
+    return MTPHead(head_context, owned_model=model, hybrid=context.cache.hybrid)
