@@ -6,7 +6,9 @@ and the per-generation choice between prompt lookup and the head.  The
 head's logits against llama.cpp: tests/test_mtp_head.py."""
 from __future__ import annotations
 
+import re
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,9 +16,11 @@ import pytest
 import elelem
 import elelem.engine.mtp as mtp_module
 from elelem.api.generation import GenerationTarget, TextStream
+from elelem.cli.info_cmd import describe
 from elelem.engine.mtp import DrafterChoice, MTPDrafter
 from elelem.engine.step_costs import StepCosts, plan_draft_length
 from elelem.sampling.sampler import SamplingParams
+from elelem.server.metrics import Metrics
 from synthetic import TinyConfig
 from test_speculative import LIVE, N_NEW, _IdsText, assert_frequencies_match, assert_seeded_draws_match, stream_ids
 
@@ -176,3 +180,24 @@ def test_sampled_token_frequencies_match_plain_decoding(small, always_draft):
     """A chi-square test per position at p = 0.001 (test_speculative's): a
     correct engine fails it once in a thousand runs per position at most."""
     assert_frequencies_match(*small, sampled, 300, min_rejected=300 // 4)
+
+
+def test_info_and_metrics_show_the_drafters_and_their_rates(tiny_model):
+    path, _ = tiny_model(AGREE)
+    drafters = describe(path)["drafters"]
+    assert drafters[0] == "prompt lookup" and drafters[1].startswith("mtp")
+    with _open(path, mtp=False) as llm:
+        assert llm.engine.mtp is None
+    with _open(path) as llm:
+        _mtp_only(llm)
+        llm.generate_tokens([1, 2, 3], 30)
+        served = SimpleNamespace(id="tiny", llm=llm, in_flight=0, idle_sessions=0, queued=0, offload=None)
+        text = Metrics().render([served])
+        stats = llm.engine.drafter_stats()["mtp"]
+    drafted = int(re.search(r'^elelem_draft_tokens_total\{model="tiny",drafter="mtp"\} (\d+)$', text, re.M).group(1))
+    kept = int(re.search(r'^elelem_draft_tokens_accepted_total\{model="tiny",drafter="mtp"\} (\d+)$', text,
+                         re.M).group(1))
+    rate = float(re.search(r'^elelem_draft_acceptance_rate\{model="tiny",drafter="mtp"\} (\S+)$', text,
+                           re.M).group(1))
+    assert drafted == stats["drafted"] > 0 and kept == stats["accepted"]
+    assert abs(rate - kept / drafted) < 1e-4

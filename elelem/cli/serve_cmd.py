@@ -55,6 +55,8 @@ def _llm_options(args) -> dict:
         options["rpc_servers"] = args.rpc
     if args.tool_call_format:
         options["tool_call_format"] = args.tool_call_format
+    if not args.mtp:
+        options["mtp"] = False
     return options
 
 
