@@ -21,7 +21,9 @@ from elelem.engine.mtp import DrafterChoice, MTPDrafter
 from elelem.engine.step_costs import StepCosts, plan_draft_length
 from elelem.sampling.sampler import SamplingParams
 from elelem.server.metrics import Metrics
-from synthetic import TinyConfig
+from elelem.gguf.reader import read_gguf
+from elelem.model.mtp import is_companion
+from synthetic import TinyConfig, make_weights, write_model
 from test_speculative import LIVE, N_NEW, _IdsText, assert_frequencies_match, assert_seeded_draws_match, stream_ids
 
 # -- drafting through the engine (small vocabularies: no llama.cpp here) ------------------
@@ -201,3 +203,25 @@ def test_info_and_metrics_show_the_drafters_and_their_rates(tiny_model):
                            re.M).group(1))
     assert drafted == stats["drafted"] > 0 and kept == stats["accepted"]
     assert abs(rate - kept / drafted) < 1e-4
+
+
+def test_a_companion_mtp_file_drafts_as_the_head_in_the_model_file(tiny_model, tmp_path, always_draft):
+    """The head as llama.cpp's converter publishes it apart (--mtp: the
+    model's metadata, the NextN block, embeddings and output, none of the
+    model's layers), given as the draft model: the same head, the same text."""
+    path, _ = tiny_model(AGREE)
+    trunk = tuple(n for n in make_weights(AGREE) if n.startswith("blk.") and int(n.split(".")[1]) < AGREE.n_layer)
+    companion = tmp_path / "mtp-agree.gguf"
+    write_model(companion, AGREE.but(drop=trunk))
+    assert is_companion(read_gguf(companion)) and not is_companion(read_gguf(path))
+    prompt = np.random.default_rng(3).integers(1, AGREE.n_vocab, 9).tolist()
+    hidden = np.random.default_rng(4).standard_normal((4, AGREE.n_embd)).astype(np.float32)
+    with _open(path, speculative=False) as llm:
+        plain = llm.generate_tokens(prompt, 40)
+    with _open(path) as own, _open(path, draft_model=str(companion)) as llm:
+        assert llm.engine.draft is None and llm.engine.mtp is not None
+        np.testing.assert_array_equal(llm.engine.mtp._ctx.decode(prompt[:4], 0, True, hidden_in=hidden),
+                                      own.engine.mtp._ctx.decode(prompt[:4], 0, True, hidden_in=hidden))
+        _mtp_only(llm)
+        assert llm.generate_tokens(prompt, 40) == plain
+        assert llm.engine.drafter_stats()["mtp"]["acceptance_rate"] > 0.7

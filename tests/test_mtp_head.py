@@ -17,6 +17,7 @@ from elelem._core import new_context, open_model
 from elelem.model.mtp import has_mtp, mtp_matmul_weights, mtp_spec
 from llamacpp_reference import Reference, elelem_kernel_options, run_script, skip_or_fail
 from synthetic import TinyConfig, write_model
+from synthetic_mla import MLAConfig
 from vocab_metadata import vocab_writer
 
 # Qwen3.5 with one MTP block (the converter's layout), with SmolLM2's vocabulary so that llama.cpp loads it.
@@ -27,7 +28,9 @@ QWEN35MOE = TinyConfig(arch="qwen35moe", head_dim=32, n_rot=16, n_layer=4, wtype
 # GLM-4.5's layout: a dense first layer, then experts; its NextN block has experts too, and no
 # shared_head_norm of its own (the model's output norm serves).
 GLM4MOE = TinyConfig(arch="glm4moe", head_dim=32, n_rot=16, n_layer=3, seed=13, n_vocab=49152)
-CONFIGS = {"qwen35": QWEN35, "qwen35moe": QWEN35MOE, "glm4moe": GLM4MOE}
+# GLM-4.7-Flash's layout (deepseek2, multi-head latent attention), its NextN block as Glm4MoeLiteModel writes it.
+DEEPSEEK2 = MLAConfig(n_layer=3, n_nextn=1, gating=None, n_vocab=49152, seed=14)
+CONFIGS = {"qwen35": QWEN35, "qwen35moe": QWEN35MOE, "glm4moe": GLM4MOE, "deepseek2": DEEPSEEK2}
 PROMPT = [1, 5, 9, 20, 33, 7, 2, 11, 300, 4000, 17, 23]
 CHAIN = 3        # draft steps after the prompt, each from the head's own hidden state
 

@@ -26,6 +26,7 @@ from .._core import (flash_attn_supported, new_context, open_model,  # names, no
                      place_layers, unsupported_weights)
 from ..cpu import amx_types, widen_after, widen_q5_0
 from ..engine.engine import Engine
+from ..engine.mtp import MTPHead
 from ..errors import ClosedError, ContextLimitError
 from ..gguf.reader import GGUFFile, read_gguf
 from ..model.architectures import ModelSpec, model_spec
@@ -183,9 +184,12 @@ class LLM:
             draft = None if speculation.draft_model is None else open_draft(
                 speculation.draft_model, target_gguf=self.gguf, target_n_vocab=self.spec.hparams["n_vocab"],
                 context=native, repack=weights.repack, use_mmap=weights.use_mmap, amx=weights.amx)
-            head = None if draft is not None or not (speculation.speculative and speculation.mtp) else open_mtp(
-                self.path, self.gguf, self.spec, context=native, repack=weights.repack, use_mmap=weights.use_mmap,
-                amx=weights.amx)
+            head = None
+            if isinstance(draft, MTPHead):   # a companion mtp-*.gguf given as the draft model
+                head, draft = draft, None
+            elif draft is None and speculation.speculative and speculation.mtp:
+                head = open_mtp(self.path, self.gguf, self.spec, context=native, repack=weights.repack,
+                                use_mmap=weights.use_mmap, amx=weights.amx)
             disk_cache = None if caches.prompt_cache is None else open_prompt_cache(
                 caches.prompt_cache, self.path, native, caches.prompt_cache_bytes)
             self._log_compute_buffers(native)

@@ -9,14 +9,20 @@ as layer 0, with its ``nextn.*`` tensors, and the model's token embeddings,
 output norm and output -- which the native core opens beside the model and
 runs in a context of its own (elelem.engine.mtp).  As in llama.cpp, only the
 first NextN block is used (its qwen35 and glm4moe MTP graphs assert a single one).
+
+The head may also come in a file of its own, as ggml-org publishes it beside
+a model converted without it (llama.cpp's converter, ``--mtp``: an ``mtp-``
+file with the model's metadata, the NextN block, and the embeddings, output
+norm and output, but none of the model's own layers):
+:func:`companion_spec` reads such a file.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..errors import ModelShapeError
+from ..errors import ModelShapeError, UnsupportedArchitectureError
 from . import archs
-from .architectures import ModelSpec, _check_shape, _layer_roles
+from .architectures import ModelSpec, _check_shape, _hparams, _layer_roles
 from .archspec.nextn import NEXTN_OPTIONAL, NEXTN_REQUIRED
 
 if TYPE_CHECKING:
@@ -75,3 +81,31 @@ def mtp_matmul_weights(head: ModelSpec) -> list[str]:
     if output:
         names.append(output)
     return names
+
+
+def is_companion(gguf: GGUFFile) -> bool:
+    """Whether ``gguf`` is an MTP head alone: NextN layers, none of the model's own."""
+    arch = archs.find(str(gguf.get("general.architecture", "")))
+    prefix = f"{arch.name}." if arch is not None else ""
+    return (arch is not None and bool(arch.mtp_builder) and int(gguf.get(prefix + "nextn_predict_layers", 0) or 0) > 0
+            and not any(name.startswith("blk.0.") for name in gguf.tensors))
+
+
+def companion_spec(gguf: GGUFFile) -> ModelSpec:
+    """The one-layer model of a companion MTP file (:func:`is_companion`)."""
+    arch = archs.find(str(gguf.get("general.architecture", "")))
+    if arch is None or not arch.mtp_builder or not is_companion(gguf):
+        raise UnsupportedArchitectureError(f"{gguf.path} is not a multi-token-prediction head elelem can run")
+    hparams = _hparams(gguf, arch)
+    roles = archs.global_roles()
+    globals_: dict[str, Optional[str]] = {role: None for role in roles}
+    for role in arch.global_required + arch.global_optional:
+        name = arch.tensor_names.get(role, roles[role].gguf)
+        if name in gguf.tensors:
+            _check_shape(gguf, roles[role], name, hparams)
+            globals_[role] = name
+        elif role in arch.global_required:
+            raise ModelShapeError(f"the MTP file {gguf.path} lacks the model's {name!r}")
+    head = mtp_spec(ModelSpec(arch, hparams, globals_, []), gguf)
+    assert head is not None, "is_companion checked the NextN layers"
+    return head
