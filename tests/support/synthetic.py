@@ -257,16 +257,17 @@ def _nextn_weights(w, cfg, p, mat, norm):
 
 
 def _agreeing_mtp(w, cfg):
-    """The model's layers scaled to barely move the residual stream, so its
-    next token is nearly a function of the current one; and an MTP block
-    that computes that function: the token's normed embedding through
-    eh_proj = [I 0], its attention and FFN silent, the model's output norm."""
+    """The model's layers scaled to barely move the residual stream (the more
+    layers, the less each), so its next token is nearly a function of the
+    current one; and an MTP block that computes that function: the token's
+    normed embedding through eh_proj = [I 0], its attention and FFN silent,
+    the model's output norm."""
     e = cfg.n_embd
     outputs = ("attn_output", "ssm_out", "ffn_down", "ffn_down_exps", "ffn_down_shexp")
     for i in range(cfg.n_layer):
         for name in outputs:
             if f"blk.{i}.{name}.weight" in w:
-                w[f"blk.{i}.{name}.weight"] *= 0.02
+                w[f"blk.{i}.{name}.weight"] *= 0.08 / cfg.n_layer
     p = f"blk.{cfg.n_layer}."
     w[p + "nextn.eh_proj.weight"] = np.concatenate([np.eye(e), np.zeros((e, e))], axis=1).astype(np.float32)
     w[p + "nextn.enorm.weight"] = np.ones(e, dtype=np.float32)
