@@ -249,6 +249,7 @@ def test_info(smollm_path):
     assert facts["context_length"] == 8192 and facts["tensor_count"] == 272
     assert facts["chat_template"] is True and facts["file_size"] == os.path.getsize(smollm_path)
     assert facts["tensor_types"]["Q4_1"] > 0
+    assert facts["drafters"] == ["prompt lookup"]   # no MTP head in this file
 
 
 def test_an_encoder_is_described_and_refuses_generation(tmp_path):

@@ -192,9 +192,9 @@ def test_steps_of_generated_tokens_ask_for_the_decode_kernels(pair, monkeypatch)
         def __getattr__(self, name):
             return getattr(ctx, name)
 
-        def decode(self, tokens, seqs, outputs=None, decode_kernels=False):
+        def decode(self, tokens, seqs, outputs=None, decode_kernels=False, **options):
             calls.append((len(tokens), decode_kernels))
-            return ctx.decode(tokens, seqs, outputs, decode_kernels=decode_kernels)
+            return ctx.decode(tokens, seqs, outputs, decode_kernels=decode_kernels, **options)
     monkeypatch.setattr(fast.engine, "_ctx", Recording())
     fast.reset()
     fast.generate_tokens(PROMPTS[0], 40)

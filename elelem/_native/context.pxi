@@ -50,6 +50,10 @@ cdef class Context:
     cdef const AdapterWeights * adapter_weights[MAX_ADAPTERS]
     cdef int n_adapters
     cdef float seq_lora[MAX_SEQ_IDS * MAX_ADAPTERS]
+    # The final normed hidden state of every row of the last step run with
+    # keep_hidden, (n_tokens, n_embd) float32 in the batch's order: what an
+    # MTP head drafts from (elelem.engine.mtp); None otherwise.
+    cdef readonly object last_hidden
 
     def __cinit__(self):
         self.n_backends = 0
@@ -70,6 +74,7 @@ cdef class Context:
         self.adapters = ()
         self.n_adapters = 0
         memset(self.seq_lora, 0, sizeof(self.seq_lora))
+        self.last_hidden = None
 
     def __init__(self, *args, **kwargs):
         raise TypeError("Context objects are made by elelem._core.new_context()")
@@ -243,6 +248,11 @@ cdef class Context:
             st.logits = rank_head(st, self.model, st.logits)
         ggml_set_output(st.logits)
         ggml_build_forward_expand(st.gf, st.logits)
+        if st.want_hidden:
+            if st.hidden == NULL:
+                raise errors.InvalidArgumentError("this model's graph does not give its rows' hidden states")
+            ggml_set_output(st.hidden)
+            ggml_build_forward_expand(st.gf, st.hidden)
         return st.gf
 
     cdef void _reserve(self) except *:
@@ -278,7 +288,8 @@ cdef class Context:
     cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs, bint embeddings,
                            bint decode_kernels, const int32_t * seqs, int n_seqs=0,
                            bint pair_lone_row=False, const int * split_kv=NULL,
-                           const int32_t * out_rows=NULL, bint rank=False, int lora_mask=0) except NULL:
+                           const int32_t * out_rows=NULL, bint rank=False, int lora_mask=0,
+                           bint want_hidden=False) except NULL:
         cdef Step * st = &self.graph_step
         cdef int n_runs = 0
         cdef int run_length[MAX_RUNS]
@@ -306,6 +317,7 @@ cdef class Context:
                 and st.n_out_runs == n_out_runs \
                 and memcmp(st.out_run_length, out_run_length, n_out_runs * sizeof(int)) == 0 \
                 and st.split_rows == split_rows and st.lora_mask == lora_mask \
+                and st.want_hidden == want_hidden \
                 and (not split_rows or memcmp(st.split_kv, split_kv, n_tokens * sizeof(int)) == 0):
             return st
         self._drop_graph()
@@ -324,6 +336,7 @@ cdef class Context:
         memcpy(st.out_run_length, out_run_length, n_out_runs * sizeof(int))
         st.split_rows = split_rows
         st.lora_mask = lora_mask
+        st.want_hidden = want_hidden
         if split_rows:
             memcpy(st.split_kv, split_kv, n_tokens * sizeof(int))
         self._build(st)
@@ -336,16 +349,19 @@ cdef class Context:
     # -- a step ----------------------------------------------------------------
 
     def decode(self, tokens, seq_ids, outputs=None, bint embeddings=False, bint decode_kernels=False,
-               bint rank=False):
+               bint rank=False, hidden_in=None, bint keep_hidden=False):
         """Evaluate one batch (see :meth:`_decode`).  A hybrid model's
         recurrent layers take a step as sequences of one token count, one
         after the other: the batch is arranged so, run as one step when its
         sequences have the same count and as one step per count otherwise,
-        and the rows come back in the batch's order."""
+        and the rows come back in the batch's order (``last_hidden`` too)."""
+        self.last_hidden = None
         if not self.cache.hybrid:
-            return self._decode(tokens, seq_ids, outputs, embeddings, decode_kernels, 0, rank)
+            return self._decode(tokens, seq_ids, outputs, embeddings, decode_kernels, 0, rank, hidden_in, keep_hidden)
         if rank:
             raise errors.InvalidArgumentError("rank pooling is not supported for a hybrid model")
+        if hidden_in is not None:
+            raise errors.InvalidArgumentError("only an MTP head takes hidden states, and it is not hybrid")
         self._check_open()
         ids = _checked_ids(tokens, self.model.hp.n_vocab)
         if ids.shape[0] > self.n_batch:
@@ -359,14 +375,17 @@ cdef class Context:
         groups = [present[counts == c] for c in np.unique(counts)]
         self._snapshot_before(present, counts, decode_kernels)
         if len(groups) == 1:
-            out = self._decode(ids[order], seqs[order], flags[order], embeddings, decode_kernels, len(present))
+            out = self._decode(ids[order], seqs[order], flags[order], embeddings, decode_kernels, len(present),
+                               keep_hidden=keep_hidden)
             if not decode_kernels:   # and at the end of a prompt, where a new turn or a retry rewinds to
                 self._snapshot_before(present, counts, False)
+            if keep_hidden:
+                self.last_hidden = self.last_hidden[np.argsort(order)]
             kept = order[flags[order]]                 # the original row of each output, in output order
             return out[np.argsort(kept)]
         # Sequences of several counts: one step for each; a failure undoes the ones before it.
         saved = {int(q): (self.cache.seq_length_of(int(q)), self.cache.recurrent_state(int(q))) for q in present}
-        outs, done = [], []
+        outs, done, hidden = [], [], []
         try:
             for group in groups:
                 mine = order[np.isin(seqs[order], group)]
@@ -374,12 +393,16 @@ cdef class Context:
                 if not wanted.any():   # a step returns some row: one to drop (a prompt chunk short of its end)
                     wanted = wanted.copy()
                     wanted[-1] = True
-                    self._decode(ids[mine], seqs[mine], wanted, embeddings, decode_kernels, len(group))
+                    self._decode(ids[mine], seqs[mine], wanted, embeddings, decode_kernels, len(group),
+                                 keep_hidden=keep_hidden)
                     done.append(group)
+                    hidden.append((mine, self.last_hidden))
                     continue
-                out = self._decode(ids[mine], seqs[mine], wanted, embeddings, decode_kernels, len(group))
+                out = self._decode(ids[mine], seqs[mine], wanted, embeddings, decode_kernels, len(group),
+                                   keep_hidden=keep_hidden)
                 done.append(group)
                 outs.append((mine[wanted], out))
+                hidden.append((mine, self.last_hidden))
         except BaseException:
             for group in done:
                 for q in group:
@@ -387,11 +410,15 @@ cdef class Context:
                     self.cache._seq_rm(int(q), length)
                     self.cache.set_recurrent_state(int(q), state)
             raise
+        if keep_hidden:
+            rows = np.concatenate([r for r, _ in hidden])
+            self.last_hidden = np.concatenate([h for _, h in hidden])[np.argsort(rows)]
         kept = np.concatenate([k for k, _ in outs])
         out = np.concatenate([o for _, o in outs])
         return out[np.argsort(kept)]
 
-    def _decode(self, tokens, seq_ids, outputs, bint embeddings, bint decode_kernels, int n_seqs, bint rank=False):
+    def _decode(self, tokens, seq_ids, outputs, bint embeddings, bint decode_kernels, int n_seqs, bint rank=False,
+                hidden_in=None, bint keep_hidden=False):
         """Evaluate one batch: ``tokens[i]`` goes to the next position of
         sequence ``seq_ids[i]`` (tokens of one sequence in order).
 
@@ -414,6 +441,11 @@ cdef class Context:
         kernels made for prompts, and both rounding as decoding token by
         token does (graph/blocks.pxi).  A prompt keeps the batch kernels,
         whose rounding is llama.cpp's for it.
+
+        An MTP head (``HParams.mtp_head``) takes ``hidden_in`` besides the
+        tokens: ``(n, n_embd)`` float32, the hidden state paired with each
+        token.  With ``keep_hidden``, ``last_hidden`` gets every row's final
+        normed hidden state (the builders of models with an MTP head give it).
         """
         self._check_open()
         if self.busy:
@@ -432,6 +464,7 @@ cdef class Context:
                                               "classification head (cls / cls.output)")
         cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] rows = _output_rows(outputs, seqs)
         cdef int n_outputs = rows.shape[0]
+        cdef cnp.ndarray h_in = _checked_hidden(hidden_in, n, &self.model.hp)
         cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] cells = np.empty(n, dtype=np.int32)
         cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] positions = np.empty(n, dtype=np.int32)
         if n >= 2 and not decode_kernels and self.model.widen_pending:
@@ -459,9 +492,12 @@ cdef class Context:
         self.busy = True
         try:
             st = self._graph_for(n, n_kv, n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs, pair_lone_row,
-                                 <const int *> split_kv if split_rows else <const int *> NULL, &rows[0], rank, lora_mask)
+                                 <const int *> split_kv if split_rows else <const int *> NULL, &rows[0], rank, lora_mask,
+                                 keep_hidden)
             _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0])
             set_lora_inputs(st, &seqs[0], self.seq_lora)
+            if h_in is not None:
+                _set_input(st.inp_h, cnp.PyArray_DATA(h_in), ggml_nbytes(st.inp_h))
             self._compute()
         except BaseException:
             self.cache.unplace(n, &seqs[0], &cells[0])
@@ -475,6 +511,10 @@ cdef class Context:
         else:
             out = np.empty((n_outputs, self.model.hp.n_embd if embeddings else self.model.hp.n_vocab), dtype=np.float32)
         ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out), 0, ggml_nbytes(st.logits))
+        if keep_hidden:
+            hidden = np.empty((n, self.model.hp.n_embd), dtype=np.float32)
+            ggml_backend_tensor_get(st.hidden, cnp.PyArray_DATA(hidden), 0, ggml_nbytes(st.hidden))
+            self.last_hidden = hidden
         self.n_evaluated += n
         return out
 
@@ -773,6 +813,20 @@ cdef cnp.ndarray _checked_ids(tokens, int n_vocab):
         bad = lo if lo < 0 else hi
         raise errors.InvalidTokenError(f"token id {int(bad)} is outside [0, {n_vocab})")
     return np.ascontiguousarray(ids, dtype=np.int32)
+
+
+cdef cnp.ndarray _checked_hidden(hidden_in, int n, const HParams * hp):
+    """An MTP head's hidden states, one row per token; None for any other model."""
+    if not hp.mtp_head:
+        if hidden_in is not None:
+            raise errors.InvalidArgumentError("only an MTP head takes hidden states with its tokens")
+        return None
+    if hidden_in is None:
+        raise errors.InvalidArgumentError("an MTP head needs the hidden state before each token (hidden_in)")
+    h = np.ascontiguousarray(hidden_in, dtype=np.float32)
+    if h.shape != (n, hp.n_embd):
+        raise errors.InvalidArgumentError(f"hidden_in must be ({n}, {hp.n_embd}) for {n} tokens, got {h.shape}")
+    return h
 
 
 cdef cnp.ndarray _checked_seq_ids(seq_ids, int n, int n_seq_max):

@@ -1,26 +1,34 @@
-"""Opening the draft model of ``LLM(draft_model=...)``.
+"""Opening the draft model of ``LLM(draft_model=...)``, and the MTP head a model's file carries.
 
 The draft model is a path, a packaged model name, or an open ``LLM`` (whose
 weights are then shared, not loaded again: keep it open while it drafts).
 Its vocabulary is checked against the target's before its weights are
 opened.  It gets a native context of its own, with one sequence per target
 sequence and as many cells as the target's cache (a draft sequence holds
-the same tokens as its target sequence, plus a few drafts).
+the same tokens as its target sequence, plus a few drafts).  The MTP head
+(``open_mtp``) is opened the same way, from the model's own file, or from a
+companion ``mtp-*.gguf`` given as the draft model.
 """
 from __future__ import annotations
+
+from typing import Optional, Union
 
 from .._core import new_context, open_model
 from ..cpu import amx_types
 from ..engine.draft_model import DraftModel, check_same_vocabulary
+from ..engine.mtp import MTPHead
 from ..errors import ClosedError
 from ..gguf.reader import GGUFFile, read_gguf
 from ..model.architectures import model_spec
 from ..model.hub import resolve_model
+from ..model.mtp import companion_spec, is_companion, mtp_matmul_weights, mtp_spec
 
 
 def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, repack: bool,
-               use_mmap: bool, amx) -> DraftModel:
-    """A DraftModel for the target whose native context is ``context``."""
+               use_mmap: bool, amx) -> Union[DraftModel, MTPHead]:
+    """A DraftModel for the target whose native context is ``context``; or,
+    where ``source`` is a companion MTP file (elelem.model.mtp.is_companion),
+    the MTPHead it holds."""
     if hasattr(source, "spec") and hasattr(source, "gguf"):  # an open LLM
         if source.closed:
             raise ClosedError("the draft model's LLM is closed")
@@ -29,6 +37,10 @@ def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, r
     else:
         path = resolve_model(source)
         gguf = read_gguf(path)
+        if is_companion(gguf):
+            head_spec = companion_spec(gguf)
+            check_same_vocabulary(target_gguf, target_n_vocab, gguf, head_spec.hparams["n_vocab"])
+            return _open_head(path, gguf, head_spec, context=context, repack=repack, use_mmap=use_mmap, amx=amx)
         spec = model_spec(gguf)
         check_same_vocabulary(target_gguf, target_n_vocab, gguf, spec.hparams["n_vocab"])
         model = owned = open_model(
@@ -46,3 +58,34 @@ def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, r
             owned.close()
         raise
     return DraftModel(draft_context, owned_model=owned)
+
+
+def open_mtp(path, gguf: GGUFFile, spec, *, context, repack: bool, use_mmap: bool, amx) -> Optional[MTPHead]:
+    """The MTP head of the model at ``path`` (elelem.model.mtp), with a native
+    context of its own beside the model's ``context`` -- one sequence per
+    target sequence, as many cells, the same cache types -- or None where
+    the file carries none.  Its weights are the file's, mapped again (the
+    model's token embeddings and output are shared through the page cache;
+    repacked copies are made for it)."""
+    head_spec = mtp_spec(spec, gguf)
+    if head_spec is None:
+        return None
+    return _open_head(path, gguf, head_spec, context=context, repack=repack, use_mmap=use_mmap, amx=amx)
+
+
+def _open_head(path, gguf: GGUFFile, head_spec, *, context, repack: bool, use_mmap: bool, amx) -> MTPHead:
+    model = open_model(
+        path=path, builder=head_spec.arch.mtp_builder, hparams=head_spec.hparams,
+        global_tensors=head_spec.global_tensors, layer_tensors=head_spec.layer_tensors,
+        description=f"{head_spec.arch.name} MTP head",
+        matmul_weights=mtp_matmul_weights(head_spec), repack=repack, use_mmap=use_mmap, amx_types=amx_types(amx),
+        shards=gguf.shard_paths)
+    try:
+        cache = context.cache
+        head_context = new_context(model=model, kv_size=context.kv_size, n_batch=context.n_batch,
+                                   n_threads=context.n_threads, kv_type=cache.type_k, type_v=cache.type_v,
+                                   flash_attn=context.flash_attn, n_seq_max=context.n_seq_max)
+    except BaseException:
+        model.close()
+        raise
+    return MTPHead(head_context, owned_model=model, hybrid=context.cache.hybrid)

@@ -26,6 +26,7 @@ from .._core import (flash_attn_supported, new_context, open_adapter, open_model
                      place_layers, unsupported_weights)
 from ..cpu import amx_types, widen_after, widen_q5_0
 from ..engine.engine import Engine
+from ..engine.mtp import MTPHead
 from ..errors import ClosedError, ContextLimitError
 from ..gguf.reader import GGUFFile, read_gguf
 from ..model.adapters import AdapterInfo, read_adapter
@@ -34,7 +35,7 @@ from ..model.hub import ProgressFn, resolve_model
 from .assets import ModelAssets
 from .devices import check_memory, connect_servers, kv_layer_bytes, parse_endpoints, plan_layers
 from .offload import Offload, keep_supported, plan_offload
-from .draft import open_draft
+from .draft import open_draft, open_mtp
 from .embeddings import embed, embedding_response, model_pooling
 from .rerank import rerank
 from .infill import DEFAULT_N_BATCH, Piece, infill_ids
@@ -116,7 +117,7 @@ class LLM:
                  flash_attn: Union[bool, str] = "auto", repack: bool = True, amx: Union[bool, Iterable[str], None] = None,
                  use_mmap: bool = True, n_seq_max: int = DEFAULT_N_SEQ_MAX, kv_size: Optional[int] = None,
                  type_k: Optional[str] = None, type_v: Optional[str] = None,
-                 progress: Optional[ProgressFn] = None, speculative: bool = True, draft_model=None,
+                 progress: Optional[ProgressFn] = None, speculative: bool = True, draft_model=None, mtp: bool = True,
                  prompt_cache: str | os.PathLike | None = None, prompt_cache_bytes: Optional[int] = None,
                  embedding: bool = False, pooling: Optional[str] = None, rpc_servers=None,
                  n_gpu_layers: Optional[int] = None, main_gpu: int = 0, tensor_split=None,
@@ -189,11 +190,17 @@ class LLM:
             draft = None if speculation.draft_model is None else open_draft(
                 speculation.draft_model, target_gguf=self.gguf, target_n_vocab=self.spec.hparams["n_vocab"],
                 context=native, repack=weights.repack, use_mmap=weights.use_mmap, amx=weights.amx)
+            head = None
+            if isinstance(draft, MTPHead):   # a companion mtp-*.gguf given as the draft model
+                head, draft = draft, None
+            elif draft is None and speculation.speculative and speculation.mtp:
+                head = open_mtp(self.path, self.gguf, self.spec, context=native, repack=weights.repack,
+                                use_mmap=weights.use_mmap, amx=weights.amx)
             disk_cache = None if caches.prompt_cache is None else open_prompt_cache(
                 caches.prompt_cache, self.path, native, caches.prompt_cache_bytes)
             self._log_compute_buffers(native)
             self._engine = Engine(native, n_ctx=n_ctx if context.kv_size is None else min(n_ctx, native.kv_size),
-                                  speculative=bool(speculation.speculative), draft=draft, prompt_cache=disk_cache,
+                                  speculative=bool(speculation.speculative), draft=draft, mtp=head, prompt_cache=disk_cache,
                                   state_cache_bytes=caches.state_cache_bytes)
             self._engine.lora_scales = tuple(scale for _, scale in weights.lora)
             self.assets = ModelAssets(self.path, self.gguf, self.spec)

@@ -222,10 +222,16 @@ class SpeculativeOptions:
         model with the same vocabulary (else ``VocabularyMismatchError``)
         that guesses the tokens instead of prompt lookup
         (:mod:`elelem.engine.draft_model`).
+    :param mtp: True (default) also drafts with the multi-token-prediction
+        head the model's file carries (Qwen3.5/3.6 ``nextn`` layers), per
+        request where the draft planner measures that it pays better than
+        prompt lookup (:mod:`elelem.engine.mtp`); the text stays the
+        model's own.  Not with a ``draft_model``.
     """
 
     speculative: bool = True
     draft_model: Any = None
+    mtp: bool = True
 
 
 @dataclass(frozen=True)

@@ -69,11 +69,25 @@ def describe(path) -> dict:
         "layer_pattern": spec.layer_pattern() if spec else None,
         "recurrent_kind": (spec.arch.recurrent_kind or None) if spec else None,
         "recurrent_state_bytes": spec.recurrent_state_bytes() if spec else None,
+        # what speculative decoding may draft with, besides a draft model given to it
+        "drafters": _drafters(spec),
         "pooling": POOLING_TYPES.get(meta.get(f"{arch}.pooling_type", 0), meta.get(f"{arch}.pooling_type")),
         "file_size": gguf.total_size,
         "files": len(gguf.shard_paths),
         "gguf_version": gguf.version,
     }
+
+
+def _drafters(spec) -> list[str]:
+    """The drafters a generation of this model chooses between (engine/step_costs.py plans which runs)."""
+    from ..model.mtp import has_mtp
+
+    if spec is None or spec.arch.encoder:
+        return []
+    if has_mtp(spec):
+        return ["prompt lookup", f"mtp ({spec.hparams['n_layer_nextn']} NextN block"
+                                 f"{'s' if spec.hparams['n_layer_nextn'] > 1 else ''} in the file; the first drafts)"]
+    return ["prompt lookup"]
 
 
 def _attention(h: dict) -> str | None:
@@ -117,6 +131,7 @@ def main(args: argparse.Namespace) -> int:
                         f"parameters active")] if facts["experts"] else []),
         *_hybrid_rows(facts),
         *([("attention", facts["attention"])] if facts["attention"] else []),
+        *([("drafters", ", ".join(facts["drafters"]))] if facts["drafters"] else []),
         ("context length", f"{facts['context_length']} tokens (trained)"),
         ("vocabulary", f"{facts['vocab_size']} tokens ({facts['tokenizer']})"),
         ("quantization", f"{facts['file_type'] or '-'}; tensors: {types}"),

@@ -46,7 +46,7 @@ def llm_options(args: argparse.Namespace, *, n_ctx: int | None = None) -> dict:
         "weights": WeightOptions(use_mmap=args.use_mmap, repack=args.repack, amx=args.amx, lora=args.lora),
         "placement": PlacementOptions(rpc_servers=args.rpc, **gpu_options(args)),
         "speculation": SpeculativeOptions(speculative=args.speculative, draft_model=None if args.draft_model is None
-                                          else model_path(args.draft_model)),
+                                          else model_path(args.draft_model), mtp=args.mtp),
         "caches": CacheOptions(prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_size,
                                state_cache_mb=args.state_cache_mb),
     }

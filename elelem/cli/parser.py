@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     speculation.add_argument("--no-speculative", dest="speculative", action="store_false",
                              help="decode one token per step, without verifying drafted tokens "
                                   "(speculative decoding is on by default; the text is the same)")
+    speculation.add_argument("--no-mtp", dest="mtp", action="store_false",
+                             help="do not draft with the multi-token-prediction head the model file carries "
+                                  "(Qwen3.5/3.6; used where the draft planner finds that it pays)")
     speculation.add_argument("--draft-model", default=None, metavar="M",
                              help="draft with this smaller model of the same vocabulary (a .gguf path or a "
                                   "known name) instead of prompt lookup")

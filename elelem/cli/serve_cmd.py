@@ -57,6 +57,8 @@ def _llm_options(args) -> dict:
         options["tool_call_format"] = args.tool_call_format
     if args.lora:
         options["lora"] = [(path, 0.0 if args.lora_init_without_apply else scale) for path, scale in args.lora]
+    if not args.mtp:
+        options["mtp"] = False
     return options
 
 

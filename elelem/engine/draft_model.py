@@ -172,6 +172,8 @@ class DraftModel:
 class ModelDrafter:
     """Drafts for one generation from a :class:`DraftModel` (PromptLookup's interface)."""
 
+    kind = "draft model"
+
     def __init__(self, model: DraftModel, seq: int, history: Sequence[int]):
         self.model = model
         self.seq = seq

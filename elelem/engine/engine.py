@@ -41,6 +41,7 @@ from ..errors import CapacityError, ClosedError, ContextLimitError, InvalidArgum
 from .prefix_reuse import MIN_SHARED_WAIT, MIXED_LORA, REUSE_ALIGNMENT, PrefixReuse  # noqa: F401 -- the reuse grid, for callers
 from .prompt_cache import PromptCache
 from .request import Request
+from .mtp import DrafterChoice
 from .speculative import PromptLookup
 from .state_cache import DEFAULT_STATE_CACHE_MB, StateCache
 from .step_costs import StepCosts, plan_drafts
@@ -59,6 +60,8 @@ class _Chunk:
     rows: list[int] = field(default_factory=list)  # their rows in the step's logits
     drafts: list[int] = field(default_factory=list)  # guesses evaluated after them
     base: int = 0                       # positions the sequence held before the step
+    first: int = 0                      # the step's row of its first token ...
+    draft_first: int = 0                # ... and of its first draft
 
 
 @dataclass
@@ -70,13 +73,15 @@ class _Plan:
     # Every token is a generated one (no prompt in the step): the core may run
     # a small step with the kernels of one-token steps (Context.decode).
     generated: bool = False
+    # Some request drafts with an MTP head, which reads the step's hidden states.
+    keep_hidden: bool = False
 
 
 class Engine(PrefixReuse):
     """Sequences and continuous batching over one native context (what of a
     prompt need not be evaluated: prefix_reuse.py)."""
 
-    def __init__(self, context, *, n_ctx: int, speculative: bool = False, draft=None,
+    def __init__(self, context, *, n_ctx: int, speculative: bool = False, draft=None, mtp=None,
                  prompt_cache: Optional[PromptCache] = None, state_cache_bytes: int = DEFAULT_STATE_CACHE_MB << 20):
         self._ctx = context
         # A hybrid model's kept snapshots and parked states, within one budget.
@@ -89,6 +94,9 @@ class Engine(PrefixReuse):
         # from prompt lookup, or from ``draft`` (a DraftModel, see draft_model.py).
         self.speculative = speculative
         self.draft = draft
+        # The model's MTP head (an MTPHead, see mtp.py), drafting where it pays
+        # better than prompt lookup; None where the model has none.
+        self.mtp = mtp
         self._interrupted: Optional[BaseException] = None  # Ctrl-C while a draft model computed
         # Reentrant only so that cancel() can tell that its own thread holds it
         # (a signal handler that interrupted the engine); nothing re-enters it.
@@ -122,6 +130,7 @@ class Engine(PrefixReuse):
         self.prompt_tokens_evaluated = 0    # (not found in a cache)
         self.drafted_tokens = 0             # speculative decoding: draft tokens verified,
         self.accepted_tokens = 0            # and the ones kept
+        self.drafter_tokens: dict[str, list[int]] = {}  # ... by drafter kind: [verified, kept]
         # What steps of each width cost here: how many drafts a step verifies.
         self.step_costs = StepCosts()
 
@@ -221,7 +230,15 @@ class Engine(PrefixReuse):
         """The drafter of a generation on ``seq`` whose live token list is ``history``."""
         if self.draft is not None:
             return self.draft.drafter(seq, history)
+        if self.mtp is not None:
+            return DrafterChoice(PromptLookup(history), self.mtp.drafter(seq, history, self.step_costs))
         return PromptLookup(history)
+
+    def drafter_stats(self) -> dict[str, dict[str, float]]:
+        """Per drafter kind ("prompt lookup", "mtp", "draft model"): the draft
+        tokens verified, those kept, and the rate kept."""
+        return {kind: {"drafted": d, "accepted": a, "acceptance_rate": a / d if d else 0.0}
+                for kind, (d, a) in sorted(self.drafter_tokens.items())}
 
     def embed(self, tokens: list[int], seq: Optional[int] = None) -> np.ndarray:
         """The final normed hidden state of each of ``tokens`` evaluated as a
@@ -350,6 +367,8 @@ class Engine(PrefixReuse):
             self._closed = True
             if self.draft is not None:
                 self.draft.close()
+            if self.mtp is not None:
+                self.mtp.close()
             self._ctx.close()
             self._cv.notify_all()
 
@@ -399,7 +418,7 @@ class Engine(PrefixReuse):
                     self._cv.release()
                     try:
                         logits = self._ctx.decode(plan.tokens, plan.seqs, plan.outputs,
-                                                  decode_kernels=plan.generated)
+                                                  decode_kernels=plan.generated, keep_hidden=plan.keep_hidden)
                         error = None
                         if len(logits) == len(plan.tokens):  # decoding and verification (StepCosts)
                             self.step_costs.record(len(plan.tokens), time.perf_counter() - t0)
@@ -453,7 +472,10 @@ class Engine(PrefixReuse):
                 f"the KV cache ({self.kv_size} cells) is full: {len(runnable)} running sequences hold every "
                 f"cell; open the model with a larger kv_size, or run fewer requests at once"))
             return self._plan(run_ahead)
-        chunks, tokens, seqs, outputs = [], [], [], []
+        chunks: list[_Chunk] = []
+        tokens: list[int] = []
+        seqs: list[int] = []
+        outputs: list[bool] = []
         n_outputs = 0
         drafting = []                   # chunks of generating requests that may verify drafts
         for request in runnable:
@@ -465,7 +487,7 @@ class Engine(PrefixReuse):
                 if 0 < before < n:
                     n = before
             budget -= n
-            chunk = _Chunk(request, n)
+            chunk = _Chunk(request, n, first=len(tokens), base=self._ctx.cache.seq_length_of(request.seq))
             ends = n == len(request.pending)
             for i, token in enumerate(request.pending[:n]):
                 wanted = request.all_logits or (ends and i == n - 1)
@@ -476,13 +498,13 @@ class Engine(PrefixReuse):
                 seqs.append(request.seq)
                 outputs.append(wanted)
             if ends and n == 1 and request.drafter is not None and request.pick is not None:
-                chunk.base = self._ctx.cache.seq_length_of(request.seq)
                 drafting.append(chunk)
             request.in_step = True
             chunks.append(chunk)
         if drafting and budget > 0:
             # Each sequence's drafts go after every first token: a sequence's tokens stay in order.
             for chunk in self._plan_drafts(drafting, len(tokens), budget):
+                chunk.draft_first = len(tokens)
                 for token in chunk.drafts:  # every draft's row: the model's choice after it
                     chunk.rows.append(n_outputs)
                     n_outputs += 1
@@ -491,14 +513,16 @@ class Engine(PrefixReuse):
                     outputs.append(True)
         if not n_outputs:  # a step must return some row; the last one is cheap
             outputs[-1] = True
-        return _Plan(chunks, tokens, seqs, outputs, generated=all(c.request.decoding for c in chunks))
+        return _Plan(chunks, tokens, seqs, outputs, generated=all(c.request.decoding for c in chunks),
+                     keep_hidden=any(getattr(c.request.drafter, "wants_hidden", False) for c in chunks))
 
     def _plan_drafts(self, drafting: list[_Chunk], base_tokens: int, budget: int) -> list[_Chunk]:
         """Ask each drafting request for its guesses, and keep as many as pay
         for the wider step (step_costs.plan_drafts); the chunks given drafts."""
         proposals = [self._drafts(chunk.request, chunk.base, budget) for chunk in drafting]
-        offers = [(chunk.request.drafter.acceptance.rate, len(proposal))
-                  for chunk, proposal in zip(drafting, proposals)]
+        # A probe (mtp.py) is verified whatever it costs: it measures the rate.
+        offers = [(1.0 if getattr(chunk.request.drafter, "probing", False) else chunk.request.drafter.acceptance.rate,
+                   len(proposal)) for chunk, proposal in zip(drafting, proposals)]
         counts = plan_drafts(base_tokens, offers, self.step_costs, budget)
         given = []
         for chunk, proposal, count in zip(drafting, proposals, counts):
@@ -586,6 +610,7 @@ class Engine(PrefixReuse):
 
     def _settle(self, plan: _Plan, logits: Optional[np.ndarray], error: Optional[BaseException],
                 own: Request) -> None:
+        hidden = self._ctx.last_hidden if plan.keep_hidden and error is None else None
         for chunk in plan.chunks:
             chunk.request.in_step = False
         if error is not None:
@@ -616,10 +641,15 @@ class Engine(PrefixReuse):
                 if not request.pending:
                     self._retire(request)
                 continue
+            kept = 0
             if chunk.drafts:
-                self._pick_verified(chunk, rows)
+                kept = self._pick_verified(chunk, rows)
             else:
                 self._pick_next(request, rows[-1], self._ctx.cache.seq_length_of(request.seq))
+            if hidden is not None and getattr(request.drafter, "wants_hidden", False):
+                # The rows the sequence keeps: its tokens', then its confirmed drafts'.
+                request.drafter.observe(chunk.base, np.concatenate(
+                    [hidden[chunk.first:chunk.first + chunk.n], hidden[chunk.draft_first:chunk.draft_first + kept]]))
         self._offer_finished()
 
     def _pick_next(self, request: Request, logits: np.ndarray, held: int, draft: Optional[int] = None) -> bool:
@@ -645,7 +675,7 @@ class Engine(PrefixReuse):
         request.pending = [token]
         return False
 
-    def _pick_verified(self, chunk: _Chunk, rows: np.ndarray) -> None:
+    def _pick_verified(self, chunk: _Chunk, rows: np.ndarray) -> int:
         """Walk the rows of a token and its drafts: pick after each, in order,
         going on while the pick is the next draft, so that the picker sees
         exactly what decoding token by token would show it."""
@@ -657,6 +687,7 @@ class Engine(PrefixReuse):
                 break
             kept += 1
         self._keep_drafts(chunk, kept)
+        return kept
 
     def _keep_drafts(self, chunk: _Chunk, kept: int) -> None:
         """Keep the cells of the first ``kept`` drafts and trim the rest."""
@@ -669,6 +700,9 @@ class Engine(PrefixReuse):
         request.accepted += kept
         self.drafted_tokens += len(chunk.drafts)
         self.accepted_tokens += kept
+        counts = self.drafter_tokens.setdefault(getattr(request.drafter, "kind", "prompt lookup"), [0, 0])
+        counts[0] += len(chunk.drafts)
+        counts[1] += kept
         request.drafter.record(kept, len(chunk.drafts))
 
     def _settle_failure(self, plan: _Plan, error: BaseException, own: Request) -> None:

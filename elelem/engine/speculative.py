@@ -122,6 +122,8 @@ class PromptLookup:
     never changed, and indexed incrementally as it grows.
     """
 
+    kind = "prompt lookup"
+
     def __init__(self, history: Sequence[int], *, max_draft: Optional[int] = None,
                  ngram_sizes: Sequence[int] = NGRAM_SIZES):
         max_draft = DEFAULT_MAX_DRAFT if max_draft is None else max_draft  # read now: benchmarks vary it

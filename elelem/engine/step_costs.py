@@ -23,6 +23,8 @@ from typing import Callable, Optional, Sequence
 PRIOR_EXPONENT = 0.5
 #: Weight of a new measurement in a width's running average.
 SMOOTHING = 0.25
+#: A drafter that pays for its drafts drafts only where that is expected to be this much faster.
+MIN_DRAFT_GAIN = 0.05
 
 
 class StepCosts:
@@ -109,3 +111,28 @@ def plan_drafts(base_tokens: int, offers: Sequence[tuple[float, int]], costs: St
     for _, i in chances[:best_m]:
         counts[i] += 1
     return counts
+
+
+def plan_draft_length(rate: float, costs: StepCosts, draft_cost: float, limit: int,
+                      rollback_cost: float = 0.0) -> int:
+    """How many tokens a drafter that pays for each one should draft (0: none).
+
+    Drafting ``k`` tokens costs ``k`` of the drafter's steps (``draft_cost``
+    each, against a one-token step of the target), widens the target's step
+    from 1 to ``1 + k`` tokens, and where a draft is refused costs
+    ``rollback_cost`` more (a hybrid model's recurrent state is rewound by
+    evaluating the kept tokens again: about one step); it is expected to give
+    ``1 + rate + ... + rate ** k`` tokens (each draft is kept with
+    probability ``rate`` once the ones before it were).  The ``k`` in
+    ``0..limit`` with the most tokens per unit of time, where that beats
+    decoding alone by MIN_DRAFT_GAIN (measured step times are noisy); else 0.
+    """
+    best_k, best = 0, 1.0 + MIN_DRAFT_GAIN
+    value, chance = 1.0, 1.0
+    for k in range(1, max(0, limit) + 1):
+        chance *= rate
+        value += chance
+        cost = max(1.0, costs.relative(1 + k)) + k * draft_cost + (1.0 - chance) * rollback_cost
+        if value / cost > best:
+            best_k, best = k, value / cost
+    return best_k

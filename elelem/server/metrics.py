@@ -120,6 +120,15 @@ def _engine_lines(models: list) -> list[str]:
     lines = []
     for name, kind, help_text, values in per_model:
         lines += _family(name, kind, help_text, [(f'{{model="{_label(m.id)}"}}', v) for m, v in values])
+    # Speculative decoding, by drafter ("prompt lookup", "mtp", "draft model"): which runs, and how well.
+    drafters = [(m, kind, stats) for m, e in engines for kind, stats in e.drafter_stats().items()]
+    for name, kind, help_text, field in (
+            ("elelem_draft_tokens_total", "counter", "draft tokens verified, by drafter", "drafted"),
+            ("elelem_draft_tokens_accepted_total", "counter", "of those, the ones kept", "accepted"),
+            ("elelem_draft_acceptance_rate", "gauge", "the share of a drafter's verified tokens kept",
+             "acceptance_rate")):
+        lines += _family(name, kind, help_text, [(f'{{model="{_label(m.id)}",drafter="{_label(d)}"}}', stats[field])
+                                                 for m, d, stats in drafters])
     return lines
 
 

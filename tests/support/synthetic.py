@@ -81,6 +81,11 @@ class TinyConfig:
     # converters wrote it, rather than attn_qkv and attn_gate; and its MTP layers (n_nextn, written
     # as the converter does, never run) where n_nextn is set
     ssm_in: bool = False
+    # Qwen3.5's MTP block (n_nextn of them after n_layer, as the converter's _QwenMtpMixin writes
+    # them), where mtp is set; mtp="agree": a block built to predict what the model does (the model's
+    # layers barely move the residual stream, the block passes the token's embedding through), so
+    # that its drafts are confirmed
+    mtp: object = False
     # Gemma 4 (gemma4), as llama.cpp's converter writes it (conversion/gemma.py: Gemma4Model).
     # head_dim is the global layers' head width, n_swa the window, n_head_kv the sliding layers' KV heads.
     head_dim_swa: Optional[int] = None    # the sliding layers' head width (key/value_length_swa)
@@ -164,7 +169,9 @@ def recurrent_layer(cfg: "TinyConfig", i: int) -> bool:
 
 
 def n_nextn(cfg: "TinyConfig") -> int:
-    """The multi-token-prediction layers the file has after its n_layer (never run)."""
+    """The multi-token-prediction layers the file has after its n_layer."""
+    if cfg.arch in ("qwen35", "qwen35moe"):
+        return cfg.n_nextn if cfg.mtp else 0
     return cfg.n_nextn if cfg.arch in _NEXTN_ARCHS else 0
 
 
@@ -230,9 +237,44 @@ def make_weights(cfg: TinyConfig) -> dict[str, np.ndarray]:
             w[p + "ffn_gate.weight"] = mat(cfg.n_ff, e)
             w[p + "ffn_up.weight"] = mat(cfg.n_ff, e)
             w[p + "ffn_down.weight"] = mat(e, cfg.n_ff)
+            if i >= cfg.n_layer:
+                _nextn_weights(w, cfg, p, mat, norm)
             continue
         _expert_weights(w, cfg, i, p, mat, norm, vec)
+    if cfg.mtp == "agree":
+        _agreeing_mtp(w, cfg)
     return w
+
+
+def _nextn_weights(w, cfg, p, mat, norm):
+    """A NextN block's own tensors (the converter's names: blk.N.nextn.*)."""
+    e = cfg.n_embd
+    w[p + "nextn.eh_proj.weight"] = mat(e, 2 * e)
+    w[p + "nextn.enorm.weight"] = norm(e)
+    w[p + "nextn.hnorm.weight"] = norm(e)
+    if cfg.arch in ("qwen3next", "qwen35", "qwen35moe"):
+        w[p + "nextn.shared_head_norm.weight"] = norm(e)
+
+
+def _agreeing_mtp(w, cfg):
+    """The model's layers scaled to barely move the residual stream (the more
+    layers, the less each), so its next token is nearly a function of the
+    current one; and an MTP block that computes that function: the token's
+    normed embedding through eh_proj = [I 0], its attention and FFN silent,
+    the model's output norm."""
+    e = cfg.n_embd
+    outputs = ("attn_output", "ssm_out", "ffn_down", "ffn_down_exps", "ffn_down_shexp")
+    for i in range(cfg.n_layer):
+        for name in outputs:
+            if f"blk.{i}.{name}.weight" in w:
+                w[f"blk.{i}.{name}.weight"] *= 0.08 / cfg.n_layer
+    p = f"blk.{cfg.n_layer}."
+    w[p + "nextn.eh_proj.weight"] = np.concatenate([np.eye(e), np.zeros((e, e))], axis=1).astype(np.float32)
+    w[p + "nextn.enorm.weight"] = np.ones(e, dtype=np.float32)
+    for name in outputs:
+        if f"{p}{name}.weight" in w:
+            w[f"{p}{name}.weight"] = np.zeros_like(w[f"{p}{name}.weight"])
+    w[p + "nextn.shared_head_norm.weight"] = w["output_norm.weight"].copy()
 
 
 def qkvz_by_head_group(cfg: "TinyConfig", qkv: np.ndarray, z: np.ndarray) -> np.ndarray:
@@ -297,11 +339,7 @@ def _expert_weights(w, cfg, i, p, mat, norm, vec):
         w[p + "ffn_up_shexp.weight"] = mat(fs, e)
         w[p + "ffn_down_shexp.weight"] = mat(e, fs)
     if i >= cfg.n_layer:   # the NextN block's own tensors
-        w[p + "nextn.eh_proj.weight"] = mat(e, 2 * e)
-        w[p + "nextn.enorm.weight"] = norm(e)
-        w[p + "nextn.hnorm.weight"] = norm(e)
-        if cfg.arch == "qwen3next":
-            w[p + "nextn.shared_head_norm.weight"] = norm(e)
+        _nextn_weights(w, cfg, p, mat, norm)
 
 
 @dataclass(frozen=True)
@@ -539,8 +577,8 @@ def add_moe_keys(writer: gguf.GGUFWriter, cfg: TinyConfig) -> None:
         writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     if cfg.arch in ("qwen35moe", "qwen3next"):
         writer.add_expert_shared_feed_forward_length(cfg.n_ff_shexp or 2 * cfg.n_ff_exp)
-    if cfg.arch == "qwen3next" and cfg.n_nextn:
-        writer.add_nextn_predict_layers(cfg.n_nextn)
+    if cfg.arch in ("qwen3next", "qwen35", "qwen35moe") and n_nextn(cfg):
+        writer.add_nextn_predict_layers(n_nextn(cfg))
     if cfg.arch in _HYBRID_ARCHS:
         writer.add_ssm_conv_kernel(cfg.ssm_d_conv)
         writer.add_ssm_state_size(cfg.ssm_d_state)

@@ -222,10 +222,43 @@ cdef ggml_tensor * build_qwen35(Model m, KVCache cache, Step * st) except NULL:
         h = ffn_layer(st, lw, norm_rms(st, x, lw.ffn_norm))
         x = ggml_add(ctx, h, x)
     # llama.cpp's qwen35 keeps every row through its last layer.
-    x = norm_rms(st, select_outputs(st, x), m.output_norm)
+    if st.want_hidden:
+        # Every row's normed state, for the MTP head (llama.cpp's h_nextn); the
+        # norm is row by row, so the output rows' numbers are the same.
+        st.hidden = norm_rms(st, x, m.output_norm)
+        x = select_outputs(st, st.hidden)
+    else:
+        x = norm_rms(st, select_outputs(st, x), m.output_norm)
     return output_head(st, m, x)   # (n_vocab, n_outputs), or (n_embd, n_outputs)
+
+
+cdef ggml_tensor * build_qwen35_mtp(Model m, KVCache cache, Step * st) except NULL:
+    """The multi-token-prediction head of Qwen3.5 / 3.6 (elelem.model.mtp), as
+    llama.cpp's qwen35 graph_mtp: the token's embedding and the hidden state
+    of the row before it, each normed, concatenated and projected; one
+    full-attention block of the model's kind (its own K and V: layer 0 of
+    this context's cache); the head's output norm, then its logits."""
+    cdef ggml_context * ctx = st.ctx
+    cdef LayerWeights * lw = &m.layers[0]
+    cdef ggml_tensor * table = lw.nextn_embed_tokens if lw.nextn_embed_tokens != NULL else m.tok_embd
+    cdef ggml_tensor * e = norm_rms(st, ggml_get_rows(ctx, table, st.inp_tokens), lw.nextn_enorm)
+    cdef ggml_tensor * x = linear(st, lw.nextn_eh_proj, NULL,
+                                  ggml_concat(ctx, e, norm_rms(st, st.inp_h, lw.nextn_hnorm), 0))
+    cdef ggml_tensor * h = _gated_attention(st, cache, 0, lw, norm_rms(st, x, lw.attn_norm))
+    x = ggml_add(ctx, h, x)
+    h = ffn_layer(st, lw, norm_rms(st, x, lw.ffn_norm))
+    x = ggml_add(ctx, h, x)
+    # Every row's normed state: the next draft's h (llama.cpp's h_nextn of the head).
+    x = norm_rms(st, x, lw.nextn_shared_head_norm if lw.nextn_shared_head_norm != NULL else m.output_norm)
+    if st.want_hidden:
+        st.hidden = x
+    x = select_outputs(st, x)
+    if st.embeddings:
+        return x
+    return linear(st, lw.nextn_shared_head_head if lw.nextn_shared_head_head != NULL else m.output, NULL, x)
 
 
 # Qwen3-Next (qwen3next) runs through it too: what differs is in its weights
 # (ssm_ba, ssm_in) and hyperparameters (NEOX RoPE, ssm_v_grouped).
 _register_builder("qwen35", build_qwen35)
+_register_builder("qwen35_mtp", build_qwen35_mtp)

@@ -58,6 +58,12 @@ cdef struct Step:
     ggml_tensor * inp_rs_write    # I64 (n_seqs): the slots their new states go to
     ggml_tensor * inp_pos4        # I32 (4 * n_tokens): positions for multi-section RoPE; NULL without
     ggml_tensor * logits        # F32 (n_vocab, n_outputs); (n_embd, n_outputs) for embeddings; (n_cls_out, 1) for rank
+    # Multi-token prediction: a step may also keep the final normed hidden
+    # state of every row, which an MTP head drafts from (llama.cpp's t_h_nextn,
+    # embeddings_nextn unmasked); the builders that support it set hidden.
+    bint want_hidden
+    ggml_tensor * hidden        # F32 (n_embd, n_tokens) when want_hidden, else NULL
+    ggml_tensor * inp_h         # an MTP head's (HParams.mtp_head) F32 (n_embd, n_tokens): h of the row before each token
     # A prompt step that mixes sequences: the lengths of its runs of one
     # sequence's tokens (n_runs 0 otherwise, and for steps of generated
     # tokens).  Flash attention over FA_TILE_ROWS rows or more and repacked
@@ -125,6 +131,11 @@ cdef void _make_inputs(Step * st) except *:
         st.inp_pos4 = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I32, 4 * st.n_tokens)
         ggml_set_input(st.inp_pos4)
     make_lora_inputs(st)
+    st.hidden = NULL
+    st.inp_h = NULL
+    if st.hp.mtp_head:
+        st.inp_h = ggml_new_tensor_2d(st.ctx, GGML_TYPE_F32, st.hp.n_embd, st.n_tokens)
+        ggml_set_input(st.inp_h)
 
 
 cdef inline void _set_input(ggml_tensor * t, const void * data, size_t size) noexcept:

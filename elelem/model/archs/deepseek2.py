@@ -68,5 +68,5 @@ def deepseek2_layer_roles(h: Mapping[str, Any], i: int,
 
 ARCH = Architecture("deepseek2", "deepseek2", "normal", _ATTN,
                     experts=Experts(gating="softmax", normalize=None, optional=("ffn_exp_probs_b",)),
-                    derive=deepseek2_hparams, layer_roles=deepseek2_layer_roles,
+                    derive=deepseek2_hparams, layer_roles=deepseek2_layer_roles, mtp_builder="deepseek2_mtp",
                     description="GLM-4.7-Flash, DeepSeek-V2(-Lite), Moonlight, Kimi-K2 (multi-head latent attention)")

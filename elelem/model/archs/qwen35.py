@@ -7,4 +7,5 @@ from ..archspec.spec import Architecture
 ARCH = Architecture("qwen35", "qwen35", "neox", ATTN_FFN + ("q_norm", "k_norm"), recurrent=DELTA_NET + DENSE_FFN,
                     tensor_names=POST_ATTENTION_FFN_NORM,
                     recurrent_state=state_floats, recurrent_kind="Gated DeltaNet", derive=qwen35_hparams,
+                    mtp_builder="qwen35_mtp",
                     description="Qwen3.5 / Qwen3.6 (Gated DeltaNet hybrid)")

@@ -8,4 +8,5 @@ ARCH = Architecture("qwen35moe", "qwen35", "neox", ATTN + ("q_norm", "k_norm"), 
                     experts=Experts(optional=("ffn_gate_inp_shexp",)),
                     tensor_names=POST_ATTENTION_FFN_NORM,
                     recurrent_state=state_floats, recurrent_kind="Gated DeltaNet", derive=qwen35_hparams,
+                    mtp_builder="qwen35_mtp",
                     description="Qwen3.5 / Qwen3.6 MoE (Gated DeltaNet hybrid with experts)")

@@ -121,3 +121,6 @@ class Architecture:
     recurrent_kind: str = ""          # what a recurrent layer is, in words (``elelem info``)
     # (hparams) -> a line for ``elelem info``: what sets this family's shape apart
     shape: Optional[Callable[[Mapping[str, Any]], str]] = None
+    # the graph builder of the multi-token-prediction head its files may carry after
+    # its layers (nextn_predict_layers; elelem.model.mtp); "" where it has none
+    mtp_builder: str = ""

@@ -1,0 +1,300 @@
+"""Drafting with the model's own multi-token-prediction (MTP) head.
+
+Qwen3.5/3.6 files carry, after the model's layers, a block trained to guess
+the token after next (elelem.model.mtp).  Position ``p`` of the head takes
+the token ``x[p]`` and the target's final normed hidden state ``h[p-1]`` of
+the position before it, and its logits guess ``x[p+1]``.  So a draft is:
+the token the target just picked (``x[L]``, not evaluated yet) with the
+target's last hidden state ``h[L-1]`` gives ``d1``; ``d1`` with the head's
+own hidden state gives ``d2``; and so on -- llama.cpp's draft-mtp
+(common/speculative.cpp, ``common_speculative_impl_draft_mtp``).
+
+:class:`MTPHead` owns the head's native context (its one attention layer's
+K and V, one sequence per target sequence: the same ids).  A head sequence
+holds only positions whose pairs used the target's own hidden states; the
+positions a draft added are trimmed after each verification, and the head
+evaluates the confirmed tokens again with the target's states at the next
+draft (as llama.cpp's process() does).  The engine gives each generation's
+:class:`MTPDrafter` the hidden state of every row the target evaluated for
+it (``observe``); a row the target never evaluated in this generation (a
+prefix reused from the cache) is taken as zeros, which changes how often
+drafts are confirmed, never the text: the target verifies every draft as it
+verifies prompt-lookup ones (see :mod:`elelem.engine.speculative`).
+
+How many tokens to draft is planned from measured costs (:func:`
+~elelem.engine.step_costs.plan_draft_length`): a head step against a target
+step, and the width the verification adds.  Where drafting does not pay,
+the drafter probes now and then (one token, after a pause that doubles while
+probes fail), so that a head that starts to agree is noticed.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..errors import ElelemError
+from .speculative import Acceptance
+from .step_costs import SMOOTHING, StepCosts, plan_draft_length
+
+log = logging.getLogger("elelem")
+
+#: The most tokens the head drafts per step (each costs a step of the head).
+DEFAULT_MAX_DRAFT = 8
+#: A head step's cost against a one-token target step, before one is measured.
+PRIOR_HEAD_COST = 0.25
+#: Probes where drafting does not pay: the first after this many tokens, the
+#: pause doubling after each probe that is refused, up to MAX_PROBE_PAUSE.
+FIRST_PROBE_PAUSE = 8
+MAX_PROBE_PAUSE = 256
+#: Hidden rows a drafter keeps while it does not draft; older ones are dropped (zeros if ever needed).
+MAX_KEPT_ROWS = 4096
+
+
+class MTPHead:
+    """The MTP head's native context, drafting for every sequence of one engine."""
+
+    kind = "mtp"
+
+    def __init__(self, context, *, owned_model=None, max_draft: Optional[int] = None, hybrid: bool = False):
+        self._ctx = context
+        # A refused draft rewinds a hybrid target's recurrent state by evaluating
+        # the kept tokens again (Context.seq_rm): about a step, in the plan.
+        self.rollback_cost = 1.0 if hybrid else 0.0
+        self._owned_model = owned_model
+        self.max_draft = DEFAULT_MAX_DRAFT if max_draft is None else max_draft
+        self.n_embd = context.model.hparams["n_embd"]
+        self._lock = threading.Lock()
+        self._held: dict[int, list[int]] = {}   # seq -> the tokens its head sequence holds, in order
+        self._last_used: dict[int, float] = {}
+        self.evaluated = 0                       # statistics: tokens the head evaluated,
+        self.step_seconds = 0.0                  # in how long,
+        self.missing_rows = 0                    # and pairs taken with zeros for h
+        self._step_cost: Optional[float] = None  # seconds of a one-token head step (running average)
+        self.closed = False
+
+    def drafter(self, seq: int, history: Sequence[int], costs: StepCosts) -> "MTPDrafter":
+        return MTPDrafter(self, seq, history, costs)
+
+    def relative_cost(self, costs: StepCosts) -> float:
+        """A one-token head step against a one-token target step."""
+        target = costs.seconds(1)
+        if self._step_cost is None or target is None:
+            return PRIOR_HEAD_COST
+        return self._step_cost / target
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._held.clear()
+            self._ctx.close()
+            if self._owned_model is not None:
+                self._owned_model.close()
+
+    # -- used by MTPDrafter, under the engine's lock ------------------------------
+
+    def draft(self, seq: int, history: Sequence[int], rows: dict[int, np.ndarray], n: int) -> list[int]:
+        """Bring head sequence ``seq`` to ``history`` (its last token not yet
+        evaluated by the target), then ``n`` greedy drafts."""
+        with self._lock:
+            if self.closed or n <= 0:
+                return []
+            held = self._held.setdefault(seq, [])
+            self._last_used[seq] = time.monotonic()
+            length = len(history)
+            start = 0
+            while start < min(len(held), length) and held[start] == history[start]:
+                start += 1
+            if start == length:      # it holds the last token too: evaluate that again for its logits
+                start -= 1
+            if start < len(held):
+                del held[start:]
+                self._ctx.seq_rm(seq, start)
+            hidden = np.zeros((length - start, self.n_embd), dtype=np.float32)
+            for i, p in enumerate(range(start - 1, length - 1)):   # h of the position before each token
+                row = rows.get(p)
+                if row is not None:
+                    hidden[i] = row
+                elif p >= 0:
+                    self.missing_rows += 1
+            tokens = list(history[start:])
+            logits, h = self._evaluate(seq, tokens, hidden)
+            drafts = [int(np.argmax(logits))]
+            while len(drafts) < n:
+                t0 = time.perf_counter()
+                logits, h = self._evaluate(seq, drafts[-1:], h[None, :])
+                self._record_step(time.perf_counter() - t0)
+                drafts.append(int(np.argmax(logits)))
+            return drafts
+
+    def keep(self, seq: int, n: int) -> None:
+        """Trim head sequence ``seq`` to its first ``n`` positions."""
+        with self._lock:
+            held = self._held.get(seq)
+            if self.closed or held is None or len(held) <= n:
+                return
+            del held[n:]
+            self._ctx.seq_rm(seq, n)
+
+    def _evaluate(self, seq: int, tokens: list[int], hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Evaluate ``tokens`` with their hidden states after what ``seq`` holds,
+        in n_batch chunks; the last row's logits and hidden state."""
+        step = self._ctx.n_batch
+        held = self._held[seq]
+        t0 = time.perf_counter()
+        logits = None
+        for i in range(0, len(tokens), step):
+            chunk = tokens[i:i + step]
+            try:
+                logits = self._decode(seq, chunk, hidden[i:i + step])
+            except ElelemError as error:
+                if not self._drop_idle(seq, len(chunk)):
+                    raise
+                log.debug("MTP head: %s; dropped idle head sequences", error)
+                logits = self._decode(seq, chunk, hidden[i:i + step])
+            held.extend(chunk)
+            self.evaluated += len(chunk)
+        self.step_seconds += time.perf_counter() - t0
+        assert logits is not None, "the head evaluates at least one token"
+        return logits[-1], self._ctx.last_hidden[-1].copy()
+
+    def _decode(self, seq: int, tokens: list[int], hidden: np.ndarray) -> np.ndarray:
+        return self._ctx.decode(tokens, seq, None, hidden_in=hidden, keep_hidden=True,
+                                decode_kernels=len(tokens) == 1)
+
+    def _drop_idle(self, keep: int, need: int) -> bool:
+        """Free cells for ``need`` tokens by dropping other sequences' head
+        cells, least recently used first (evaluated again when needed)."""
+        cache = self._ctx.cache
+        for _, seq in sorted((t, s) for s, t in self._last_used.items() if s != keep):
+            if cache.n_free >= need:
+                break
+            if self._held.get(seq):
+                self._ctx.seq_rm(seq, 0)
+                self._held[seq] = []
+        return cache.n_free >= need
+
+    def _record_step(self, seconds: float) -> None:
+        old = self._step_cost
+        self._step_cost = seconds if old is None else old + SMOOTHING * (seconds - old)
+
+
+class MTPDrafter:
+    """Drafts for one generation from an :class:`MTPHead` (PromptLookup's interface)."""
+
+    kind = "mtp"
+    wants_hidden = True
+
+    def __init__(self, head: MTPHead, seq: int, history: Sequence[int], costs: StepCosts):
+        self.head = head
+        self.seq = seq
+        self.history = history
+        self.costs = costs
+        self.acceptance = Acceptance()
+        self.probing = False           # the last proposal is a probe: verify it whatever it costs
+        self._rows: dict[int, np.ndarray] = {}   # position -> the target's hidden state there
+        self._base = 0                 # len(history) when the last drafts were proposed
+        self._probe_wait = 0
+        self._next_probe = FIRST_PROBE_PAUSE
+        self._failed = False
+
+    def observe(self, start: int, rows: np.ndarray) -> None:
+        """The target evaluated positions ``start..start + len(rows) - 1`` of
+        this generation's sequence; ``rows`` are their final normed hidden states."""
+        for i in range(len(rows)):
+            self._rows[start + i] = rows[i]
+        if len(self._rows) > MAX_KEPT_ROWS:
+            for p in sorted(self._rows)[:len(self._rows) - MAX_KEPT_ROWS]:
+                del self._rows[p]
+
+    def propose(self, limit: int) -> list[int]:
+        self.probing = False
+        limit = min(limit, self.head.max_draft)
+        if limit <= 0 or self._failed:
+            return []
+        n = plan_draft_length(self.acceptance.rate, self.costs, self.head.relative_cost(self.costs), limit,
+                              self.head.rollback_cost)
+        if n == 0:
+            if self._probe_wait > 0:
+                self._probe_wait -= 1
+                return []
+            n, self.probing = 1, True
+            self._probe_wait = self._next_probe
+            self._next_probe = min(MAX_PROBE_PAUSE, 2 * self._next_probe)
+        self._base = len(self.history)
+        try:
+            drafts = self.head.draft(self.seq, self.history, self._rows, n)
+        except ElelemError as error:  # e.g. a head cache too small: go on without drafts
+            log.warning("the MTP head failed (%s); this generation goes on without it", error)
+            self._failed = True
+            return []
+        for p in [p for p in self._rows if p < self._base - 1]:   # evaluated by the head for good
+            del self._rows[p]
+        return drafts
+
+    def record(self, accepted: int, drafted: int) -> None:
+        """``accepted`` of ``drafted`` tokens were confirmed.  The head keeps
+        the positions up to the verified token's: those after it paired the
+        head's own hidden states, and are evaluated again with the target's."""
+        self.acceptance.record(accepted, drafted)
+        if accepted > 0 and not self.probing:
+            self._next_probe = FIRST_PROBE_PAUSE
+        if self.probing and accepted == drafted:
+            self._next_probe = FIRST_PROBE_PAUSE
+            self._probe_wait = 0
+        self.head.keep(self.seq, self._base)
+
+    def unverified(self, proposal: Sequence[int]) -> None:
+        """The engine verified none of ``proposal``: drop it from the head."""
+        self.head.keep(self.seq, self._base)
+
+
+class DrafterChoice:
+    """Per generation, prompt lookup or the MTP head, whichever is expected to
+    keep more of its drafts: prompt lookup's proposal where it has one and its
+    tokens have been confirmed at least as often, else the head's.  Prompt
+    lookup's proposals not taken are watched (shadow-checked, free), so its
+    estimate follows the text either way."""
+
+    wants_hidden = True
+
+    def __init__(self, lookup, mtp: MTPDrafter):
+        self.lookup = lookup
+        self.mtp = mtp
+        self.chosen = mtp
+
+    @property
+    def kind(self) -> str:
+        return "prompt lookup" if self.chosen is self.lookup else self.mtp.kind
+
+    @property
+    def acceptance(self) -> Acceptance:
+        return self.chosen.acceptance
+
+    @property
+    def probing(self) -> bool:
+        return self.chosen is self.mtp and self.mtp.probing
+
+    def observe(self, start: int, rows: np.ndarray) -> None:
+        self.mtp.observe(start, rows)
+
+    def propose(self, limit: int) -> list[int]:
+        proposal = self.lookup.propose(limit)
+        if proposal and self.lookup.acceptance.rate >= self.mtp.acceptance.rate:
+            self.chosen = self.lookup
+            return proposal
+        if proposal:
+            self.lookup.unverified(proposal)
+        self.chosen = self.mtp
+        return self.mtp.propose(limit)
+
+    def record(self, accepted: int, drafted: int) -> None:
+        self.chosen.record(accepted, drafted)
+
+    def unverified(self, proposal: Sequence[int]) -> None:
+        self.chosen.unverified(proposal)
