@@ -215,6 +215,22 @@ class Reference:
         return self._per_model("make_embedding_fixtures.py", "embeddings", name, model_path,
                                [FIXTURES / "make_greedy_fixtures.py", FIXTURES / "per_model_fixture.py"])
 
+    def vision(self, model: Path, mmproj: Path, images: list[Path], prompts: list[str], flash_attn: str) -> dict:
+        """make_vision_fixtures.py's output: libmtmd's embeddings of ``images`` (.npy pixels)
+        and the logits after each prompt, for the projector ``mmproj`` over ``model``.
+        Live only: no stored fixture (the inputs are made by the test)."""
+        def make():
+            options = ["--flash-attn", flash_attn, *[a for p in prompts for a in ("--prompt", p)]]
+            live = run_script("make_vision_fixtures.py",
+                              ["--out", "{out}/vision.json", "--model", str(model), "--mmproj", str(mmproj),
+                               "--images", *[str(p) for p in images], *options],
+                              options, [model, mmproj, *images], ["vision.json"])
+            if live is None:
+                skip_or_fail(self.not_built() + " (libmtmd is needed for the image comparisons)")
+            return live["vision.json"]
+
+        return self._once(f"vision:{flash_attn}", make)
+
     def wordpiece(self) -> dict:
         """make_wpm_fixtures.py's output: llama.cpp's ids and text for the vocabularies of tests/support/wpm_vocabs.py."""
         import wpm_vocabs
