@@ -258,7 +258,7 @@ cdef class Context:
     cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs, bint embeddings,
                            bint decode_kernels, const int32_t * seqs, int n_seqs=0,
                            bint pair_lone_row=False, const int * split_kv=NULL,
-                           const int32_t * out_rows=NULL) except NULL:
+                           const int32_t * out_rows=NULL, bint embd_input=False) except NULL:
         cdef Step * st = &self.graph_step
         cdef int n_runs = 0
         cdef int run_length[MAX_RUNS]
@@ -284,7 +284,7 @@ cdef class Context:
                 and memcmp(st.run_length, run_length, n_runs * sizeof(int)) == 0 \
                 and st.n_out_runs == n_out_runs \
                 and memcmp(st.out_run_length, out_run_length, n_out_runs * sizeof(int)) == 0 \
-                and st.split_rows == split_rows \
+                and st.split_rows == split_rows and st.embd_input == embd_input \
                 and (not split_rows or memcmp(st.split_kv, split_kv, n_tokens * sizeof(int)) == 0):
             return st
         self._drop_graph()
@@ -301,6 +301,7 @@ cdef class Context:
         st.n_out_runs = n_out_runs
         memcpy(st.out_run_length, out_run_length, n_out_runs * sizeof(int))
         st.split_rows = split_rows
+        st.embd_input = embd_input
         if split_rows:
             memcpy(st.split_kv, split_kv, n_tokens * sizeof(int))
         self._build(st)
@@ -365,7 +366,32 @@ cdef class Context:
         out = np.concatenate([o for _, o in outs])
         return out[np.argsort(kept)]
 
-    def _decode(self, tokens, seq_ids, outputs, bint embeddings, bint decode_kernels, int n_seqs):
+    def decode_embeddings(self, embd, ids, seq_ids, outputs=None, bint causal=True):
+        """Evaluate one batch of given embeddings (an image's, from a
+        projector) in place of tokens: row ``i`` of ``embd`` (float32
+        ``(n, n_embd)``) goes to the next position of sequence ``seq_ids[i]``
+        and its cell is marked with ``ids[i]``, a negative id standing for it
+        (what prefix reuse compares; never a vocabulary id).  Without
+        ``causal`` the rows attend to each other both ways (libmtmd's
+        non-causal images).  Returns the logits of ``outputs`` as
+        :meth:`_decode` does.  Not for hybrid models."""
+        self._check_open()
+        if self.cache.hybrid or self.model.hp.encoder or self.model.per_layer_tok_embd != NULL:
+            # (per-layer token embeddings, Gemma 4, read a table row per token id)
+            raise errors.InvalidArgumentError("this model takes no embeddings in place of tokens")
+        x = np.ascontiguousarray(embd, dtype=np.float32)
+        marks = np.asarray(ids)
+        if x.ndim != 2 or x.shape[1] != self.model.hp.n_embd or x.shape[0] == 0:
+            raise errors.InvalidArgumentError(f"embeddings must be (n, {self.model.hp.n_embd}) float32, got "
+                                              f"{tuple(np.shape(embd))}")
+        if marks.ndim != 1 or marks.shape[0] != x.shape[0] or marks.dtype.kind not in "iu" or marks.max() >= 0:
+            raise errors.InvalidTokenError("embedding rows need one negative integer id each")
+        if not np.isfinite(x).all():
+            raise errors.InvalidArgumentError("the embeddings hold NaN or infinite values")
+        return self._decode(marks, seq_ids, outputs, False, False, 0, x, causal)
+
+    def _decode(self, tokens, seq_ids, outputs, bint embeddings, bint decode_kernels, int n_seqs,
+                embd=None, bint causal=True):
         """Evaluate one batch: ``tokens[i]`` goes to the next position of
         sequence ``seq_ids[i]`` (tokens of one sequence in order).
 
@@ -389,7 +415,8 @@ cdef class Context:
         self._check_open()
         if self.busy:
             raise errors.InvalidArgumentError("a step is already running on this context")
-        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] ids = _checked_ids(tokens, self.model.hp.n_vocab)
+        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] ids = (
+            _checked_ids(tokens, self.model.hp.n_vocab) if embd is None else np.ascontiguousarray(tokens, np.int32))
         cdef int n = ids.shape[0]
         if n > self.n_batch:
             raise errors.InvalidArgumentError(f"a step takes at most n_batch={self.n_batch} tokens, got {n}")
@@ -426,8 +453,12 @@ cdef class Context:
         self.busy = True
         try:
             st = self._graph_for(n, n_kv, n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs, pair_lone_row,
-                                 <const int *> split_kv if split_rows else <const int *> NULL, &rows[0])
+                                 <const int *> split_kv if split_rows else <const int *> NULL, &rows[0],
+                                 embd is not None)
+            st.bidirectional = not causal
             _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0])
+            if embd is not None:
+                _set_input(st.inp_embd, cnp.PyArray_DATA(embd), <size_t> n * self.model.hp.n_embd * sizeof(float))
             self._compute()
         except BaseException:
             self.cache.unplace(n, &seqs[0], &cells[0])

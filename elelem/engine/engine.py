@@ -38,6 +38,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..errors import CapacityError, ClosedError, ContextLimitError, InvalidArgumentError, KVCacheFullError
+from .media import MediaTable, image_run, text_run
 from .prefix_reuse import MIN_SHARED_WAIT, REUSE_ALIGNMENT, PrefixReuse  # noqa: F401 -- the reuse grid, for callers
 from .prompt_cache import PromptCache
 from .request import Request
@@ -70,6 +71,10 @@ class _Plan:
     # Every token is a generated one (no prompt in the step): the core may run
     # a small step with the kernels of one-token steps (Context.decode).
     generated: bool = False
+    # A step of one image's embeddings (tokens holds their ids; media.py), and
+    # whether its rows attend to each other causally.
+    embd: Optional[np.ndarray] = None
+    causal: bool = True
 
 
 class Engine(PrefixReuse):
@@ -89,6 +94,8 @@ class Engine(PrefixReuse):
         # from prompt lookup, or from ``draft`` (a DraftModel, see draft_model.py).
         self.speculative = speculative
         self.draft = draft
+        # The embeddings of the images prompts hold (media.py); the API adds them.
+        self.media = MediaTable()
         self._interrupted: Optional[BaseException] = None  # Ctrl-C while a draft model computed
         # Reentrant only so that cancel() can tell that its own thread holds it
         # (a signal handler that interrupted the engine); nothing re-enters it.
@@ -364,8 +371,12 @@ class Engine(PrefixReuse):
                 try:
                     self._cv.release()
                     try:
-                        logits = self._ctx.decode(plan.tokens, plan.seqs, plan.outputs,
-                                                  decode_kernels=plan.generated)
+                        if plan.embd is not None:
+                            logits = self._ctx.decode_embeddings(plan.embd, plan.tokens, plan.seqs, plan.outputs,
+                                                                 causal=plan.causal)
+                        else:
+                            logits = self._ctx.decode(plan.tokens, plan.seqs, plan.outputs,
+                                                      decode_kernels=plan.generated)
                         error = None
                         if len(logits) == len(plan.tokens):  # decoding and verification (StepCosts)
                             self.step_costs.record(len(plan.tokens), time.perf_counter() - t0)
@@ -419,13 +430,29 @@ class Engine(PrefixReuse):
                 f"the KV cache ({self.kv_size} cells) is full: {len(runnable)} running sequences hold every "
                 f"cell; open the model with a larger kv_size, or run fewer requests at once"))
             return self._plan(run_ahead)
-        chunks, tokens, seqs, outputs = [], [], [], []
+        chunks: list[_Chunk] = []
+        tokens, seqs, outputs = [], [], []
         n_outputs = 0
         drafting = []                   # chunks of generating requests that may verify drafts
+        embd = None
         for request in runnable:
-            if budget == 0:
+            if budget == 0 or embd is not None:
                 break
             n = min(len(request.pending), budget)
+            if not request.decoding:
+                # An image's embeddings are a step of their own (media.py); tokens stop before one.
+                run = image_run(request.pending)
+                if run and chunks:
+                    continue
+                if run:
+                    n = min(run, budget)
+                    try:
+                        embd = self.media.rows(request.pending[:n])
+                    except InvalidArgumentError as error:
+                        self._drop(request, error)
+                        continue
+                else:
+                    n = min(n, text_run(request.pending))
             if request.checkpoint and not request.decoding:   # a step ends there, for its snapshot
                 before = request.checkpoint - self._ctx.cache.seq_length_of(request.seq)
                 if 0 < before < n:
@@ -455,8 +482,13 @@ class Engine(PrefixReuse):
                     tokens.append(token)
                     seqs.append(chunk.request.seq)
                     outputs.append(True)
+        if not chunks:
+            return None
         if not n_outputs:  # a step must return some row; the last one is cheap
             outputs[-1] = True
+        if embd is not None:
+            self.media.images_evaluated += 1
+            return _Plan(chunks, tokens, seqs, outputs, embd=embd, causal=not self.media.bidirectional)
         return _Plan(chunks, tokens, seqs, outputs, generated=all(c.request.decoding for c in chunks))
 
     def _plan_drafts(self, drafting: list[_Chunk], base_tokens: int, budget: int) -> list[_Chunk]:
@@ -490,10 +522,11 @@ class Engine(PrefixReuse):
         except KeyboardInterrupt as interrupt:  # the step is half planned: raised once it is settled
             self._interrupted = interrupt
             return []
-        if request.ends:
-            for i, token in enumerate(proposal):
-                if token in request.ends:  # the row before it picks the end; the rest would be wasted
-                    return proposal[:i]
+        for i, token in enumerate(proposal):
+            if token in request.ends:  # the row before it picks the end; the rest would be wasted
+                return proposal[:i]
+            if token < 0:              # an image's id (media.py), copied from the history: never a guess
+                return proposal[:i]
         return proposal
 
     def _admit(self, request: Request) -> None:
