@@ -191,3 +191,21 @@ def test_normalisation_is_float32_as_clip_image_f32_does_it():
     want = (np.float32([0, 128, 255]) / np.float32(255) - np.float32(0.5)) / np.float32(0.5)
     np.testing.assert_array_equal(got[:, 0, 0], want.astype(np.float32))
     assert got.dtype == np.float32 and got.shape == (3, 1, 1)
+
+
+def test_damaged_images_raise_image_errors_only():
+    """Bytes of real PNG, JPEG, GIF and WebP files with bytes overwritten or cut: each
+    decodes or raises ImageError, nothing else (seeded, so a failure is reproducible)."""
+    rng = np.random.default_rng(11)
+    sources = [_encoded(PIL.fromarray(_rgb(24, 17, 9)), fmt) for fmt in ("PNG", "JPEG", "GIF", "WEBP")]
+    for _ in range(300):
+        data = bytearray(sources[rng.integers(len(sources))])
+        for _ in range(rng.integers(1, 6)):
+            data[rng.integers(len(data))] = rng.integers(256)
+        if rng.random() < 0.3:
+            data = data[:rng.integers(1, len(data))]
+        try:
+            img = decode(bytes(data))
+        except ImageError:
+            continue
+        assert img.pixels.ndim == 3 and img.pixels.shape[2] == 3

@@ -156,3 +156,32 @@ def test_projector_caches_images_by_their_pixels(projector_file):
         assert not np.array_equal(first.embeddings, other.embeddings)
         with pytest.raises(errors.InvalidArgumentError, match="not a pair"):
             projector.check_text_model(48)
+
+
+def test_damaged_projector_files_raise_elelem_errors_only(projector_file, tmp_path):
+    """Bytes of the header, keys and tensor table overwritten (seeded): reading
+    raises an ElelemError or succeeds, and a file that reads opens and encodes
+    without a crash."""
+    core = pytest.importorskip("elelem._core")
+    from elelem.gguf import read_gguf
+    path, _ = projector_file
+    good = path.read_bytes()
+    header = read_gguf(path).data_offset
+    rng = np.random.default_rng(5)
+    opened = 0
+    for case in range(150):
+        data = bytearray(good)
+        for _ in range(rng.integers(1, 4)):
+            data[rng.integers(header)] = rng.integers(256)
+        bad = tmp_path / f"bad{case}.gguf"
+        bad.write_bytes(bytes(data))
+        try:
+            spec = read_projector(bad)
+            vm = core.open_vision_model(str(bad), spec.projector_type, spec.hparams, spec.global_tensors,
+                                        spec.layer_tensors)
+        except errors.ElelemError:
+            continue
+        opened += 1
+        vm.encode(np.zeros((3, spec.image_size, spec.image_size), np.float32))
+        vm.close()
+    assert opened < 150

@@ -55,6 +55,12 @@ def _llm_options(args) -> dict:
         options["rpc_servers"] = args.rpc
     if args.tool_call_format:
         options["tool_call_format"] = args.tool_call_format
+    if args.mmproj:
+        if args.model and len(args.model) > 1 or args.models_dir:
+            raise SystemExit("elelem serve: --mmproj is one model's projector; serve that model alone (one --model)")
+        options["mmproj"] = args.mmproj
+    if args.image_urls:
+        options["image_urls"] = True
     return options
 
 
