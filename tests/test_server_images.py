@@ -129,3 +129,26 @@ def test_a_model_without_a_projector_says_so(files):
         assert models["data"][0]["input_modalities"] == ["text"]
     finally:
         running.stop()
+
+
+@pytest.mark.real_model
+def test_compat_llama_takes_a_multimodal_chat_handler(files):
+    """llama-cpp-python's usage, unchanged: Llama(..., chat_handler=Gemma3ChatHandler(clip_model_path=...))
+    (any handler with a clip_model_path, as its Llava15ChatHandler family has), then image_url parts."""
+    from elelem.compat import Llama
+
+    class Gemma3ChatHandler:   # the attribute llama-cpp-python's handlers keep the projector path in
+        def __init__(self, clip_model_path):
+            self.clip_model_path = clip_model_path
+
+    text, mmproj = files
+    llm = Llama(str(text), n_ctx=256, n_threads=2, chat_handler=Gemma3ChatHandler(clip_model_path=str(mmproj)),
+                verbose=False)
+    try:
+        out = llm.create_chat_completion(messages=_user([
+            {"type": "image_url", "image_url": {"url": _url(_png(5))}}, {"type": "text", "text": "What is it?"}]),
+            max_tokens=2, temperature=0)
+        assert out["choices"][0]["message"]["role"] == "assistant"
+        assert llm._llm.images.projector.n_encoded == 1
+    finally:
+        llm.close()
