@@ -420,8 +420,9 @@ cdef bytes SPLIT_NO_KEY = b"split.no"
 
 cdef void _open_weight_file(WeightFile * files, int index, str path, bint use_mmap, bint split) except *:
     """Read the tensor table of file ``index`` of ``files`` (a model's files, or a
-    projector's one; ggml's parser, after the reader's), map the file (or, without ``use_mmap``, read it into anonymous memory) and place each
-    of its tensors at its offset in that mapping.  In a split model the file's
+    projector's one; ggml's parser, after the reader's), map the file (or, without
+    ``use_mmap``, read it into anonymous memory) and place each of its tensors at
+    its offset in that mapping.  In a split model the file's
     ``split.no`` must be its index (llama.cpp's check) and no tensor may be in two files."""
     cdef WeightFile * f = &files[index]
     cdef bytes bpath = os.fsencode(path)

@@ -38,7 +38,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..errors import CapacityError, ClosedError, ContextLimitError, InvalidArgumentError, KVCacheFullError
-from .media import MediaTable, image_run, text_run
+from .media import MediaTable, next_prompt_run
 from .prefix_reuse import MIN_SHARED_WAIT, REUSE_ALIGNMENT, PrefixReuse  # noqa: F401 -- the reuse grid, for callers
 from .prompt_cache import PromptCache
 from .request import Request
@@ -439,20 +439,16 @@ class Engine(PrefixReuse):
             if budget == 0 or embd is not None:
                 break
             n = min(len(request.pending), budget)
-            if not request.decoding:
-                # An image's embeddings are a step of their own (media.py); tokens stop before one.
-                run = image_run(request.pending)
-                if run and chunks:
+            if not request.decoding:   # an image's embeddings are a step of their own (media.py)
+                n, image = next_prompt_run(request.pending, n)
+                if image and chunks:
                     continue
-                if run:
-                    n = min(run, budget)
+                if image:
                     try:
                         embd = self.media.rows(request.pending[:n])
                     except InvalidArgumentError as error:
                         self._drop(request, error)
                         continue
-                else:
-                    n = min(n, text_run(request.pending))
             if request.checkpoint and not request.decoding:   # a step ends there, for its snapshot
                 before = request.checkpoint - self._ctx.cache.seq_length_of(request.seq)
                 if 0 < before < n:
@@ -486,10 +482,9 @@ class Engine(PrefixReuse):
             return None
         if not n_outputs:  # a step must return some row; the last one is cheap
             outputs[-1] = True
-        if embd is not None:
-            self.media.images_evaluated += 1
-            return _Plan(chunks, tokens, seqs, outputs, embd=embd, causal=not self.media.bidirectional)
-        return _Plan(chunks, tokens, seqs, outputs, generated=all(c.request.decoding for c in chunks))
+        self.media.images_evaluated += embd is not None
+        return _Plan(chunks, tokens, seqs, outputs, generated=embd is None and all(c.request.decoding for c in chunks),
+                     embd=embd, causal=not self.media.bidirectional)
 
     def _plan_drafts(self, drafting: list[_Chunk], base_tokens: int, budget: int) -> list[_Chunk]:
         """Ask each drafting request for its guesses, and keep as many as pay

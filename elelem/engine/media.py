@@ -60,6 +60,15 @@ def text_run(ids: Sequence[int]) -> int:
     return len(ids)
 
 
+def next_prompt_run(pending: Sequence[int], budget: int) -> tuple[int, bool]:
+    """How many of a prompt's ``pending`` ids its next step takes (at most ``budget``),
+    and whether they are an image's: one image's run, else the tokens before the next image."""
+    run = image_run(pending)
+    if run:
+        return min(run, budget), True
+    return min(budget, text_run(pending)), False
+
+
 def outside_images(ids: Sequence[int], n: int) -> int:
     """The largest cut ``m <= n`` of ``ids`` that does not fall inside an image."""
     while 0 < n < len(ids) and ids[n] < 0 and ids[n - 1] == ids[n] + 1:

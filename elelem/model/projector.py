@@ -232,19 +232,22 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
         down_shape = t.shape(down + ".weight")
         if down_shape is not None and down_shape[0] == n_embd and n_ff != n_embd:
             up, down = down, up
+        def norm(name: str) -> Optional[str]:
+            return t.get(b + name, (n_embd,), types=vec)
+
+        def bias(name: str, n: int) -> Optional[str]:
+            return t.get(name, (n,), required=False, types=vec)
+
         layers.append({
-            "ln1_w": t.get(b + "ln1.weight", (n_embd,), types=vec), "ln1_b": t.get(b + "ln1.bias", (n_embd,), required=False, types=vec),
-            "q_w": t.get(b + "attn_q.weight", (n_embd, width)), "q_b": t.get(b + "attn_q.bias", (width,), required=False, types=vec),
-            "k_w": t.get(b + "attn_k.weight", (n_embd, width)), "k_b": t.get(b + "attn_k.bias", (width,), required=False, types=vec),
-            "v_w": t.get(b + "attn_v.weight", (n_embd, width)), "v_b": t.get(b + "attn_v.bias", (width,), required=False, types=vec),
-            "o_w": t.get(b + "attn_out.weight", (width, n_embd)),
-            "o_b": t.get(b + "attn_out.bias", (n_embd,), required=False, types=vec),
-            "ln2_w": t.get(b + "ln2.weight", (n_embd,), types=vec), "ln2_b": t.get(b + "ln2.bias", (n_embd,), required=False, types=vec),
-            "up_w": t.get(up + ".weight", (n_embd, n_ff)),
-            "up_b": t.get(up + ".bias", (n_ff,), required=False, types=vec),
+            "ln1_w": norm("ln1.weight"), "ln1_b": bias(b + "ln1.bias", n_embd),
+            "q_w": t.get(b + "attn_q.weight", (n_embd, width)), "q_b": bias(b + "attn_q.bias", width),
+            "k_w": t.get(b + "attn_k.weight", (n_embd, width)), "k_b": bias(b + "attn_k.bias", width),
+            "v_w": t.get(b + "attn_v.weight", (n_embd, width)), "v_b": bias(b + "attn_v.bias", width),
+            "o_w": t.get(b + "attn_out.weight", (width, n_embd)), "o_b": bias(b + "attn_out.bias", n_embd),
+            "ln2_w": norm("ln2.weight"), "ln2_b": bias(b + "ln2.bias", n_embd),
+            "up_w": t.get(up + ".weight", (n_embd, n_ff)), "up_b": bias(up + ".bias", n_ff),
             "gate_w": t.get(b + "ffn_gate.weight", (n_embd, n_ff), required=False),
-            "gate_b": t.get(b + "ffn_gate.bias", (n_ff,), required=False, types=vec),
-            "down_w": t.get(down + ".weight", (n_ff, n_embd)),
-            "down_b": t.get(down + ".bias", (n_embd,), required=False, types=vec),
+            "gate_b": bias(b + "ffn_gate.bias", n_ff),
+            "down_w": t.get(down + ".weight", (n_ff, n_embd)), "down_b": bias(down + ".bias", n_embd),
         })
     return glob, layers
