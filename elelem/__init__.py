@@ -10,7 +10,8 @@ __version__ = "0.1.0"
 logging.getLogger("elelem").addHandler(logging.NullHandler())
 
 
-_OPTION_GROUPS = ("ContextOptions", "WeightOptions", "PlacementOptions", "SpeculativeOptions", "CacheOptions")
+_OPTION_GROUPS = ("ContextOptions", "WeightOptions", "PlacementOptions", "SpeculativeOptions", "CacheOptions",
+                  "VisionOptions")
 
 
 def __getattr__(name: str):

@@ -87,7 +87,7 @@ def compiler_version(name: str) -> str:
 def cmake_args(flags: list[str]) -> list[str]:
     args = ["-DGGML_NATIVE=ON", "-DGGML_LLAMAFILE=ON", "-DGGML_CPU_REPACK=ON", "-DGGML_OPENMP=ON",
             "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF", "-DGGML_BLAS=OFF",
-            "-DLLAVA_BUILD=OFF", "-DCMAKE_BUILD_TYPE=Release"]
+            "-DLLAVA_BUILD=ON", "-DCMAKE_BUILD_TYPE=Release"]
     if has_amx(flags):
         args += [f"-DCMAKE_C_FLAGS={AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={AMX_FLAGS}"]
     return args

@@ -155,8 +155,9 @@ def test_a_core_built_before_the_toy_was_declared_is_refused(toy):
 
 def cythonize(native: Path) -> subprocess.CompletedProcess:
     """Cython's compile of the core (to C++, not further): it reads every struct field a builder names."""
-    names = sorted(p.name for p in (native / "graph").glob("arch_*.pxi"))   # as setup.py's write_builder_includes
-    (native / "graph" / "all_builders.pxi").write_text("".join(f'include "{n}"\n' for n in names))
+    for pattern, generated in (("arch_*.pxi", "all_builders.pxi"), ("vision_*.pxi", "all_vision_builders.pxi")):
+        names = sorted(p.name for p in (native / "graph").glob(pattern))   # as setup.py's write_builder_includes
+        (native / "graph" / generated).write_text("".join(f'include "{n}"\n' for n in names))
     return subprocess.run([sys.executable, "-m", "cython", "--cplus", "-3", "-o", str(native / "core.cpp"),
                            str(native / "core.pyx")], capture_output=True, text=True, timeout=600)
 
@@ -166,7 +167,8 @@ def test_the_toy_builder_compiles_against_the_generated_structs(toy, tmp_path):
     pytest.importorskip("Cython")
     native = tmp_path / "_native"
     shutil.copytree(ROOT / "elelem" / "_native", native,
-                    ignore=shutil.ignore_patterns("*.cpp", "*.so", "*.o", "all_builders.pxi", "declarations.pxi"))
+                    ignore=shutil.ignore_patterns("*.cpp", "*.so", "*.o", "all_builders.pxi", "all_vision_builders.pxi",
+                                                  "declarations.pxi"))
     (native / "graph" / "arch_toy.pxi").write_text(doc_example("elelem/_native/graph/arch_toy.pxi"))
     _codegen.write(native / "declarations.pxi")
     result = cythonize(native)

@@ -122,7 +122,7 @@ def test_thinking_output_format_and_ignored_fields_are_accepted():
     ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "txt", "text": "x"}]}]},
      "messages.0.content.0.type"),                                              # an unknown block type
     ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
-     "messages.0.content.0.type"),                                              # known, but not for a text model
+     "messages.0.content.0.source"),                                            # an image with no data
     ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
      "messages.0.content.0.text"),
     ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]},

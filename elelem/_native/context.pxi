@@ -289,7 +289,7 @@ cdef class Context:
                            bint decode_kernels, const int32_t * seqs, int n_seqs=0,
                            bint pair_lone_row=False, const int * split_kv=NULL,
                            const int32_t * out_rows=NULL, bint rank=False, int lora_mask=0,
-                           bint want_hidden=False) except NULL:
+                           bint want_hidden=False, bint embd_input=False) except NULL:
         cdef Step * st = &self.graph_step
         cdef int n_runs = 0
         cdef int run_length[MAX_RUNS]
@@ -317,7 +317,7 @@ cdef class Context:
                 and st.n_out_runs == n_out_runs \
                 and memcmp(st.out_run_length, out_run_length, n_out_runs * sizeof(int)) == 0 \
                 and st.split_rows == split_rows and st.lora_mask == lora_mask \
-                and st.want_hidden == want_hidden \
+                and st.want_hidden == want_hidden and st.embd_input == embd_input \
                 and (not split_rows or memcmp(st.split_kv, split_kv, n_tokens * sizeof(int)) == 0):
             return st
         self._drop_graph()
@@ -337,6 +337,7 @@ cdef class Context:
         st.split_rows = split_rows
         st.lora_mask = lora_mask
         st.want_hidden = want_hidden
+        st.embd_input = embd_input
         if split_rows:
             memcpy(st.split_kv, split_kv, n_tokens * sizeof(int))
         self._build(st)
@@ -417,8 +418,32 @@ cdef class Context:
         out = np.concatenate([o for _, o in outs])
         return out[np.argsort(kept)]
 
+    def decode_embeddings(self, embd, ids, seq_ids, outputs=None, bint causal=True):
+        """Evaluate one batch of given embeddings (an image's, from a
+        projector) in place of tokens: row ``i`` of ``embd`` (float32
+        ``(n, n_embd)``) goes to the next position of sequence ``seq_ids[i]``
+        and its cell is marked with ``ids[i]``, a negative id standing for it
+        (what prefix reuse compares; never a vocabulary id).  Without
+        ``causal`` the rows attend to each other both ways (libmtmd's
+        non-causal images).  Returns the logits of ``outputs`` as
+        :meth:`_decode` does.  Not for hybrid models."""
+        self._check_open()
+        if self.cache.hybrid or self.model.hp.encoder or self.model.per_layer_tok_embd != NULL:
+            # (per-layer token embeddings, Gemma 4, read a table row per token id)
+            raise errors.InvalidArgumentError("this model takes no embeddings in place of tokens")
+        x = np.ascontiguousarray(embd, dtype=np.float32)
+        marks = np.asarray(ids)
+        if x.ndim != 2 or x.shape[1] != self.model.hp.n_embd or x.shape[0] == 0:
+            raise errors.InvalidArgumentError(f"embeddings must be (n, {self.model.hp.n_embd}) float32, got "
+                                              f"{tuple(np.shape(embd))}")
+        if marks.ndim != 1 or marks.shape[0] != x.shape[0] or marks.dtype.kind not in "iu" or marks.max() >= 0:
+            raise errors.InvalidTokenError("embedding rows need one negative integer id each")
+        if not np.isfinite(x).all():
+            raise errors.InvalidArgumentError("the embeddings hold NaN or infinite values")
+        return self._decode(marks, seq_ids, outputs, False, False, 0, embd=x, causal=causal)
+
     def _decode(self, tokens, seq_ids, outputs, bint embeddings, bint decode_kernels, int n_seqs, bint rank=False,
-                hidden_in=None, bint keep_hidden=False):
+                hidden_in=None, bint keep_hidden=False, embd=None, bint causal=True):
         """Evaluate one batch: ``tokens[i]`` goes to the next position of
         sequence ``seq_ids[i]`` (tokens of one sequence in order).
 
@@ -450,7 +475,8 @@ cdef class Context:
         self._check_open()
         if self.busy:
             raise errors.InvalidArgumentError("a step is already running on this context")
-        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] ids = _checked_ids(tokens, self.model.hp.n_vocab)
+        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] ids = (
+            _checked_ids(tokens, self.model.hp.n_vocab) if embd is None else np.ascontiguousarray(tokens, np.int32))
         cdef int n = ids.shape[0]
         if n > self.n_batch:
             raise errors.InvalidArgumentError(f"a step takes at most n_batch={self.n_batch} tokens, got {n}")
@@ -493,11 +519,14 @@ cdef class Context:
         try:
             st = self._graph_for(n, n_kv, n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs, pair_lone_row,
                                  <const int *> split_kv if split_rows else <const int *> NULL, &rows[0], rank, lora_mask,
-                                 keep_hidden)
+                                 keep_hidden, embd is not None)
+            st.bidirectional = not causal
             _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0])
             set_lora_inputs(st, &seqs[0], self.seq_lora)
             if h_in is not None:
                 _set_input(st.inp_h, cnp.PyArray_DATA(h_in), ggml_nbytes(st.inp_h))
+            if embd is not None:
+                _set_input(st.inp_embd, cnp.PyArray_DATA(embd), <size_t> n * self.model.hp.n_embd * sizeof(float))
             self._compute()
         except BaseException:
             self.cache.unplace(n, &seqs[0], &cells[0])

@@ -183,6 +183,23 @@ cdef extern from "ggml.h" nogil:
     ggml_tensor * ggml_relu(ggml_context * ctx, ggml_tensor * a)
     ggml_tensor * ggml_sqr(ggml_context * ctx, ggml_tensor * a)
 
+    # vision encoders (graph/vit.pxi): patches, pooling, F16 casts for attention
+    enum ggml_op_pool:
+        GGML_OP_POOL_MAX
+        GGML_OP_POOL_AVG
+    enum ggml_prec:
+        GGML_PREC_DEFAULT
+        GGML_PREC_F32
+    ggml_tensor * ggml_conv_2d(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, int s0, int s1, int p0, int p1,
+                               int d0, int d1)
+    ggml_tensor * ggml_pool_2d(ggml_context * ctx, ggml_tensor * a, ggml_op_pool op, int k0, int k1, int s0, int s1,
+                               float p0, float p1)
+    ggml_tensor * ggml_cast(ggml_context * ctx, ggml_tensor * a, ggml_type type)
+    ggml_tensor * ggml_gelu_quick(ggml_context * ctx, ggml_tensor * a)
+    cbool ggml_prec_set_acc(ggml_tensor * a, ggml_prec prec)
+    ggml_tensor * ggml_cont_4d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2,
+                               int64_t ne3)
+
     ggml_cgraph * ggml_new_graph_custom(ggml_context * ctx, size_t size, bint grads)
     void ggml_build_forward_expand(ggml_cgraph * cgraph, ggml_tensor * tensor)
     int ggml_graph_n_nodes(ggml_cgraph * cgraph)
@@ -266,6 +283,12 @@ cdef extern from "ggml-backend.h" nogil:
 
 
 cdef extern from "ggml-alloc.h" nogil:
+    ctypedef struct ggml_gallocr:
+        pass
+    ctypedef ggml_gallocr * ggml_gallocr_t
+    ggml_gallocr_t ggml_gallocr_new(ggml_backend_buffer_type_t buft)
+    void ggml_gallocr_free(ggml_gallocr_t galloc)
+    cbool ggml_gallocr_alloc_graph(ggml_gallocr_t galloc, ggml_cgraph * graph)
     ggml_backend_buffer_t ggml_backend_alloc_ctx_tensors(ggml_context * ctx, ggml_backend_t backend)
     ggml_backend_buffer_t ggml_backend_alloc_ctx_tensors_from_buft(ggml_context * ctx,
                                                                    ggml_backend_buffer_type_t buft)

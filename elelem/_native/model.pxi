@@ -306,7 +306,7 @@ def open_model(path, str builder, dict hparams, dict global_tensors, list layer_
     cdef int ifile
     for ifile, shard_path in enumerate(paths):
         m.n_files = ifile + 1  # so that _release frees what this file has got, should it fail
-        _open_weight_file(m, ifile, shard_path, use_mmap, len(paths) > 1)
+        _open_weight_file(m.files, ifile, shard_path, use_mmap, len(paths) > 1)
     if repack and matmul_weights:
         _repack_weights(m, matmul_weights, None if global_tensors.get("output") else global_tensors["tok_embd"],
                         None if amx_types is None else frozenset(amx_types))
@@ -439,12 +439,13 @@ cdef void _release_file(WeightFile * f) noexcept:
 cdef bytes SPLIT_NO_KEY = b"split.no"
 
 
-cdef void _open_weight_file(Model m, int index, str path, bint use_mmap, bint split) except *:
-    """Read file ``index`` of the model's tensor table (ggml's parser, after the reader's),
-    map the file (or, without ``use_mmap``, read it into anonymous memory) and place each
-    of its tensors at its offset in that mapping.  In a split model the file's
+cdef void _open_weight_file(WeightFile * files, int index, str path, bint use_mmap, bint split) except *:
+    """Read the tensor table of file ``index`` of ``files`` (a model's files, or a
+    projector's one; ggml's parser, after the reader's), map the file (or, without
+    ``use_mmap``, read it into anonymous memory) and place each of its tensors at
+    its offset in that mapping.  In a split model the file's
     ``split.no`` must be its index (llama.cpp's check) and no tensor may be in two files."""
-    cdef WeightFile * f = &m.files[index]
+    cdef WeightFile * f = &files[index]
     cdef bytes bpath = os.fsencode(path)
     cdef const char * cpath = bpath
     cdef gguf_init_params gparams
@@ -464,7 +465,7 @@ cdef void _open_weight_file(Model m, int index, str path, bint use_mmap, bint sp
         t = ggml_get_first_tensor(f.ctx)
         while t != NULL:
             for i in range(index):
-                if ggml_get_tensor(m.files[i].ctx, t.name) != NULL:
+                if ggml_get_tensor(files[i].ctx, t.name) != NULL:
                     raise errors.GGUFError(f"{path}: tensor {t.name.decode(errors='replace')!r} is also in "
                                            f"file {i + 1} of the split model")
             t = ggml_get_next_tensor(f.ctx, t)

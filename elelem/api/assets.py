@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from ..gguf.reader import GGUFFile, validate_tokenizer_metadata
 from ..model.architectures import ModelSpec
@@ -37,6 +37,8 @@ class ModelAssets:
         self._grammar_tokenizer: Optional[GrammarTokenizer] = None
         #: The LLM's tool_call_format (a format's name); None: read from the chat template.
         self.tool_call_format: Optional[str] = None
+        #: Images in (an api.images.ImageInput): set when the model is opened with a projector.
+        self.images: Any = None
         self.eos_ids = self._metadata_eos_ids()
 
     @property

@@ -38,11 +38,12 @@ from .offload import Offload, keep_supported, plan_offload
 from .draft import open_draft, open_mtp
 from .embeddings import embed, embedding_response, model_pooling
 from .rerank import rerank
+from .images import ImageInput
 from .infill import DEFAULT_N_BATCH, Piece, infill_ids
 from .lora import ScalesSpec, describe, resolve_scales
 from .options import (DEFAULT_N_CTX, DEFAULT_N_SEQ_MAX, DEFAULT_RPC_TIMEOUT, FIELD_GROUP, GROUPS,  # noqa: F401
                       KV_CELL_PAD, MAX_N_CTX, CacheOptions, ContextOptions, PlacementOptions, SpeculativeOptions,
-                      WeightOptions, build_options, padded_cells)
+                      VisionOptions, WeightOptions, build_options, padded_cells)
 from .session import Session
 from .states import open_prompt_cache
 from .tools.parsers import format_named
@@ -80,7 +81,7 @@ class LLM:
     (see ``elelem models``; None is the default model), pulled on first use
     (``progress`` is then called as ``progress(stage, done, total)``).
 
-    The options come in five groups (:mod:`elelem.api.options`), where each
+    The options come in six groups (:mod:`elelem.api.options`), where each
     is documented: ``context`` (:class:`~elelem.api.options.ContextOptions`:
     ``n_ctx``, ``n_batch``, ``n_threads``, ``kv_size``, ``n_seq_max``,
     ``kv_type``, ``type_k``, ``type_v``, ``flash_attn``), ``weights``
@@ -89,9 +90,12 @@ class LLM:
     (:class:`~elelem.api.options.PlacementOptions`: ``n_gpu_layers``,
     ``main_gpu``, ``tensor_split``, ``rpc_servers``, ``rpc_timeout``),
     ``speculation`` (:class:`~elelem.api.options.SpeculativeOptions`:
-    ``speculative``, ``draft_model``) and ``caches``
+    ``speculative``, ``draft_model``), ``caches``
     (:class:`~elelem.api.options.CacheOptions`: ``prompt_cache``,
-    ``prompt_cache_bytes``, ``state_cache_mb``).  Each option is a keyword
+    ``prompt_cache_bytes``, ``state_cache_mb``) and ``vision``
+    (:class:`~elelem.api.options.VisionOptions`: ``mmproj``, the projector
+    file that lets ``chat`` take images, ``image_dir``, ``image_urls``,
+    ``image_max_bytes``, ``image_max_pixels``).  Each option is a keyword
     of its own too: ``LLM(path, n_ctx=8192)`` is
     ``LLM(path, context=ContextOptions(n_ctx=8192))``.  A group and one of
     its options given another value than its default in the same call raise
@@ -125,19 +129,23 @@ class LLM:
                  tool_call_format: Optional[str] = None, state_cache_mb: Optional[int] = None,
                  context: Optional[ContextOptions] = None, weights: Optional[WeightOptions] = None,
                  placement: Optional[PlacementOptions] = None, speculation: Optional[SpeculativeOptions] = None,
-                 caches: Optional[CacheOptions] = None):
+                 caches: Optional[CacheOptions] = None, mmproj: str | os.PathLike | None = None,
+                 image_dir: str | os.PathLike | None = None, image_urls: bool = False,
+                 image_max_bytes: Optional[int] = None, image_max_pixels: Optional[int] = None,
+                 vision: Optional[VisionOptions] = None):
         # The keywords above are the groups' fields (tests/test_api_options.py checks that
         # they agree, defaults included); every option is read from its group below.
         options = build_options({name: value for name, value in locals().items()
                                  if name in FIELD_GROUP or name in GROUPS})
         t0 = time.perf_counter()
-        context, weights, placement, speculation, caches = (options[group] for group in GROUPS)
+        context, weights, placement, speculation, caches, vision = (options[group] for group in GROUPS)
         if tool_call_format is not None:
             format_named(tool_call_format)  # an unknown name fails before the model loads
         self._engine: Optional[Engine] = None
         self._model: Any = None  # the native Model (no stub: the core is compiled)
         self._session: Optional[Session] = None
         self._lora: list[AdapterInfo] = []
+        self.images: Optional[ImageInput] = None
         self.path = resolve_model(model_path, progress=progress)
         self.gguf: GGUFFile = read_gguf(self.path)
         self.spec: ModelSpec = model_spec(self.gguf)
@@ -205,6 +213,9 @@ class LLM:
             self._engine.lora_scales = tuple(scale for _, scale in weights.lora)
             self.assets = ModelAssets(self.path, self.gguf, self.spec)
             self.assets.tool_call_format = tool_call_format  # None: read from the chat template
+            self.images = ImageInput.open(vision, arch=self.spec.arch.name, n_embd=self.spec.hparams["n_embd"],
+                                          media=self._engine.media, n_threads=native.n_threads)
+            self.assets.images = self.images
             # embedding=True is llama-cpp-python's switch; here embeddings always work.
             self.embedding = bool(embedding)
             self.pooling = model_pooling(self.gguf, self.spec.arch.name, pooling,
@@ -592,6 +603,9 @@ class LLM:
                 self._engine.prompt_cache.flush()   # the states offered so far are on disk
         if self._model is not None:
             self._model.close()
+        if self.images is not None:
+            self.images.close()
+            self.images = None
         self._idle = []
         self._engine = None
         self._model = None

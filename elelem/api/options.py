@@ -1,4 +1,4 @@
-"""``LLM``'s options, in five groups: each option is a field of one frozen
+"""``LLM``'s options, in six groups: each option is a field of one frozen
 dataclass, documented and checked there.
 
     >>> LLM("smollm2-135m", context=ContextOptions(n_ctx=8192, kv_type="q8_0"))
@@ -268,9 +268,38 @@ class CacheOptions:
         return mb << 20
 
 
+@dataclass(frozen=True)
+class VisionOptions:
+    """Images in: a projector file and where images may come from.
+
+    :param mmproj: the model's projector file (an ``mmproj-*.gguf``, a
+        ``clip`` GGUF), which encodes images into embeddings the text model
+        reads as tokens (:mod:`elelem.vision`).  None: the model reads text only.
+    :param image_dir: local image paths (and ``file://`` URLs) are read only
+        under this directory; None allows none.
+    :param image_urls: fetch ``http(s)`` image URLs (default False: images
+        come as ``data:`` URLs, or as paths under ``image_dir``).
+    :param image_max_bytes: the largest encoded image taken (default 20 MiB).
+    :param image_max_pixels: the most pixels a decoded image may have
+        (default 50 million).
+    """
+
+    mmproj: Union[str, os.PathLike, None] = None
+    image_dir: Union[str, os.PathLike, None] = None
+    image_urls: bool = False
+    image_max_bytes: Optional[int] = None
+    image_max_pixels: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for name in ("image_max_bytes", "image_max_pixels"):
+            value = getattr(self, name)
+            if value is not None and (not _is_integer(value) or operator.index(value) <= 0):
+                raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
+
+
 #: LLM's keyword for each group.
 GROUPS: dict[str, type] = {"context": ContextOptions, "weights": WeightOptions, "placement": PlacementOptions,
-                           "speculation": SpeculativeOptions, "caches": CacheOptions}
+                           "speculation": SpeculativeOptions, "caches": CacheOptions, "vision": VisionOptions}
 #: Each option's group, by the option's name.
 FIELD_GROUP: dict[str, str] = {f.name: group for group, cls in GROUPS.items() for f in fields(cls)}
 

@@ -151,11 +151,18 @@ def text_messages(messages: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str
     return messages
 
 
+#: Content parts that carry an image: OpenAI's chat, the Responses API's, Anthropic's (api/images.py reads them).
+IMAGE_PART_TYPES = ("image_url", "input_image", "image")
+
+
 def content_text(parts: list, where: str = "content") -> str:
     """The text of OpenAI content parts (``[{"type": "text", "text": ...}, ...]``)."""
     texts = []
     for index, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind in IMAGE_PART_TYPES:
+            raise InvalidArgumentError(f"{where}[{index}] is an image, and this model was opened without a "
+                                       f"projector: it reads text only (open it with mmproj=, its mmproj file)")
         if kind != "text":
             raise InvalidArgumentError(f"{where}[{index}] is a {kind or type(part).__name__!r} part; "
                                        f"this model reads text only: use {{'type': 'text', 'text': ...}} parts")

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from ..engine.engine import Engine
+from ..engine.media import image_run
 from ..engine.request import Request
 from ..errors import ClosedError, ContextLimitError, InvalidArgumentError, InvalidTokenError
 from .assets import ModelAssets
@@ -254,9 +255,31 @@ class Session(TextAPI):
             raise InvalidTokenError(f"the {what} must be a flat list of integers (token ids), "
                                     f"got shape {arr.shape} of {arr.dtype}")
         lo, hi = int(arr.min()), int(arr.max())
-        if lo < 0 or hi >= self.n_vocab:
+        if hi >= self.n_vocab or (lo < 0 and not self._images_known(arr)):
             raise InvalidTokenError(f"token id {lo if lo < 0 else hi} in the {what} is outside [0, {self.n_vocab})")
         return [int(t) for t in arr]
+
+    def _images_known(self, ids: np.ndarray) -> bool:
+        """Whether every negative id stands for an image the engine holds embeddings of
+        (elelem/engine/media.py; the ids ``LLM.images`` gives a prompt's images)."""
+        values = [int(t) for t in ids]
+        i = 0
+        while i < len(values):
+            run = image_run(values[i:])
+            if run:
+                if not self._known_run(values[i:i + run]):
+                    return False
+                i += run
+            else:
+                i += 1
+        return True
+
+    def _known_run(self, run: list[int]) -> bool:
+        try:
+            self._engine.media.rows(run)
+        except InvalidArgumentError:
+            return False
+        return True
 
     def _check_stop_ids(self, stop_ids: Optional[Iterable[int]]) -> frozenset[int]:
         if stop_ids is None:

@@ -270,8 +270,16 @@ class TextAPI:
         # Templates that print an earlier turn's reasoning as message.thinking (gpt-oss's, LFM2.5's) get
         # reasoning_content under that name too, as llama.cpp's handlers for them give it.
         messages = reasoning_messages(messages, thinking_key=template_format.reasoning_as_thinking)
+        images_in = self.assets.images
+        images = []
+        if images_in is not None:
+            messages, images = images_in.marked_messages(messages)
         prompt, ids = chat_prompt(self.assets, messages_for_template(messages), tools=plan.template_tools,
                                   **variables)
+        if images:
+            ids = images_in.prompt_ids(
+                lambda text, first: self.assets.tokenize(text, add_bos=None if first else False, special=True),
+                self.assets.tokenizer.bos_id, prompt, images)
         reply = reply_parser(fmt, source, prompt, parse_calls=plan.parses_calls, tools=plan.functions,
                              reasoning_format=reasoning_format)
         constraint: Union[LazyConstraint, TokenConstraint, None]

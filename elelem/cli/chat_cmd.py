@@ -7,14 +7,17 @@ new user message is evaluated.
 from __future__ import annotations
 
 import argparse
+import base64
 import sys
+from pathlib import Path
 
-from ..errors import ContextLimitError
+from ..errors import ContextLimitError, InvalidArgumentError
 from .interrupt import AnswerInterrupts
 from .loading import open_llm
 from .output import print_stats, stream_answer
 
-HELP = "/reset starts a new conversation, /exit quits (or Ctrl-D); Ctrl-C stops an answer."
+HELP = ("/reset starts a new conversation, /image PATH attaches an image to the next message (with --mmproj), "
+        "/exit quits (or Ctrl-D); Ctrl-C stops an answer.")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -30,6 +33,7 @@ def main(args: argparse.Namespace) -> int:
         if interactive:
             print(f"elelem chat with {llm.path.name}. {HELP}", file=sys.stderr)
         history = _fresh_history(args.system)
+        images: list[dict] = []   # image parts for the next user message (/image)
         while True:
             line = _read_line(interactive)
             if line is None:
@@ -45,15 +49,27 @@ def main(args: argparse.Namespace) -> int:
                     print("[new conversation]", file=sys.stderr)
                 elif text == "/help":
                     print(HELP, file=sys.stderr)
+                elif text.split()[0] == "/image":
+                    part = _image_part(text[len("/image"):].strip(), llm)
+                    if part is not None:
+                        images.append(part)
+                        print(f"[image attached to the next message: {len(images)}]", file=sys.stderr)
                 else:
                     print(f"unknown command {text.split()[0]}; {HELP}", file=sys.stderr)
                 continue
-            history.append({"role": "user", "content": line.rstrip("\n")})
+            content = line.rstrip("\n")
+            history.append({"role": "user", "content": images + [{"type": "text", "text": content}] if images
+                            else content})
+            images = []
             try:
                 stream = llm.chat_stream(history, max_tokens=args.max_tokens, **args.sampling)
             except ContextLimitError as error:
                 history.pop()
                 print(f"elelem: {error}; /reset to start over", file=sys.stderr)
+                continue
+            except InvalidArgumentError as error:   # an image that does not decode, say
+                history.pop()
+                print(f"elelem: {error}", file=sys.stderr)
                 continue
             answer, _ = stream_answer(stream, llm, interrupts)
             # A stopped answer stays in the conversation as far as it got.
@@ -80,3 +96,17 @@ def _read_line(interactive: bool) -> str | None:
             return None
         except KeyboardInterrupt:  # Ctrl-C at the prompt: a fresh prompt, not an exit
             print("\n(Ctrl-D or /exit to quit)", file=sys.stderr)
+
+
+def _image_part(path: str, llm) -> dict | None:
+    """An image part for ``/image PATH`` (the file read here, sent as a data: URL)."""
+    if llm.images is None:
+        print("elelem: images need the model's projector file: start with --mmproj FILE", file=sys.stderr)
+        return None
+    try:
+        data = Path(path).expanduser().read_bytes()
+    except OSError as error:
+        print(f"elelem: cannot read {path}: {error.strerror or error}", file=sys.stderr)
+        return None
+    return {"type": "image_url",
+            "image_url": {"url": "data:application/octet-stream;base64," + base64.b64encode(data).decode()}}

@@ -39,7 +39,8 @@ def flash_attn_option(args: argparse.Namespace):
 
 def llm_options(args: argparse.Namespace, *, n_ctx: int | None = None) -> dict:
     """The option groups of ``LLM`` that the command's flags set (``n_ctx``, if given, over ``--ctx``)."""
-    from ..api.options import CacheOptions, ContextOptions, PlacementOptions, SpeculativeOptions, WeightOptions
+    from ..api.options import (CacheOptions, ContextOptions, PlacementOptions, SpeculativeOptions, VisionOptions,
+                               WeightOptions)
     return {
         "context": ContextOptions(n_ctx=args.ctx if n_ctx is None else n_ctx, n_threads=args.threads,
                                   flash_attn=flash_attn_option(args)),
@@ -49,6 +50,8 @@ def llm_options(args: argparse.Namespace, *, n_ctx: int | None = None) -> dict:
                                           else model_path(args.draft_model), mtp=args.mtp),
         "caches": CacheOptions(prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_size,
                                state_cache_mb=args.state_cache_mb),
+        "vision": VisionOptions(mmproj=getattr(args, "mmproj", None), image_dir=getattr(args, "image_dir", None),
+                                image_urls=bool(getattr(args, "image_urls", False))),
     }
 
 

@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto",
                        help="ggml's fused attention kernel (default auto, as llama.cpp: on where every device "
                             "holding K/V runs it; off: mul_mat + softmax, llama-cpp-python's default)")
+    model.add_argument("--mmproj", default=None, metavar="FILE",
+                       help="the model's projector file (mmproj-*.gguf): chat requests may then carry images")
+    model.add_argument("--image-dir", default=None, metavar="DIR",
+                       help="images may be read from local paths under DIR (default: none)")
+    model.add_argument("--image-urls", action="store_true",
+                       help="fetch http(s) image URLs (default: images come as data: URLs only)")
     _add_gpu_options(model)
     _add_lora_options(model)
 
@@ -90,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("prompt", metavar="PROMPT", help="the prompt; '-' reads it from stdin")
     run.add_argument("--raw", action="store_true", help="send the prompt as plain text, without the chat template")
     run.add_argument("--system", default=None, metavar="TEXT", help="a system message (chat template only)")
+    run.add_argument("--image", action="append", default=None, metavar="FILE",
+                     help="an image sent with the prompt (repeatable; needs --mmproj)")
     run.set_defaults(handler=_command("run"), command_parser=run)
 
     chat = commands.add_parser("chat", parents=[common, model, speculation, caching, generation],
@@ -171,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the format the models write tool calls in (hermes, qwen3_coder, harmony, mistral, "
                             "llama3, glm), for a chat template that does not show it (default: read from the "
                             "template)")
+    serve.add_argument("--mmproj", default=None, metavar="FILE",
+                       help="the projector file (mmproj-*.gguf) of the model (one --model): requests may then "
+                            "carry images, as data: URLs (the server fetches no URL unless --image-urls)")
+    serve.add_argument("--image-urls", action="store_true",
+                       help="let requests' images be http(s) URLs, which the server then fetches (default: off)")
     serve.add_argument("--grace", type=float, default=10.0, metavar="S",
                        help="on SIGTERM, seconds running requests may take to finish before they are cancelled")
     serve.set_defaults(handler=_command("serve"))

@@ -59,6 +59,12 @@ def _llm_options(args) -> dict:
         options["lora"] = [(path, 0.0 if args.lora_init_without_apply else scale) for path, scale in args.lora]
     if not args.mtp:
         options["mtp"] = False
+    if args.mmproj:
+        if args.model and len(args.model) > 1 or args.models_dir:
+            raise SystemExit("elelem serve: --mmproj is one model's projector; serve that model alone (one --model)")
+        options["mmproj"] = args.mmproj
+    if args.image_urls:
+        options["image_urls"] = True
     return options
 
 

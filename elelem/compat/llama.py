@@ -50,7 +50,7 @@ import numpy as np
 
 from ..api.llm import LLM
 from ..api.offload import explicit_request, gpu_devices
-from ..api.options import ContextOptions, PlacementOptions, WeightOptions, override_options
+from ..api.options import ContextOptions, PlacementOptions, VisionOptions, WeightOptions, override_options
 from ..api.states import LLMState
 from ..api.structured import output_constraint, output_grammar
 from ..errors import ContextLimitError, ElelemError, InvalidArgumentError
@@ -84,6 +84,21 @@ class LlamaState:
         return self.state.nbytes
 
 
+def _vision_of(chat_handler: Any) -> VisionOptions:
+    """llama-cpp-python's multimodal chat handlers (Llava15ChatHandler and its subclasses:
+    Gemma3ChatHandler, MTMDChatHandler, ...) carry the projector file as ``clip_model_path``:
+    the model is opened with it, and chats take images as those handlers take them (data:
+    and http(s) URLs, which they fetch).  The handler's own prompt format is not used: chats
+    are rendered with the model's chat template, as llama.cpp's server renders them."""
+    clip = getattr(chat_handler, "clip_model_path", None)
+    if isinstance(clip, (str, os.PathLike)):
+        return VisionOptions(mmproj=clip, image_urls=True)
+    if chat_handler is not None:
+        options.note_no_effect("chat_handler", chat_handler, "chats are rendered with the model's own chat "
+                                                             "template (ChatML when it has none)")
+    return VisionOptions()
+
+
 class Llama:
     """llama-cpp-python's ``Llama``: see the module docstring for what differs."""
 
@@ -109,6 +124,7 @@ class Llama:
                    if k in kwargs}
         devices.setdefault("n_gpu_layers", 0)
         _cpu_when_no_gpu(devices)
+        vision = _vision_of(kwargs.pop("chat_handler", None))
         options.check_ignored({"chat_format": chat_format, **kwargs})
         self.model_path = str(model_path)
         self.verbose = verbose      # elelem never prints: it logs to logging.getLogger("elelem")
@@ -137,6 +153,7 @@ class Llama:
                                       type_v=options.kv_type_name("type_v", type_v)),
             "weights": WeightOptions(use_mmap=use_mmap, lora=((lora_path, lora_scale),) if lora_path else ()),
             "placement": PlacementOptions(**devices),
+            "vision": vision,
             **options.embedding_options(LLM, embedding, pooling_type),
             **({"tool_call_format": tool_call_format} if tool_call_format is not None else {}),
         }

@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..errors import CapacityError, ClosedError, ContextLimitError, InvalidArgumentError, KVCacheFullError
+from .media import MediaTable, next_prompt_run
 from .prefix_reuse import MIN_SHARED_WAIT, MIXED_LORA, REUSE_ALIGNMENT, PrefixReuse  # noqa: F401 -- the reuse grid, for callers
 from .prompt_cache import PromptCache
 from .request import Request
@@ -75,6 +76,10 @@ class _Plan:
     generated: bool = False
     # Some request drafts with an MTP head, which reads the step's hidden states.
     keep_hidden: bool = False
+    # A step of one image's embeddings (tokens holds their ids; media.py), and
+    # whether its rows attend to each other causally.
+    embd: Optional[np.ndarray] = None
+    causal: bool = True
 
 
 class Engine(PrefixReuse):
@@ -97,6 +102,8 @@ class Engine(PrefixReuse):
         # The model's MTP head (an MTPHead, see mtp.py), drafting where it pays
         # better than prompt lookup; None where the model has none.
         self.mtp = mtp
+        # The embeddings of the images prompts hold (media.py); the API adds them.
+        self.media = MediaTable()
         self._interrupted: Optional[BaseException] = None  # Ctrl-C while a draft model computed
         # Reentrant only so that cancel() can tell that its own thread holds it
         # (a signal handler that interrupted the engine); nothing re-enters it.
@@ -417,8 +424,13 @@ class Engine(PrefixReuse):
                 try:
                     self._cv.release()
                     try:
-                        logits = self._ctx.decode(plan.tokens, plan.seqs, plan.outputs,
-                                                  decode_kernels=plan.generated, keep_hidden=plan.keep_hidden)
+                        if plan.embd is not None:
+                            logits = self._ctx.decode_embeddings(plan.embd, plan.tokens, plan.seqs, plan.outputs,
+                                                                 causal=plan.causal)
+                        else:
+                            logits = self._ctx.decode(plan.tokens, plan.seqs, plan.outputs,
+                                                      decode_kernels=plan.generated,
+                                                      keep_hidden=plan.keep_hidden)
                         error = None
                         if len(logits) == len(plan.tokens):  # decoding and verification (StepCosts)
                             self.step_costs.record(len(plan.tokens), time.perf_counter() - t0)
@@ -478,10 +490,21 @@ class Engine(PrefixReuse):
         outputs: list[bool] = []
         n_outputs = 0
         drafting = []                   # chunks of generating requests that may verify drafts
+        embd = None
         for request in runnable:
-            if budget == 0:
+            if budget == 0 or embd is not None:
                 break
             n = min(len(request.pending), budget)
+            if not request.decoding:   # an image's embeddings are a step of their own (media.py)
+                n, image = next_prompt_run(request.pending, n)
+                if image and chunks:
+                    continue
+                if image:
+                    try:
+                        embd = self.media.rows(request.pending[:n])
+                    except InvalidArgumentError as error:
+                        self._drop(request, error)
+                        continue
             if request.checkpoint and not request.decoding:   # a step ends there, for its snapshot
                 before = request.checkpoint - self._ctx.cache.seq_length_of(request.seq)
                 if 0 < before < n:
@@ -511,10 +534,14 @@ class Engine(PrefixReuse):
                     tokens.append(token)
                     seqs.append(chunk.request.seq)
                     outputs.append(True)
+        if not chunks:
+            return None
         if not n_outputs:  # a step must return some row; the last one is cheap
             outputs[-1] = True
-        return _Plan(chunks, tokens, seqs, outputs, generated=all(c.request.decoding for c in chunks),
-                     keep_hidden=any(getattr(c.request.drafter, "wants_hidden", False) for c in chunks))
+        self.media.images_evaluated += embd is not None
+        return _Plan(chunks, tokens, seqs, outputs, generated=embd is None and all(c.request.decoding for c in chunks),
+                     keep_hidden=any(getattr(c.request.drafter, "wants_hidden", False) for c in chunks),
+                     embd=embd, causal=not self.media.bidirectional)
 
     def _plan_drafts(self, drafting: list[_Chunk], base_tokens: int, budget: int) -> list[_Chunk]:
         """Ask each drafting request for its guesses, and keep as many as pay
@@ -548,10 +575,11 @@ class Engine(PrefixReuse):
         except KeyboardInterrupt as interrupt:  # the step is half planned: raised once it is settled
             self._interrupted = interrupt
             return []
-        if request.ends:
-            for i, token in enumerate(proposal):
-                if token in request.ends:  # the row before it picks the end; the rest would be wasted
-                    return proposal[:i]
+        for i, token in enumerate(proposal):
+            if token in request.ends:  # the row before it picks the end; the rest would be wasted
+                return proposal[:i]
+            if token < 0:              # an image's id (media.py), copied from the history: never a guess
+                return proposal[:i]
         return proposal
 
     def _admit(self, request: Request) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
+from .media import outside_images
 from .prompt_cache import CacheHit, PromptCache
 from .request import Request
 from .state_cache import StateCache
@@ -97,6 +98,10 @@ class PrefixReuse:
                 own, donor, shared = self._at_resume_points(request.seq, own, donor, shared)
             elif shared and shared == fresh:
                 own, donor, shared = self._cut_for_fresh_logits(len(prompt), own, donor, shared)
+            # Never inside an image: its rows are evaluated together (media.py).
+            own, shared = outside_images(prompt, own), outside_images(prompt, shared)
+            if donor is not None and shared <= own:
+                donor, shared = None, own
             source = request.seq if donor is None else donor
             fresh = min(self._fresh_rows.get(source, 0), shared)
             if donor is not None:  # a prefix another sequence holds: share its cells
@@ -176,7 +181,7 @@ class PrefixReuse:
         LoRA scales ``key``.  Under the lock."""
         cache = self._ctx.cache
         # A hybrid model's prefix ends where a snapshot is (_at_resume_points), on the grid or not.
-        grid = (lambda n: n) if cache.hybrid else _aligned
+        grid = (lambda n: n) if cache.hybrid else (lambda n: outside_images(prompt, _aligned(n)))
         own = grid(min(_common_prefix(cache.seq_tokens(seq), prompt), limit)) if self._lora_of(seq) == key else 0
         donor, shared = None, own
         # A hybrid model's donor is worth the positions its state can be forked at.

@@ -20,6 +20,9 @@ from .registry import ServedModel
 
 def _model_object(state: Any, model: ServedModel) -> dict:
     entry: dict[str, Any] = {"id": model.id, "object": "model", "created": state.started, "owned_by": "elelem"}
+    llm = model.llm
+    if llm is not None:   # what a loaded model reads: images too when it has a projector (api/images.py)
+        entry["input_modalities"] = ["text", "image"] if getattr(llm, "images", None) is not None else ["text"]
     if len(state.registry.models) > 1:
         status: dict[str, Any] = {"value": model.state}
         if model.load_error is not None and not model.loaded:

@@ -82,12 +82,21 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def _kernel_view(fp: dict) -> dict:
+    """A fingerprint less what does not change ggml's kernels: whether libmtmd was built
+    (LLAVA_BUILD), so that fixtures stored before the reference built it still hold."""
+    args = fp.get("cmake_args")
+    if isinstance(args, list):
+        fp = dict(fp, cmake_args=[a for a in args if not a.startswith("-DLLAVA_BUILD=")])
+    return fp
+
+
 def kernel_mismatch(kernels: dict) -> list[str]:
     """What differs between a stored fixture's kernels and this machine's; empty if it holds here."""
     if not kernels.get("machine"):
         return ["its header has no kernel fingerprint"]
-    here = machine()
-    theirs = kernels["machine"]
+    here = _kernel_view(machine())
+    theirs = _kernel_view(kernels["machine"])
     diffs = [f"{k}: fixture {theirs.get(k)!r}, here {here[k]!r}" for k in KERNEL_KEYS if theirs.get(k) != here[k]]
     if kernels.get("threads") != THREADS:
         diffs.append(f"threads: fixture {kernels.get('threads')!r}, tests {THREADS}")
@@ -214,6 +223,22 @@ class Reference:
         """make_embedding_fixtures.py's output for one model (a key of make_greedy_fixtures.MODELS)."""
         return self._per_model("make_embedding_fixtures.py", "embeddings", name, model_path,
                                [FIXTURES / "make_greedy_fixtures.py", FIXTURES / "per_model_fixture.py"])
+
+    def vision(self, model: Path, mmproj: Path, images: list[Path], prompts: list[str], flash_attn: str) -> dict:
+        """make_vision_fixtures.py's output: libmtmd's embeddings of ``images`` (.npy pixels)
+        and the logits after each prompt, for the projector ``mmproj`` over ``model``.
+        Live only: no stored fixture (the inputs are made by the test)."""
+        def make():
+            options = ["--flash-attn", flash_attn, *[a for p in prompts for a in ("--prompt", p)]]
+            live = run_script("make_vision_fixtures.py",
+                              ["--out", "{out}/vision.json", "--model", str(model), "--mmproj", str(mmproj),
+                               "--images", *[str(p) for p in images], *options],
+                              options, [model, mmproj, *images], ["vision.json"])
+            if live is None:
+                skip_or_fail(self.not_built() + " (libmtmd is needed for the image comparisons)")
+            return live["vision.json"]
+
+        return self._once(f"vision:{flash_attn}", make)
 
     def wordpiece(self) -> dict:
         """make_wpm_fixtures.py's output: llama.cpp's ids and text for the vocabularies of tests/support/wpm_vocabs.py."""

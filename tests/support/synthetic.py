@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import gguf
 import numpy as np
@@ -919,7 +919,7 @@ def _delta_net_layer(h, w, p, cfg, mm, form: str = "recurrent"):
 
 def reference_logits(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dtype=np.float64,
                      ggml_numerics: bool = False, trace: Optional[list] = None,
-                     delta_form: str = "recurrent") -> np.ndarray:
+                     delta_form: str = "recurrent", images: Sequence[tuple[int, np.ndarray]] = ()) -> np.ndarray:
     """Logits at every position, (n_tokens, n_vocab); float64 unless told (real models are big).
 
     With ``ggml_numerics`` (``weights`` from :func:`write_model`), two things ggml
@@ -929,9 +929,12 @@ def reference_logits(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
     ``trace``, a list, receives each MoE layer's routing (:func:`_moe_ffn`).
     ``delta_form``: how Gated DeltaNet layers run the delta rule, "recurrent" or
     "chunked" (tests/support/delta_net.py).
+    ``images``: ``(start, embeddings)`` pairs, an image's rows in place of the
+    tokens from ``start`` on, taken as they are (no embedding scale) and seeing
+    each other both ways (libmtmd's non-causal images).
     """
     w = {k: v.astype(dtype, copy=False) for k, v in weights.items()}
-    x = reference_hidden(weights, cfg, tokens, dtype, ggml_numerics, trace, delta_form)
+    x = reference_hidden(weights, cfg, tokens, dtype, ggml_numerics, trace, delta_form, images)
     logits = _matmul(weights, w, ggml_numerics)(x, output_weight_name(w))
     if cfg.arch == "gemma4" and cfg.softcap:   # Gemma 4's final soft cap
         logits = cfg.softcap * np.tanh(logits / cfg.softcap)
@@ -950,7 +953,7 @@ def _sliding(cfg: TinyConfig, i: int) -> bool:
 
 def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dtype=np.float64,
                      ggml_numerics: bool = False, trace: Optional[list] = None,
-                     delta_form: str = "recurrent") -> np.ndarray:
+                     delta_form: str = "recurrent", images: Sequence[tuple[int, np.ndarray]] = ()) -> np.ndarray:
     """The output projection's input (the final normed hidden state), (n_tokens, n_embd)."""
     if cfg.arch == "gemma4":
         return _gemma4_hidden(weights, cfg, tokens, dtype, ggml_numerics, trace)
@@ -963,9 +966,11 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
     tokens = np.asarray(tokens)
     n, hd = len(tokens), cfg.hd
     pos = np.arange(n, dtype=np.float64)
-    x = w["token_embd.weight"][tokens]
+    x = w["token_embd.weight"][np.maximum(tokens, 0)]
     if cfg.arch == "gemma3":
         x = x * math.sqrt(cfg.n_embd)
+    for start, rows in images:
+        x[start:start + len(rows)] = rows
     group = cfg.n_head // cfg.n_head_kv
     ff = w.get("rope_freqs.weight")
     yarn = yarn_of(cfg)
@@ -1021,6 +1026,8 @@ def reference_hidden(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
         if temperature is not None:
             q = q * temperature[:, None, None]
         allowed = np.tril(np.ones((n, n), dtype=bool))
+        for start, rows in images:
+            allowed[start:start + len(rows), start:start + len(rows)] = True
         if is_swa:  # a query at i sees keys j with i - j < n_swa (llama.cpp's is_masked_swa, STANDARD)
             allowed &= (np.arange(n)[:, None] - np.arange(n)[None, :]) < cfg.n_swa
         sinks = w.get(p + "attn_sinks.weight")

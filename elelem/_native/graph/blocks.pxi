@@ -42,6 +42,15 @@ cdef struct Step:
     ggml_tensor * paired        # ... and that preparation, reused by the matmuls that share them (q/k/v, gate/up)
     ggml_type paired_type       # its quantized type (Q8_0, Q8_1 or Q8_K)
     ggml_tensor * inp_tokens    # I32 (n_tokens)
+    # A step of given embeddings (an image's, from a projector) in place of
+    # tokens: inp_embd is read instead of the token table, as llama.cpp's
+    # ubatch.embd.  A step is all tokens or all embeddings.
+    bint embd_input
+    ggml_tensor * inp_embd      # F32 (n_embd, n_tokens); NULL in a step of tokens
+    # Its rows see every cell of their sequence, the later rows of the step
+    # too (an image's tokens attend to each other both ways where libmtmd
+    # says so: mtmd_decode_use_non_causal).  Set per step; the mask only.
+    bint bidirectional
     ggml_tensor * inp_pos       # I32 (n_tokens): each token's position in its sequence
     ggml_tensor * inp_mask      # (n_kv, n_tokens): 0 or -inf, from the cells; F16 for flash attention, else F32 (as llama.cpp)
     ggml_tensor * inp_mask_swa  # the same, also windowed; NULL without SWA
@@ -98,6 +107,11 @@ cdef void _make_inputs(Step * st) except *:
     st.inp_mask = ggml_new_tensor_2d(st.ctx, mask_type, st.n_kv, st.n_tokens)
     ggml_set_input(st.inp_tokens)
     ggml_set_input(st.inp_pos)
+    if st.embd_input:
+        st.inp_embd = ggml_new_tensor_2d(st.ctx, GGML_TYPE_F32, st.hp.n_embd, st.n_tokens)
+        ggml_set_input(st.inp_embd)
+    else:
+        st.inp_embd = NULL
     ggml_set_input(st.inp_mask)
     st.inp_k_idx = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I64, st.n_tokens)
     ggml_set_input(st.inp_k_idx)
@@ -180,12 +194,13 @@ cdef void _set_inputs(Step * st, KVCache cache, const int32_t * tokens, const in
                     idx[c + i * v_row] = c * st.kv_size + cells[i]
             _set_input(st.inp_v_idx, idx, n_idx * sizeof(int64_t))
         with nogil:
-            cache.fill_mask(mask, st.n_tokens, st.n_kv, seqs, positions, 0, st.flash_attn, st.hp.causal)
+            cache.fill_mask(mask, st.n_tokens, st.n_kv, seqs, positions, 0, st.flash_attn,
+                            st.hp.causal and not st.bidirectional)
         _set_input(st.inp_mask, mask, n_mask * mask_el)
         if st.inp_mask_swa != NULL:
             with nogil:
                 cache.fill_mask(mask, st.n_tokens, st.n_kv, seqs, positions, st.hp.n_swa, st.flash_attn,
-                                st.hp.causal)
+                                st.hp.causal and not st.bidirectional)
             _set_input(st.inp_mask_swa, mask, n_mask * mask_el)
     finally:
         free(mask)
@@ -521,6 +536,10 @@ cdef ggml_tensor * rank_head(Step * st, Model m, ggml_tensor * x) noexcept:
 
 
 cdef inline ggml_tensor * embed_tokens(Step * st, Model m) noexcept:
+    if st.inp_embd != NULL:
+        # Given embeddings are taken as they are: llama.cpp's gemma3 scales token rows
+        # alone (ubatch.token ? sqrtf(n_embd) : 1), and its other graphs do not scale.
+        return st.inp_embd
     cdef ggml_tensor * x = ggml_get_rows(st.ctx, m.tok_embd, st.inp_tokens)  # (n_embd, n_tokens)
     if st.n_lora:
         x = add_lora_embedding(st, x)   # before the scale, as llama.cpp's build_inp_embd

@@ -78,11 +78,14 @@ _BLOCKS = {
     "tool_use": ({"assistant"}, Spec({"type": Field(), "id": Field(STRING, required=True),
                                       "name": Field(STRING, required=True), "input": Field(OBJECT, required=True)},
                                      ignored=frozenset({"cache_control", "caller", "toolset_name"}))),
+    # An image: passed on as a chat image part (a model opened with a projector reads it, api/images.py).
+    "image": ({"user"}, Spec({"type": Field(), "source": Field(OBJECT, required=True)},
+                             ignored=frozenset({"cache_control"}))),
     "tool_result": ({"user"}, Spec({"type": Field(), "tool_use_id": Field(STRING, required=True),
                                     "is_error": Field(FLAG), "content": Field()},
                                    ignored=frozenset({"cache_control", "toolset_name"}))),
 }
-_UNSUPPORTED_BLOCKS = {"image", "document", "search_result", "container_upload", "server_tool_use",
+_UNSUPPORTED_BLOCKS = {"document", "search_result", "container_upload", "server_tool_use",
                        "web_search_tool_result", "web_fetch_tool_result", "code_execution_tool_result",
                        "bash_code_execution_tool_result", "text_editor_code_execution_tool_result",
                        "tool_search_tool_result", "mcp_tool_use", "mcp_tool_result", "tool_reference",
@@ -182,16 +185,25 @@ def _block(block: Any, where: str, role: str) -> dict:
         raise bad_request(f"{where}: a content block must be an object with a string 'type'", where)
     if kind in _UNSUPPORTED_BLOCKS:
         raise bad_request(f"{where}.type: {kind!r} blocks are not supported: this server's models read text "
-                          f"(text, tool_use, tool_result and thinking blocks)", f"{where}.type")
+                          f"and images (text, image, tool_use, tool_result and thinking blocks)", f"{where}.type")
     if kind not in _BLOCKS:
         raise bad_request(f"{where}.type: unknown content block type {kind!r}; expected one of "
                           f"{sorted(_BLOCKS)}", f"{where}.type")
+    if kind == "image" and role == "system":   # images in a system prompt or a tool result: not read
+        raise bad_request(f"{where}.type: an 'image' block cannot be in a system prompt or a tool result",
+                          f"{where}.type")
     roles, spec = _BLOCKS[kind]
     allowed = kind == "text" if role == "system" else role in roles
     if not allowed:
         place = "a system prompt or a tool result" if role == "system" else f"a {role} message"
         raise bad_request(f"{where}: a {kind!r} block cannot be in {place}", where)
     spec.check(block, ANTHROPIC, where)
+    if kind == "image":
+        source = block["source"]
+        if not (source.get("type") == "base64" and isinstance(source.get("data"), str)
+                or source.get("type") == "url" and isinstance(source.get("url"), str)):
+            raise bad_request(f"{where}.source: must be {{'type': 'base64', 'media_type': ..., 'data': ...}} or "
+                              f"{{'type': 'url', 'url': ...}}", f"{where}.source")
     if kind == "tool_use" and not (block["id"] and block["name"]):
         raise bad_request(f"{where}: a tool_use block needs a non-empty id and name", where)
     if kind == "tool_result":
@@ -216,7 +228,10 @@ def _user(blocks: list[dict]) -> list[dict]:
                 "content": ("Error: " if b.get("is_error") else "") + (b.get("content") or "")}
                for b in blocks if b["type"] == "tool_result"]
     texts = [b for b in blocks if b["type"] == "text"]
-    if texts or not results:
+    if any(b["type"] == "image" for b in blocks):   # text and images in their order, as chat content parts
+        results.append({"role": "user", "content": [b if b["type"] == "image" else {"type": "text", "text": b["text"]}
+                                                    for b in blocks if b["type"] in ("text", "image")]})
+    elif texts or not results:
         results.append({"role": "user", "content": _texts(texts)})
     return results
 

@@ -21,9 +21,9 @@ check it here, so the server's bounds hold the same way for them.
 from __future__ import annotations
 
 import numbers
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from ...api.prompts import content_text
+from ...api.prompts import IMAGE_PART_TYPES, content_text
 from ...api.reasoning import REASONING_FORMATS
 from ...api.tools.parsers import format_named
 from ...errors import InvalidArgumentError
@@ -175,19 +175,26 @@ def _messages(messages: list, config: ServerConfig) -> list:
     return checked
 
 
-def _content(content: Any, message: dict, param: str) -> Optional[str]:
+def _content(content: Any, message: dict, param: str) -> Union[str, list, None]:
     if content is None:
         if message["role"] == "assistant" and message.get("tool_calls"):
             return None
         raise bad_request(f"{param} is missing", param)
     if isinstance(content, str):
         return content
-    if isinstance(content, list):  # content parts: only text ones can be shown to a text model
+    if isinstance(content, list):
+        if any(isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES for part in content):
+            # Images go to the model as parts: one opened with a projector reads them (api/images.py),
+            # a text model refuses them with a 400 naming the part.
+            for index, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") not in ("text", *IMAGE_PART_TYPES):
+                    raise bad_request(f"{param}[{index}] must be a text or an image part", f"{param}[{index}]")
+            return content
         try:
             return content_text(content, param)
         except InvalidArgumentError as error:
             raise bad_request(str(error), param) from None
-    raise bad_request(f"{param} must be a string or a list of text parts", param)
+    raise bad_request(f"{param} must be a string or a list of text and image parts", param)
 
 
 def _prompt(prompt: Any):

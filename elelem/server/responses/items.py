@@ -66,7 +66,9 @@ def _message(item: dict, param: str) -> dict:
     if role not in _MESSAGE_ROLES:
         raise bad_request(f"{param}.role must be one of {sorted(_MESSAGE_ROLES)}, got {role!r}", f"{param}.role")
     content = item.get("content")
-    if isinstance(content, list):
+    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "input_image" for p in content):
+        content = _parts_with_images(content, f"{param}.content")
+    elif isinstance(content, list):
         content = _parts_text(content, f"{param}.content")
     elif not isinstance(content, str):
         raise bad_request(f"{param}.content must be a string or a list of text parts", f"{param}.content")
@@ -88,6 +90,22 @@ def _parts_text(parts: list, param: str) -> str:
             raise bad_request(f"{where} is a {kind or type(part).__name__!r} part; this model reads text only: "
                               "use {'type': 'input_text', 'text': ...} parts", where)
     return "".join(texts)
+
+
+def _parts_with_images(parts: list, param: str) -> list:
+    """Text and ``input_image`` parts as chat content parts, in their order (a model
+    opened with a projector reads the images: api/images.py)."""
+    out: list = []
+    for index, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image":
+            if not isinstance(part.get("image_url"), str):
+                raise bad_request(f"{param}[{index}].image_url must be a URL string (file_id is not supported)",
+                                  f"{param}[{index}].image_url")
+            out.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+        else:
+            out.append({"type": "text", "text": _parts_text([part], param)})
+    return out
 
 
 def _string_field(item: dict, name: str, param: str, *, empty: bool = False) -> str:

@@ -1,0 +1,253 @@
+"""Projector files: the vision encoder and projector of a multimodal model (an
+"mmproj" GGUF, ``general.architecture = clip``), read and checked.
+
+llama.cpp's libmtmd reads the same files (tools/mtmd/clip.cpp, keys and
+tensor names in clip-impl.h); the converter writes them with its ``MmprojModel``
+classes (conversion/base.py, conversion/gemma.py).  :func:`read_projector`
+checks every key and tensor the encoder will use, so that a bad file raises a
+clear error naming the key or the tensor before the native core maps it.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import GGUFMetadataError, ModelShapeError, UnsupportedArchitectureError
+from ..gguf import GGML_TYPES, GGUFFile, GGUFValueType, read_gguf
+
+ARCHITECTURE = "clip"
+
+# Bounds a file may not pass: an encoder wider, deeper or with larger images
+# than any released one is a broken (or hostile) file, not a model.
+MAX_WIDTH = 1 << 16
+MAX_LAYERS = 512
+MAX_IMAGE_SIZE = 8192
+
+
+@dataclass(frozen=True)
+class ProjectorKind:
+    """What libmtmd does for one projector type: its image markers in the
+    text (mtmd.cpp, mtmd_context's constructor), its resize filter
+    (clip.cpp's load_hparams) and whether the text model attends within an
+    image both ways (mtmd_decode_use_non_causal)."""
+
+    image_begin: str
+    image_end: str
+    resize: str              # "bilinear" or "bicubic"
+    non_causal: bool
+    default_merge: int       # the pooling window's side where the file gives none
+
+
+# The projector types elelem encodes; each has a builder in elelem/_native/graph/vision_<type>.pxi.
+KINDS: dict[str, ProjectorKind] = {
+    "gemma3": ProjectorKind("<start_of_image>", "<end_of_image>", "bilinear", non_causal=True, default_merge=4),
+}
+
+_NORM_TYPES = ("F32",)
+_CONV_TYPES = ("F32", "F16")   # ggml's im2col takes these kernels
+
+
+@dataclass(frozen=True)
+class ProjectorSpec:
+    """A checked projector file: what the native core opens and what the
+    image preprocessing needs."""
+
+    path: Path
+    projector_type: str
+    kind: ProjectorKind
+    hparams: dict[str, Any]                      # VisionHParams' fields by name (elelem/_native/graph/vit.pxi)
+    global_tensors: dict[str, Optional[str]]     # VISION_GLOBAL_ROLES -> tensor name
+    layer_tensors: list[dict[str, Optional[str]]] = field(repr=False)
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+    @property
+    def image_size(self) -> int:
+        return int(self.hparams["image_size"])
+
+    @property
+    def n_embd_out(self) -> int:
+        """The text model's width, which every image embedding has."""
+        return int(self.hparams["n_embd_out"])
+
+    @property
+    def n_image_tokens(self) -> int:
+        """Embeddings per image (gemma3: a fixed-size image pooled to (side / n_merge)^2)."""
+        side = self.image_size // self.hparams["patch_size"] // self.hparams["n_merge"]
+        return side * side
+
+
+def read_projector(path: str | os.PathLike) -> ProjectorSpec:
+    """Read and check the projector file at ``path``.
+
+    Raises ModelNotFoundError for a missing file, a GGUFError subclass for a
+    malformed file or a missing or mistyped key (naming the key),
+    UnsupportedArchitectureError for a file that is not a vision projector
+    or whose projector type elelem does not encode, and ModelShapeError for a
+    missing tensor or one of the wrong shape or type (naming the tensor)."""
+    gguf = read_gguf(path)
+    arch = gguf.expect_scalar("general.architecture", GGUFValueType.STRING)
+    if arch != ARCHITECTURE:
+        raise UnsupportedArchitectureError(
+            f"{gguf.path} is a {arch!r} model, not a projector file (general.architecture {ARCHITECTURE!r})")
+    if not gguf.expect_scalar("clip.has_vision_encoder", GGUFValueType.BOOL, required=False):
+        raise UnsupportedArchitectureError(f"{gguf.path}: the projector has no vision encoder "
+                                           f"(clip.has_vision_encoder is not true); elelem reads images only")
+    ptype = gguf.expect_scalar("clip.projector_type", GGUFValueType.STRING, required=False)
+    if ptype is None:
+        ptype = gguf.expect_scalar("clip.vision.projector_type", GGUFValueType.STRING)
+    kind = KINDS.get(ptype)
+    if kind is None:
+        raise UnsupportedArchitectureError(
+            f"{gguf.path}: projector type {ptype!r} is not supported; elelem encodes images for "
+            f"{', '.join(sorted(KINDS))}")
+    hparams = _read_hparams(gguf, kind)
+    mean = _three_floats(gguf, "clip.vision.image_mean")
+    std = _three_floats(gguf, "clip.vision.image_std")
+    if any(s == 0.0 or not math.isfinite(s) for s in std) or not all(math.isfinite(m) for m in mean):
+        raise GGUFMetadataError(f"{gguf.path}: clip.vision.image_std must be finite and non-zero, "
+                                f"image_mean finite; got {std}, {mean}", field="clip.vision.image_std")
+    global_tensors, layer_tensors = _read_tensors(gguf, hparams, ptype)
+    return ProjectorSpec(Path(gguf.path), ptype, kind, hparams, global_tensors, layer_tensors, mean, std)
+
+
+def _u32(gguf: GGUFFile, key: str, *, low: int = 1, high: int = MAX_WIDTH) -> int:
+    value = _u32_optional(gguf, key, low=low, high=high, required=True)
+    assert value is not None
+    return value
+
+
+def _u32_optional(gguf: GGUFFile, key: str, *, low: int = 1, high: int = MAX_WIDTH,
+                  required: bool = False) -> Optional[int]:
+    value = gguf.expect_scalar(key, GGUFValueType.UINT32, GGUFValueType.INT32, required=required)
+    if value is None:
+        return None
+    if not low <= value <= high:
+        raise GGUFMetadataError(f"{gguf.path}: key '{key}' is {value}, outside {low}..{high}", field=key)
+    return int(value)
+
+
+def _three_floats(gguf: GGUFFile, key: str) -> tuple[float, float, float]:
+    values = gguf.expect_array(key, GGUFValueType.FLOAT32)
+    if len(values) < 3:
+        raise GGUFMetadataError(f"{gguf.path}: key '{key}' needs 3 values (R, G, B), has {len(values)}", field=key)
+    return (float(values[0]), float(values[1]), float(values[2]))
+
+
+def _read_hparams(gguf: GGUFFile, kind: ProjectorKind) -> dict[str, Any]:
+    p = "clip.vision."
+    n_embd = _u32(gguf, p + "embedding_length")
+    n_head = _u32(gguf, p + "attention.head_count")
+    n_head_kv = _u32_optional(gguf, p + "attention.head_count_kv")
+    if n_head_kv is not None and n_head_kv != n_head:
+        raise UnsupportedArchitectureError(f"{gguf.path}: a vision encoder with grouped-query attention "
+                                           f"({n_head} heads, {n_head_kv} KV heads) is not supported")
+    d_head = _u32_optional(gguf, p + "attention.head_dim")
+    if d_head is None:
+        if n_embd % n_head:
+            raise GGUFMetadataError(f"{gguf.path}: {p}embedding_length {n_embd} is not a multiple of "
+                                    f"{p}attention.head_count {n_head}", field=p + "attention.head_count")
+        d_head = n_embd // n_head
+    eps = gguf.expect_scalar(p + "attention.layer_norm_epsilon", GGUFValueType.FLOAT32)
+    if not (math.isfinite(eps) and eps >= 0):
+        raise GGUFMetadataError(f"{gguf.path}: {p}attention.layer_norm_epsilon is {eps}",
+                                field=p + "attention.layer_norm_epsilon")
+    image_size = _u32(gguf, p + "image_size", high=MAX_IMAGE_SIZE)
+    patch_size = _u32(gguf, p + "patch_size", high=MAX_IMAGE_SIZE)
+    n_merge = _u32_optional(gguf, p + "projector.scale_factor", high=MAX_IMAGE_SIZE) or kind.default_merge
+    side = image_size // patch_size
+    if image_size % patch_size or side % n_merge:
+        raise GGUFMetadataError(
+            f"{gguf.path}: {p}image_size {image_size} must be a multiple of {p}patch_size {patch_size}, and its "
+            f"{side} patches a side a multiple of the pooling window {n_merge}", field=p + "image_size")
+    use_gelu = gguf.expect_scalar("clip.use_gelu", GGUFValueType.BOOL, required=False)
+    use_silu = gguf.expect_scalar("clip.use_silu", GGUFValueType.BOOL, required=False)
+    if use_gelu and use_silu:
+        raise GGUFMetadataError(f"{gguf.path}: clip.use_gelu and clip.use_silu are both true", field="clip.use_silu")
+    return {
+        "n_embd": n_embd, "n_head": n_head, "d_head": d_head,
+        "n_ff": _u32(gguf, p + "feed_forward_length", high=MAX_WIDTH * 8),
+        "n_layer": _u32(gguf, p + "block_count", high=MAX_LAYERS),
+        "n_embd_out": _u32(gguf, p + "projection_dim", high=MAX_WIDTH),
+        "image_size": image_size, "patch_size": patch_size, "n_merge": n_merge,
+        "ffn_op": "gelu" if use_gelu else "silu" if use_silu else "gelu_quick",
+        "eps": float(eps),
+    }
+
+
+class _Tensors:
+    """The file's tensors, checked one by one against the shapes the encoder reads."""
+
+    def __init__(self, gguf: GGUFFile):
+        self.gguf = gguf
+
+    def get(self, name: str, shape: tuple[int, ...], *, required: bool = True,
+            types: Optional[tuple[str, ...]] = None) -> Optional[str]:
+        info = self.gguf.tensors.get(name)
+        if info is None:
+            if required:
+                raise ModelShapeError(f"{self.gguf.path}: required tensor {name!r} is missing")
+            return None
+        if tuple(info.shape) != shape:
+            raise ModelShapeError(f"{self.gguf.path}: tensor {name!r} has shape {list(info.shape)}, "
+                                  f"expected {list(shape)} (ggml order)")
+        type_name = GGML_TYPES[info.ggml_type][0]
+        if types is not None and type_name not in types:
+            raise ModelShapeError(f"{self.gguf.path}: tensor {name!r} is {type_name}; it must be "
+                                  f"{' or '.join(types)}")
+        return name
+
+    def shape(self, name: str) -> Optional[tuple[int, ...]]:
+        info = self.gguf.tensors.get(name)
+        return None if info is None else tuple(info.shape)
+
+
+def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, list]:
+    t = _Tensors(gguf)
+    n_embd, n_ff, width = h["n_embd"], h["n_ff"], h["n_head"] * h["d_head"]
+    p, side = h["patch_size"], h["image_size"] // h["patch_size"]
+    vec = _NORM_TYPES
+    glob = {
+        "patch_embd": t.get("v.patch_embd.weight", (p, p, 3, n_embd), types=_CONV_TYPES),
+        "patch_bias": t.get("v.patch_embd.bias", (n_embd,), required=False, types=vec),
+        "pos_embd": t.get("v.position_embd.weight", (n_embd, side * side)),
+        "pre_ln_w": t.get("v.pre_ln.weight", (n_embd,), required=False, types=vec),
+        "pre_ln_b": t.get("v.pre_ln.bias", (n_embd,), required=False, types=vec),
+        "post_ln_w": t.get("v.post_ln.weight", (n_embd,), required=False, types=vec),
+        "post_ln_b": t.get("v.post_ln.bias", (n_embd,), required=False, types=vec),
+    }
+    if ptype == "gemma3":
+        # Transposed in the graph (a ggml_cont of a transpose): the converter writes it F16.
+        glob["mm_input_proj"] = t.get("mm.input_projection.weight", (h["n_embd_out"], n_embd), types=_CONV_TYPES)
+        glob["mm_soft_emb_norm"] = t.get("mm.soft_emb_norm.weight", (n_embd,), types=vec)
+    layers = []
+    for il in range(h["n_layer"]):
+        b = f"v.blk.{il}."
+        up, down = b + "ffn_up", b + "ffn_down"
+        # Older converters named SigLIP's fc1 ffn_down and fc2 ffn_up; clip.cpp swaps them back
+        # where "down" takes the encoder's width (clip_model_loader, is_ffn_swapped).
+        down_shape = t.shape(down + ".weight")
+        if down_shape is not None and down_shape[0] == n_embd and n_ff != n_embd:
+            up, down = down, up
+        def norm(name: str) -> Optional[str]:
+            return t.get(b + name, (n_embd,), types=vec)
+
+        def bias(name: str, n: int) -> Optional[str]:
+            return t.get(name, (n,), required=False, types=vec)
+
+        layers.append({
+            "ln1_w": norm("ln1.weight"), "ln1_b": bias(b + "ln1.bias", n_embd),
+            "q_w": t.get(b + "attn_q.weight", (n_embd, width)), "q_b": bias(b + "attn_q.bias", width),
+            "k_w": t.get(b + "attn_k.weight", (n_embd, width)), "k_b": bias(b + "attn_k.bias", width),
+            "v_w": t.get(b + "attn_v.weight", (n_embd, width)), "v_b": bias(b + "attn_v.bias", width),
+            "o_w": t.get(b + "attn_out.weight", (width, n_embd)), "o_b": bias(b + "attn_out.bias", n_embd),
+            "ln2_w": norm("ln2.weight"), "ln2_b": bias(b + "ln2.bias", n_embd),
+            "up_w": t.get(up + ".weight", (n_embd, n_ff)), "up_b": bias(up + ".bias", n_ff),
+            "gate_w": t.get(b + "ffn_gate.weight", (n_embd, n_ff), required=False),
+            "gate_b": bias(b + "ffn_gate.bias", n_ff),
+            "down_w": t.get(down + ".weight", (n_ff, n_embd)), "down_b": bias(down + ".bias", n_embd),
+        })
+    return glob, layers

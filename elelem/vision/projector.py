@@ -1,0 +1,115 @@
+"""A projector: the file's encoder, opened in the native core, and the
+embeddings of the images it has encoded, kept by the hash of their pixels so
+that an image sent again (the same screenshot in each turn of a
+conversation) is encoded once."""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+
+from .._core import open_vision_model  # names, not the package
+from ..errors import ClosedError, InvalidArgumentError
+from ..model.projector import ProjectorSpec, read_projector
+from .images import Image
+from .preprocess import preprocess
+
+log = logging.getLogger("elelem")
+
+DEFAULT_CACHED_IMAGES = 16
+
+
+@dataclass(frozen=True)
+class ImageEmbeddings:
+    """One image's embeddings, ``(n_tokens, n_embd)`` float32, and the hash of its pixels."""
+
+    digest: str
+    embeddings: np.ndarray = field(repr=False)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.embeddings.shape[0])
+
+
+class Projector:
+    """A projector file (mmproj GGUF) ready to encode images.
+
+    ``n_threads``: the encoder's threads (default: the CPU's cores, at most 8);
+    ``flash_attn``: clip.cpp's flash-attention path (libmtmd's default on the
+    CPU) or its plain softmax(KQ)V; ``cached_images``: how many images'
+    embeddings are kept, by the hash of their pixels."""
+
+    def __init__(self, path: str | os.PathLike, *, n_threads: Optional[int] = None, flash_attn: bool = True,
+                 cached_images: int = DEFAULT_CACHED_IMAGES):
+        self.spec: ProjectorSpec = read_projector(path)
+        self.path = Path(path)
+        self.n_threads = n_threads or max(1, min(8, os.cpu_count() or 1))
+        self.flash_attn = flash_attn
+        self._cached_images = max(0, int(cached_images))
+        self._cache: collections.OrderedDict[str, ImageEmbeddings] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        s = self.spec
+        self._native = open_vision_model(str(self.path), s.projector_type, s.hparams, s.global_tensors,
+                                         s.layer_tensors)
+        log.info("projector %s: %s, %d layers, %d tokens per image", self.path.name, s.projector_type,
+                 s.hparams["n_layer"], s.n_image_tokens)
+
+    @property
+    def projector_type(self) -> str:
+        return self.spec.projector_type
+
+    @property
+    def n_encoded(self) -> int:
+        """Images the encoder has run on (an image found in the cache is not counted)."""
+        return int(self._native.n_encoded)
+
+    def check_text_model(self, n_embd: int) -> None:
+        """Refuse a text model whose width is not the projector's output width."""
+        if n_embd != self.spec.n_embd_out:
+            raise InvalidArgumentError(
+                f"the projector {self.path.name} gives {self.spec.n_embd_out}-wide embeddings; the text model "
+                f"is {n_embd} wide: they are not a pair")
+
+    def pixels(self, image: Image) -> np.ndarray:
+        """The encoder's input for ``image`` (libmtmd's preprocessing): float32 (3, size, size)."""
+        return preprocess(image, self.spec)
+
+    def encode(self, image: Image) -> ImageEmbeddings:
+        """The embeddings of ``image``, from the cache when its pixels were encoded before."""
+        with self._lock:
+            if self._native.is_closed:
+                raise ClosedError("this projector is closed")
+            hit = self._cache.get(image.digest)
+            if hit is not None:
+                self._cache.move_to_end(image.digest)
+                return hit
+            started = time.perf_counter()
+            embeddings = self._native.encode(self.pixels(image), self.n_threads, self.flash_attn)
+            embeddings.setflags(write=False)
+            result = ImageEmbeddings(image.digest, embeddings)
+            log.debug("encoded a %dx%d image into %d embeddings in %.3f s", image.width, image.height,
+                      result.n_tokens, time.perf_counter() - started)
+            if self._cached_images:
+                self._cache[image.digest] = result
+                while len(self._cache) > self._cached_images:
+                    self._cache.popitem(last=False)
+            return result
+
+    def close(self) -> None:
+        with self._lock:
+            self._cache.clear()
+            self._native.close()
+
+    def __enter__(self) -> "Projector":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,198 @@
+"""Tiny random projector files (mmproj GGUFs, general.architecture "clip"),
+written with the `gguf` package in the layout llama.cpp's converter writes
+(conversion/base.py's MmprojModel, conversion/gemma.py's Gemma3VisionModel),
+and a NumPy reference of the encoder they hold.
+
+Imported by the DEV-ONLY generator run under the llama.cpp reference (it needs
+only `gguf` and NumPy) and by the tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+import ggml_numerics as numerics
+
+
+@dataclass(frozen=True)
+class TinyProjector:
+    projector_type: str = "gemma3"
+    n_embd: int = 32
+    n_head: int = 4
+    n_ff: int = 64
+    n_layer: int = 2
+    image_size: int = 32
+    patch_size: int = 4
+    n_merge: int = 2                  # written as projector.scale_factor (the real models' 4 is not written)
+    n_embd_out: int = 64              # the text model's width (projection_dim)
+    eps: float = 1e-6
+    wtype: str = "f16"                # the converter's --outtype f16: matmul weights F16, the rest F32
+    image_mean: tuple = (0.5, 0.5, 0.5)
+    image_std: tuple = (0.5, 0.5, 0.5)
+    seed: int = 0
+    # Broken files, for the tests of bad input: tensors left out, tensors cut to a length along
+    # an axis (numpy order), keys left out, and keys written with other values.
+    drop: tuple = ()
+    cut: tuple = ()
+    drop_keys: tuple = ()
+    keys: tuple = ()                  # ((key, value), ...) overriding or adding keys
+
+    @property
+    def side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def n_tokens(self) -> int:
+        return (self.side // self.n_merge) ** 2
+
+    def but(self, **kw) -> "TinyProjector":
+        return replace(self, **kw)
+
+
+def make_weights(cfg: TinyProjector) -> dict[str, np.ndarray]:
+    """name -> float32 weights in numpy order (the reverse of ggml's)."""
+    rng = np.random.default_rng(cfg.seed)
+    e, f = cfg.n_embd, cfg.n_ff
+
+    def mat(n_out, n_in):
+        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    def vec(n, scale=0.1):
+        return (rng.standard_normal(n) * scale).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32)
+
+    p = cfg.patch_size
+    w = {
+        "v.patch_embd.weight": (rng.standard_normal((e, 3, p, p)) / np.sqrt(3 * p * p)).astype(np.float32),
+        "v.patch_embd.bias": vec(e),
+        "v.position_embd.weight": (rng.standard_normal((cfg.side * cfg.side, e)) * 0.5).astype(np.float32),
+    }
+    for i in range(cfg.n_layer):
+        b = f"v.blk.{i}."
+        w.update({
+            b + "ln1.weight": norm(e), b + "ln1.bias": vec(e),
+            b + "attn_q.weight": mat(e, e), b + "attn_q.bias": vec(e),
+            b + "attn_k.weight": mat(e, e), b + "attn_k.bias": vec(e),
+            b + "attn_v.weight": mat(e, e), b + "attn_v.bias": vec(e),
+            b + "attn_out.weight": mat(e, e), b + "attn_out.bias": vec(e),
+            b + "ln2.weight": norm(e), b + "ln2.bias": vec(e),
+            b + "ffn_up.weight": mat(f, e), b + "ffn_up.bias": vec(f),
+            b + "ffn_down.weight": mat(e, f), b + "ffn_down.bias": vec(e),
+        })
+    w["v.post_ln.weight"] = norm(e)
+    w["v.post_ln.bias"] = vec(e)
+    # Gemma3MultiModalProjector.mm_input_projection_weight is (vision width, text width); the
+    # converter adds 1 to soft_emb_norm (Gemma's RMSNorm scales by 1 + w).
+    w["mm.input_projection.weight"] = (rng.standard_normal((e, cfg.n_embd_out)) / np.sqrt(e)).astype(np.float32)
+    w["mm.soft_emb_norm.weight"] = norm(e)
+    return w
+
+
+def tensor_type(cfg: TinyProjector, name: str, arr: np.ndarray) -> str:
+    """Gemma3VisionModel.tensor_force_quant: the input projection F16, the embeddings
+    (patch and position) F32; other matmul weights the output type, vectors F32."""
+    if name == "mm.input_projection.weight":
+        return "f16"
+    if name.startswith(("v.patch_embd", "v.position_embd")) or arr.ndim < 2:
+        return "f32"
+    return cfg.wtype
+
+
+def write_projector(path: Path, cfg: TinyProjector = TinyProjector()) -> dict[str, np.ndarray]:
+    """Write ``cfg`` to ``path``; returns the weights as stored (float32, F16 ones rounded)."""
+    weights = make_weights(cfg)
+    for name in cfg.drop:
+        del weights[name]
+    for name, axis, length in cfg.cut:
+        weights[name] = np.ascontiguousarray(np.take(weights[name], range(length), axis=axis))
+    writer = gguf.GGUFWriter(str(path), "clip")
+    keys = {
+        "general.type": "mmproj",
+        "general.file_type": 1 if cfg.wtype == "f16" else 0,
+        "clip.has_vision_encoder": True,
+        "clip.vision.projection_dim": cfg.n_embd_out,
+        "clip.vision.image_size": cfg.image_size,
+        "clip.vision.patch_size": cfg.patch_size,
+        "clip.vision.embedding_length": cfg.n_embd,
+        "clip.vision.feed_forward_length": cfg.n_ff,
+        "clip.vision.block_count": cfg.n_layer,
+        "clip.vision.attention.head_count": cfg.n_head,
+        "clip.vision.image_mean": list(cfg.image_mean),
+        "clip.vision.image_std": list(cfg.image_std),
+        "clip.projector_type": cfg.projector_type,
+        "clip.vision.attention.layer_norm_epsilon": cfg.eps,
+        "clip.use_gelu": True,
+    }
+    if cfg.n_merge != 4:
+        keys["clip.vision.projector.scale_factor"] = cfg.n_merge
+    keys.update(dict(cfg.keys))
+    for key in cfg.drop_keys:
+        keys.pop(key, None)
+    for key, value in keys.items():
+        if isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_array(key, [float(v) for v in value])
+    stored = {}
+    for name, arr in weights.items():
+        if tensor_type(cfg, name, arr) == "f16":
+            arr = arr.astype(np.float16)
+        writer.add_tensor(name, arr)
+        stored[name] = arr.astype(np.float32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return stored
+
+
+def _layer_norm(x, w, b, eps):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * w + b
+
+
+def _linear(x, w, wtype):
+    """x @ w.T as ggml's matmul rounds it: F16 weights take F16 activations."""
+    return numerics.matmul(x, w, wtype)
+
+
+def vit_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: np.ndarray) -> np.ndarray:
+    """The gemma3 projector's output for ``pixels`` (3, H, W), in float64 but for
+    ggml's F16 roundings (matmul activations for F16 weights, the GELU table):
+    (n_tokens, n_embd_out)."""
+    p, s, e = cfg.patch_size, cfg.side, cfg.n_embd
+    x = pixels.astype(np.float64).reshape(3, s, p, s, p).transpose(1, 3, 0, 2, 4).reshape(s * s, 3 * p * p)
+    x = x @ w["v.patch_embd.weight"].reshape(e, -1).T.astype(np.float64) + w["v.patch_embd.bias"]
+    x = x + w["v.position_embd.weight"]
+    hd = e // cfg.n_head
+    for i in range(cfg.n_layer):
+        b = f"v.blk.{i}."
+        h = _layer_norm(x, w[b + "ln1.weight"], w[b + "ln1.bias"], cfg.eps)
+        q, k, v = (_linear(h, w[b + f"attn_{n}.weight"], cfg.wtype) + w[b + f"attn_{n}.bias"] for n in "qkv")
+        q, k, v = (t.reshape(-1, cfg.n_head, hd).transpose(1, 0, 2) for t in (q, k, v))
+        a = q @ k.transpose(0, 2, 1) / np.sqrt(hd)
+        a = np.exp(a - a.max(axis=-1, keepdims=True))
+        a /= a.sum(axis=-1, keepdims=True)
+        o = (a @ v).transpose(1, 0, 2).reshape(-1, e)
+        x = x + _linear(o, w[b + "attn_out.weight"], cfg.wtype) + w[b + "attn_out.bias"]
+        h = _layer_norm(x, w[b + "ln2.weight"], w[b + "ln2.bias"], cfg.eps)
+        h = numerics.gelu_f16_table(_linear(h, w[b + "ffn_up.weight"], cfg.wtype) + w[b + "ffn_up.bias"])
+        x = x + _linear(h, w[b + "ffn_down.weight"], cfg.wtype) + w[b + "ffn_down.bias"]
+    x = _layer_norm(x, w["v.post_ln.weight"], w["v.post_ln.bias"], cfg.eps)
+    # Average over n_merge x n_merge windows of the patch grid, row by row.
+    m, t = cfg.n_merge, s // cfg.n_merge
+    x = x.reshape(t, m, t, m, e).mean(axis=(1, 3)).reshape(t * t, e)
+    x = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + cfg.eps) * w["mm.soft_emb_norm.weight"]
+    return numerics.matmul(x, w["mm.input_projection.weight"].T, "f16")
