@@ -1,5 +1,6 @@
 """OpenAI-style content parts in chat messages: text parts
-are the text they hold; any other part is refused by name."""
+are the text they hold; an image, without a projector, is refused saying so;
+any other part is refused by name."""
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,11 @@ def test_text_parts_join_and_other_parts_are_refused_by_name():
     assert text_messages(messages) == [messages[0], {"role": "user", "content": "Hello, world"}]
     only_text = messages[:1]
     assert text_messages(only_text) is only_text      # nothing to join: the same list
-    with pytest.raises(InvalidArgumentError, match=r"messages\[1\]\.content\[1\] is a 'image_url' part"):
+    with pytest.raises(InvalidArgumentError, match=r"messages\[1\]\.content\[1\] is an image, and this model was "
+                                                   r"opened without a projector"):
         text_messages([messages[0], {"role": "user", "content": [parts[0], {"type": "image_url", "image_url": {}}]}])
+    with pytest.raises(InvalidArgumentError, match=r"messages\[1\]\.content\[1\] is a 'input_audio' part"):
+        text_messages([messages[0], {"role": "user", "content": [parts[0], {"type": "input_audio", "input_audio": {}}]}])
     with pytest.raises(InvalidArgumentError, match="must be a string"):
         content_text([{"type": "text", "text": 3}])
     with pytest.raises(InvalidArgumentError, match="'str' part"):
