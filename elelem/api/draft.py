@@ -48,11 +48,7 @@ def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, r
             layer_tensors=spec.layer_tensors, description=spec.description, matmul_weights=spec.matmul_weights(),
             repack=repack, use_mmap=use_mmap, amx_types=amx_types(amx), shards=gguf.shard_paths)
     try:
-        # The target's cache types: a model drafting for itself then computes what the target does.
-        cache = context.cache
-        draft_context = new_context(model=model, kv_size=context.kv_size, n_batch=context.n_batch,
-                                    n_threads=context.n_threads, kv_type=cache.type_k, type_v=cache.type_v,
-                                    flash_attn=context.flash_attn, n_seq_max=context.n_seq_max)
+        draft_context = _context_beside(model, context)
     except BaseException:
         if owned is not None:
             owned.close()
@@ -81,11 +77,19 @@ def _open_head(path, gguf: GGUFFile, head_spec, *, context, repack: bool, use_mm
         matmul_weights=mtp_matmul_weights(head_spec), repack=repack, use_mmap=use_mmap, amx_types=amx_types(amx),
         shards=gguf.shard_paths)
     try:
-        cache = context.cache
-        head_context = new_context(model=model, kv_size=context.kv_size, n_batch=context.n_batch,
-                                   n_threads=context.n_threads, kv_type=cache.type_k, type_v=cache.type_v,
-                                   flash_attn=context.flash_attn, n_seq_max=context.n_seq_max)
+        head_context = _context_beside(model, context)
     except BaseException:
         model.close()
         raise
     return MTPHead(head_context, owned_model=model, hybrid=context.cache.hybrid)
+
+
+def _context_beside(model, context):
+    """A native context for a drafter's ``model`` shaped as the target's
+    ``context``: as many cells and sequences, the same batch, threads, cache
+    types and flash attention (a model drafting for itself then computes what
+    the target does)."""
+    cache = context.cache
+    return new_context(model=model, kv_size=context.kv_size, n_batch=context.n_batch,
+                       n_threads=context.n_threads, kv_type=cache.type_k, type_v=cache.type_v,
+                       flash_attn=context.flash_attn, n_seq_max=context.n_seq_max)

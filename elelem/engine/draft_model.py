@@ -19,13 +19,13 @@ the draft context is used by one thread at a time.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Optional, Sequence
 
 import numpy as np
 
 from ..errors import ElelemError, VocabularyMismatchError
+from .draft_context import DraftContext
 from .speculative import Acceptance, DraftPace
 
 #: The most tokens a draft model proposes per step: each costs a forward pass
@@ -58,7 +58,7 @@ def check_same_vocabulary(target_gguf, target_n_vocab: int, draft_gguf, draft_n_
                 f"{draft_gguf.path}: a draft model needs the same vocabulary")
 
 
-class DraftModel:
+class DraftModel(DraftContext):
     """A small model's native context, drafting for every sequence of one engine.
 
     ``context`` has as many sequences as the target's; ``owned_model`` (the
@@ -66,15 +66,8 @@ class DraftModel:
     """
 
     def __init__(self, context, *, owned_model=None, max_draft: Optional[int] = None):
-        self._ctx = context
-        self._owned_model = owned_model
-        self.max_draft = DEFAULT_MAX_DRAFT if max_draft is None else max_draft
-        self._lock = threading.Lock()
-        # seq -> the tokens its draft sequence holds, in order; and when last used
-        self._held: dict[int, list[int]] = {}
-        self._last_used: dict[int, float] = {}
-        self.evaluated = 0            # statistics: tokens the draft model evaluated
-        self.closed = False
+        super().__init__(context, owned_model=owned_model,
+                         max_draft=DEFAULT_MAX_DRAFT if max_draft is None else max_draft)
 
     @property
     def n_seq_max(self) -> int:
@@ -84,16 +77,6 @@ class DraftModel:
         """The drafter of one generation on target sequence ``seq``; ``history``
         is read live, as PromptLookup reads it."""
         return ModelDrafter(self, seq, history)
-
-    def close(self) -> None:
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-            self._held.clear()
-            self._ctx.close()
-            if self._owned_model is not None:
-                self._owned_model.close()
 
     # -- used by ModelDrafter, under the engine's lock ---------------------------
 
@@ -110,15 +93,6 @@ class DraftModel:
                 logits = self._decode(seq, drafts[-1:])
                 drafts.append(int(np.argmax(logits)))
             return drafts
-
-    def keep(self, seq: int, n: int) -> None:
-        """Trim draft sequence ``seq`` to its first ``n`` tokens."""
-        with self._lock:
-            held = self._held.get(seq)
-            if self.closed or held is None or len(held) <= n:
-                return
-            del held[n:]
-            self._ctx.seq_rm(seq, n)
 
     def _catch_up_start(self, seq: int, history: Sequence[int]) -> int:
         """Trim ``seq`` to its longest prefix of ``history`` -- short of the last
@@ -155,18 +129,6 @@ class DraftModel:
                 raise
             log.debug("draft model: %s; dropped idle draft sequences", error)
             return self._ctx.decode(chunk, seq)
-
-    def _drop_idle(self, keep: int, need: int) -> bool:
-        """Free cells for ``need`` tokens by dropping other sequences' draft
-        cells, least recently used first (they are recomputed when needed)."""
-        cache = self._ctx.cache
-        for _, seq in sorted((t, s) for s, t in self._last_used.items() if s != keep):
-            if cache.n_free >= need:
-                break
-            if self._held.get(seq):
-                self._ctx.seq_rm(seq, 0)
-                self._held[seq] = []
-        return cache.n_free >= need
 
 
 class ModelDrafter:

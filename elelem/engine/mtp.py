@@ -30,13 +30,13 @@ probes fail), so that a head that starts to agree is noticed.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Optional, Sequence
 
 import numpy as np
 
 from ..errors import ElelemError
+from .draft_context import DraftContext
 from .speculative import Acceptance
 from .step_costs import SMOOTHING, StepCosts, plan_draft_length
 
@@ -54,27 +54,21 @@ MAX_PROBE_PAUSE = 256
 MAX_KEPT_ROWS = 4096
 
 
-class MTPHead:
+class MTPHead(DraftContext):
     """The MTP head's native context, drafting for every sequence of one engine."""
 
     kind = "mtp"
 
     def __init__(self, context, *, owned_model=None, max_draft: Optional[int] = None, hybrid: bool = False):
-        self._ctx = context
+        super().__init__(context, owned_model=owned_model,
+                         max_draft=DEFAULT_MAX_DRAFT if max_draft is None else max_draft)
         # A refused draft rewinds a hybrid target's recurrent state by evaluating
         # the kept tokens again (Context.seq_rm): about a step, in the plan.
         self.rollback_cost = 1.0 if hybrid else 0.0
-        self._owned_model = owned_model
-        self.max_draft = DEFAULT_MAX_DRAFT if max_draft is None else max_draft
         self.n_embd = context.model.hparams["n_embd"]
-        self._lock = threading.Lock()
-        self._held: dict[int, list[int]] = {}   # seq -> the tokens its head sequence holds, in order
-        self._last_used: dict[int, float] = {}
-        self.evaluated = 0                       # statistics: tokens the head evaluated,
-        self.step_seconds = 0.0                  # in how long,
+        self.step_seconds = 0.0                  # statistics: the time the head's steps took,
         self.missing_rows = 0                    # and pairs taken with zeros for h
         self._step_cost: Optional[float] = None  # seconds of a one-token head step (running average)
-        self.closed = False
 
     def drafter(self, seq: int, history: Sequence[int], costs: StepCosts) -> "MTPDrafter":
         return MTPDrafter(self, seq, history, costs)
@@ -85,16 +79,6 @@ class MTPHead:
         if self._step_cost is None or target is None:
             return PRIOR_HEAD_COST
         return self._step_cost / target
-
-    def close(self) -> None:
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-            self._held.clear()
-            self._ctx.close()
-            if self._owned_model is not None:
-                self._owned_model.close()
 
     # -- used by MTPDrafter, under the engine's lock ------------------------------
 
@@ -132,15 +116,6 @@ class MTPHead:
                 drafts.append(int(np.argmax(logits)))
             return drafts
 
-    def keep(self, seq: int, n: int) -> None:
-        """Trim head sequence ``seq`` to its first ``n`` positions."""
-        with self._lock:
-            held = self._held.get(seq)
-            if self.closed or held is None or len(held) <= n:
-                return
-            del held[n:]
-            self._ctx.seq_rm(seq, n)
-
     def _evaluate(self, seq: int, tokens: list[int], hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Evaluate ``tokens`` with their hidden states after what ``seq`` holds,
         in n_batch chunks; the last row's logits and hidden state."""
@@ -166,18 +141,6 @@ class MTPHead:
     def _decode(self, seq: int, tokens: list[int], hidden: np.ndarray) -> np.ndarray:
         return self._ctx.decode(tokens, seq, None, hidden_in=hidden, keep_hidden=True,
                                 decode_kernels=len(tokens) == 1)
-
-    def _drop_idle(self, keep: int, need: int) -> bool:
-        """Free cells for ``need`` tokens by dropping other sequences' head
-        cells, least recently used first (evaluated again when needed)."""
-        cache = self._ctx.cache
-        for _, seq in sorted((t, s) for s, t in self._last_used.items() if s != keep):
-            if cache.n_free >= need:
-                break
-            if self._held.get(seq):
-                self._ctx.seq_rm(seq, 0)
-                self._held[seq] = []
-        return cache.n_free >= need
 
     def _record_step(self, seconds: float) -> None:
         old = self._step_cost
