@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import gguf
 import numpy as np
@@ -508,6 +508,23 @@ def write_model(path: Path, cfg: TinyConfig,
             writer.add_string(key.format(arch=a), value)
         else:
             writer.add_uint32(key.format(arch=a), value)
+    if extra_metadata is not None:
+        extra_metadata(writer)
+    return write_tensors(writer, cfg, weights)
+
+
+def write_family_model(path: Path, cfg, weights: dict[str, np.ndarray],
+                       add_keys: Callable[[gguf.GGUFWriter, Any], None],
+                       extra_metadata: Optional[Callable[[gguf.GGUFWriter], None]]) -> "StoredWeights":
+    """What a family's writer (synthetic_mla.py, synthetic_mamba2.py, ...) does around its own
+    weights and keys: drops and cuts the tensors ``cfg`` says (the tests' bad files), writes the
+    keys, then ``extra_metadata`` (a vocabulary), then the tensors; returns them as stored."""
+    for name in cfg.drop:
+        del weights[name]
+    for name, axis, length in cfg.cut:
+        weights[name] = np.ascontiguousarray(np.take(weights[name], range(length), axis=axis))
+    writer = gguf.GGUFWriter(str(path), cfg.arch)
+    add_keys(writer, cfg)
     if extra_metadata is not None:
         extra_metadata(writer)
     return write_tensors(writer, cfg, weights)

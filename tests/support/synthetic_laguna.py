@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import gguf
 import numpy as np
 
-from synthetic import StoredWeights, Yarn, _attend, _rms_norm, _rope, _silu, write_tensors
+from synthetic import StoredWeights, Yarn, _attend, _rms_norm, _rope, _silu, write_family_model
 
 
 @dataclass(frozen=True)
@@ -183,16 +183,7 @@ def _add_keys(writer: gguf.GGUFWriter, cfg: LagunaConfig) -> None:
 def write_laguna_model(path: Path, cfg: LagunaConfig,
                        extra_metadata: Optional[Callable[[gguf.GGUFWriter], None]] = None) -> StoredWeights:
     """Write ``cfg`` to ``path``; returns the weights exactly as stored (dequantized)."""
-    weights = make_weights(cfg)
-    for name in cfg.drop:
-        del weights[name]
-    for name, axis, length in cfg.cut:
-        weights[name] = np.ascontiguousarray(np.take(weights[name], range(length), axis=axis))
-    writer = gguf.GGUFWriter(str(path), cfg.arch)
-    _add_keys(writer, cfg)
-    if extra_metadata is not None:
-        extra_metadata(writer)
-    return write_tensors(writer, cfg, weights)
+    return write_family_model(path, cfg, make_weights(cfg), _add_keys, extra_metadata)
 
 
 # --------------------------------------------------------------------------

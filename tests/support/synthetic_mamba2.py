@@ -38,7 +38,7 @@ from typing import Callable, Optional
 import gguf
 import numpy as np
 
-from synthetic import StoredWeights, _attend, _matmul, _rms_norm, _silu, write_tensors
+from synthetic import StoredWeights, _attend, _matmul, _rms_norm, _silu, write_family_model
 
 MAMBA2_ARCHS = ("nemotron_h", "nemotron_h_moe", "granitehybrid")
 # The real interleaves, a letter per layer as the configs' hybrid_override_pattern writes them
@@ -289,16 +289,7 @@ def _add_granite_keys(writer: gguf.GGUFWriter, cfg: Mamba2Config) -> None:
 def write_mamba2_model(path: Path, cfg: Mamba2Config,
                        extra_metadata: Optional[Callable[[gguf.GGUFWriter], None]] = None) -> StoredWeights:
     """Write ``cfg`` to ``path``; returns the weights exactly as stored (dequantized)."""
-    weights = make_weights(cfg)
-    for name in cfg.drop:
-        del weights[name]
-    for name, axis, length in cfg.cut:
-        weights[name] = np.ascontiguousarray(np.take(weights[name], range(length), axis=axis))
-    writer = gguf.GGUFWriter(str(path), cfg.arch)
-    _add_keys(writer, cfg)
-    if extra_metadata is not None:
-        extra_metadata(writer)
-    return write_tensors(writer, cfg, weights)
+    return write_family_model(path, cfg, make_weights(cfg), _add_keys, extra_metadata)
 
 
 # --------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import gguf
 import numpy as np
 
-from synthetic import StoredWeights, Yarn, _rms_norm, _rope, _silu, _softmax, write_tensors
+from synthetic import StoredWeights, Yarn, _rms_norm, _rope, _silu, _softmax, write_family_model
 
 
 @dataclass(frozen=True)
@@ -190,16 +190,7 @@ def _add_keys(writer: gguf.GGUFWriter, cfg: MLAConfig) -> None:
 def write_mla_model(path: Path, cfg: MLAConfig,
                     extra_metadata: Optional[Callable[[gguf.GGUFWriter], None]] = None) -> StoredWeights:
     """Write ``cfg`` to ``path``; returns the weights exactly as stored (dequantized)."""
-    weights = make_weights(cfg)
-    for name in cfg.drop:
-        del weights[name]
-    for name, axis, length in cfg.cut:
-        weights[name] = np.ascontiguousarray(np.take(weights[name], range(length), axis=axis))
-    writer = gguf.GGUFWriter(str(path), cfg.arch)
-    _add_keys(writer, cfg)
-    if extra_metadata is not None:
-        extra_metadata(writer)
-    return write_tensors(writer, cfg, weights)
+    return write_family_model(path, cfg, make_weights(cfg), _add_keys, extra_metadata)
 
 
 # --------------------------------------------------------------------------
