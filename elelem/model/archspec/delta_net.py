@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ...errors import ModelShapeError
-from .hparams import MAX_WIDTH, Key, int_list, nextn
+from .hparams import Key, int_list, nextn, ssm_widths
 from .spec import HParam, Role
 
 # Q, K and V come through attn_qkv ("wqkv"), then a short causal convolution.
@@ -49,14 +49,7 @@ def delta_net_hparams(h: dict, key: Key, gguf: Any) -> None:
     carries an output gate."""
     prefix = gguf.get("general.architecture") + "."
     nextn(h, key, gguf)
-    for name, k in (("ssm_d_conv", "ssm.conv_kernel"), ("ssm_d_inner", "ssm.inner_size"),
-                    ("ssm_d_state", "ssm.state_size"), ("ssm_n_group", "ssm.group_count"),
-                    ("ssm_dt_rank", "ssm.time_step_rank")):
-        h[name] = int(key(k))
-        if not 0 < h[name] <= MAX_WIDTH:
-            raise ModelShapeError(f"{prefix}{k} = {h[name]} is out of range")
-    if not 2 <= h["ssm_d_conv"] <= 64:
-        raise ModelShapeError(f"{prefix}ssm.conv_kernel = {h['ssm_d_conv']} must be in 2..64")
+    ssm_widths(h, key, prefix)
     if h["ssm_d_inner"] % h["ssm_dt_rank"] or h["ssm_dt_rank"] % h["ssm_n_group"] \
             or h["ssm_d_inner"] // h["ssm_dt_rank"] != h["ssm_d_state"]:
         raise ModelShapeError(f"{prefix}ssm.inner_size = {h['ssm_d_inner']} must be ssm.time_step_rank "

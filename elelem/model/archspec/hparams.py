@@ -256,3 +256,16 @@ def swa_pattern(h: dict, key: Key, gguf: Any, default: int, dense_first: bool = 
         h["swa_layers"] = [pattern == 0 or il % pattern != 0 for il in range(h["n_layer"])]
     else:
         h["swa_layers"] = [pattern == 0 or il % pattern < pattern - 1 for il in range(h["n_layer"])]
+
+
+def ssm_widths(h: dict, key: Key, prefix: str) -> None:
+    """The state-space layers' widths (``ssm.*``: Gated DeltaNet's and Mamba-2's
+    share the keys), each in range, the convolution 2..64 wide."""
+    for name, k in (("ssm_d_conv", "ssm.conv_kernel"), ("ssm_d_inner", "ssm.inner_size"),
+                    ("ssm_d_state", "ssm.state_size"), ("ssm_n_group", "ssm.group_count"),
+                    ("ssm_dt_rank", "ssm.time_step_rank")):
+        h[name] = int(key(k))
+        if not 0 < h[name] <= MAX_WIDTH:
+            raise ModelShapeError(f"{prefix}{k} = {h[name]} is out of range")
+    if not 2 <= h["ssm_d_conv"] <= 64:
+        raise ModelShapeError(f"{prefix}ssm.conv_kernel = {h['ssm_d_conv']} must be in 2..64")
