@@ -13,6 +13,7 @@ from elelem.cli.info_cmd import describe
 from elelem.errors import ModelShapeError
 from elelem.gguf.reader import read_gguf
 from elelem.model.architectures import model_spec
+from batched_steps import assert_steps_match_solo
 from synthetic_mla import MLAConfig, mla_attention, reference_logits
 
 GLM = MLAConfig(seed=11)                                   # q_lora_rank, sigmoid, selection bias
@@ -101,26 +102,7 @@ def test_sequences_in_one_step_get_their_solo_logits(tiny_model, wtype, flash_at
         # Prompts arriving together: one step of three sequences' prompts (one of a single token:
         # not with F32 weights, whose one-column products elelem, as any architecture, leaves to
         # tinyBLAS in a step of several sequences).
-        prompts = [rng.integers(0, cfg.n_vocab, n).tolist() for n in (11, 1 if wtype == "q8_0" else 3, 17)]
-        alone = []
-        for prompt in prompts:
-            alone.append(ctx.decode(prompt, [0] * len(prompt))[-1])
-            ctx.cache.seq_rm(0, 0)
-        together = ctx.decode([t for p in prompts for t in p], [s for s, p in enumerate(prompts) for _ in p])
-        for s, row in enumerate(together):
-            np.testing.assert_array_equal(row, alone[s], err_msg=f"prompt {s}")
-        # Generated tokens of the three in one step, against one step each.
-        bases = [ctx.cache.seq_length_of(s) for s in range(3)]
-        for n in (2, 3, 6):
-            tokens = rng.integers(0, cfg.n_vocab, n).tolist()
-            seqs = [i % 3 for i in range(n)]
-            one_each = np.concatenate([ctx.decode([t], [s], True) for t, s in zip(tokens, seqs)])
-            for s in range(3):
-                ctx.cache.seq_rm(s, bases[s])
-            step = ctx.decode(tokens, seqs, True, decode_kernels=True)
-            for s in range(3):
-                ctx.cache.seq_rm(s, bases[s])
-            np.testing.assert_array_equal(step, one_each, err_msg=f"a step of {n}")
+        assert_steps_match_solo(ctx, cfg.n_vocab, rng, (11, 1 if wtype == "q8_0" else 3, 17))
 
 
 # -- reading: the variants, GLM-4.7-Flash's routing, what info shows ------------------
