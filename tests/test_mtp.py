@@ -70,7 +70,11 @@ def test_greedy_output_with_mtp_drafts_is_the_output_without(tiny_model, cfg, al
         _mtp_only(llm)
         drafted = llm.generate_tokens(prompt, 60)
         stats = llm.engine.drafter_stats()
+        replayed = llm.engine.context.n_replayed
     assert drafted == plain
+    # A refused draft rewinds the recurrent state to the snapshot before its
+    # step; the token before it is evaluated again with the next one, in no step of its own.
+    assert replayed == 0
     assert stats["mtp"]["drafted"] >= 20, stats
     if cfg.mtp == "agree":   # the head agrees: most drafts are kept
         assert stats["mtp"]["acceptance_rate"] > 0.7, stats

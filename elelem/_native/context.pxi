@@ -589,20 +589,40 @@ cdef class Context:
         before ``p0`` (taken before steps of several tokens, and after prompt
         steps: :meth:`_snapshot_before`), and the tokens from there to ``p0``
         are evaluated again (logged).  Never a wrong state."""
+        replay, generated = self._rewind(seq, p0)
+        if replay:
+            _log.info("sequence %d: no snapshot of its recurrent state at position %d; evaluating positions "
+                      "%d..%d again", seq, p0, p0 - len(replay), p0 - 1)
+            self._replay(seq, replay, generated)
+
+    def rewind(self, seq, p0):
+        """Drop sequence ``seq``'s positions from ``p0`` on as :meth:`seq_rm`
+        does, but leave the tokens a hybrid model must evaluate again to the
+        caller: the sequence ends at the latest snapshot at or before ``p0``,
+        and the tokens from there to ``p0`` are returned (none for a model
+        without recurrent state).  The engine puts them before the sequence's
+        next token, so that a refused draft costs its next step a few rows
+        instead of a step of its own."""
+        return self._rewind(seq, p0)[0]
+
+    def _rewind(self, seq, p0):
+        """:meth:`rewind`, and whether the tokens to evaluate again were generated ones."""
         cache = self.cache
-        if not cache.hybrid:   # the cells alone, as before (also on a context lost with its server)
-            return cache.seq_rm(seq, p0)
+        if not cache.hybrid:   # the cells alone (also on a context lost with its server)
+            cache.seq_rm(seq, p0)
+            return [], False
         self._check_idle()
         cdef int s = cache._check_seq(seq)
         cdef int length = cache.seq_length[s]
         p = _as_integer("the position to trim from", p0)
         if not 0 <= p <= length:
-            return cache.seq_rm(seq, p0)   # its error
+            cache.seq_rm(seq, p0)   # its error
         if p == length:
-            return
+            return [], False
         if p == 0:
             self.snapshots.clear(s)
-            return cache.seq_rm(s, 0)
+            cache.seq_rm(s, 0)
+            return [], False
         tokens = cache.seq_tokens(s)
         pos, state, generated = self.snapshots.latest(s, p)
         self.snapshots.keep_to(s, pos)
@@ -611,10 +631,7 @@ cdef class Context:
             cache._clear_state(s)
         else:
             cache.set_recurrent_state(s, state)
-        if pos < p:
-            _log.info("sequence %d: no snapshot of its recurrent state at position %d; evaluating positions "
-                      "%d..%d again", s, p, pos, p - 1)
-            self._replay(s, tokens[pos:p], generated)
+        return list(tokens[pos:p]), generated
 
     def seq_cp(self, src, dst, n=None):
         """Let empty sequence ``dst`` see ``src``'s first ``n`` positions (all by

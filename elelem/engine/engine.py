@@ -722,7 +722,15 @@ class Engine(PrefixReuse):
         if not chunk.drafts:
             return
         request = chunk.request
-        self._ctx.seq_rm(request.seq, chunk.base + 1 + kept)
+        if request in self._active and request.pending:
+            # A hybrid model's refused drafts are in its recurrent state: it goes
+            # back to the snapshot before the step, and the tokens kept since
+            # then are evaluated again in the next step, before the next token.
+            replay = self._ctx.rewind(request.seq, chunk.base + 1 + kept)
+            request.pending[:0] = replay
+            request.evaluated -= len(replay)
+        else:
+            self._ctx.seq_rm(request.seq, chunk.base + 1 + kept)
         request.evaluated += kept
         request.drafted += len(chunk.drafts)
         request.accepted += kept

@@ -62,9 +62,7 @@ class MTPHead(DraftContext):
     def __init__(self, context, *, owned_model=None, max_draft: Optional[int] = None, hybrid: bool = False):
         super().__init__(context, owned_model=owned_model,
                          max_draft=DEFAULT_MAX_DRAFT if max_draft is None else max_draft)
-        # A refused draft rewinds a hybrid target's recurrent state by evaluating
-        # the kept tokens again (Context.seq_rm): about a step, in the plan.
-        self.rollback_cost = 1.0 if hybrid else 0.0
+        self.hybrid = hybrid
         self.n_embd = context.model.hparams["n_embd"]
         self.step_seconds = 0.0                  # statistics: the time the head's steps took,
         self.missing_rows = 0                    # and pairs taken with zeros for h
@@ -72,6 +70,12 @@ class MTPHead(DraftContext):
 
     def drafter(self, seq: int, history: Sequence[int], costs: StepCosts) -> "MTPDrafter":
         return MTPDrafter(self, seq, history, costs)
+
+    def rollback_cost(self, costs: StepCosts) -> float:
+        """What a refused draft adds against a one-token target step: a hybrid
+        target's recurrent state goes back to the snapshot before the step, and
+        its next step evaluates the token before the drafts again (a row more)."""
+        return max(0.0, costs.relative(2) - 1.0) if self.hybrid else 0.0
 
     def relative_cost(self, costs: StepCosts) -> float:
         """A one-token head step against a one-token target step."""
@@ -181,7 +185,7 @@ class MTPDrafter:
         if limit <= 0 or self._failed:
             return []
         n = plan_draft_length(self.acceptance.rate, self.costs, self.head.relative_cost(self.costs), limit,
-                              self.head.rollback_cost)
+                              self.head.rollback_cost(self.costs))
         if n == 0:
             if self._probe_wait > 0:
                 self._probe_wait -= 1

@@ -120,8 +120,9 @@ def plan_draft_length(rate: float, costs: StepCosts, draft_cost: float, limit: i
     Drafting ``k`` tokens costs ``k`` of the drafter's steps (``draft_cost``
     each, against a one-token step of the target), widens the target's step
     from 1 to ``1 + k`` tokens, and where a draft is refused costs
-    ``rollback_cost`` more (a hybrid model's recurrent state is rewound by
-    evaluating the kept tokens again: about one step); it is expected to give
+    ``rollback_cost`` more (a hybrid model's recurrent state is rewound to
+    the snapshot before the step, and the next step evaluates the kept tokens
+    again: a few rows more); it is expected to give
     ``1 + rate + ... + rate ** k`` tokens (each draft is kept with
     probability ``rate`` once the ones before it were).  The ``k`` in
     ``0..limit`` with the most tokens per unit of time, where that beats
