@@ -171,3 +171,33 @@ def test_greedy_tokens_after_an_image_equal_llamacpps(files, reference):
             {"type": "text", "text": " this picture?"}]}]
         text = llm.chat(messages, max_tokens=len(record["greedy"]), temperature=0)
         assert text == llm.detokenize(greedy).decode("utf-8", "replace")
+
+
+@pytest.mark.real_model
+def test_a_reused_prefix_and_a_saved_state_keep_the_images_positions(files, reference):
+    """Past an image the rotary position falls behind the cell's (M-RoPE).
+    The prompt evaluated in two requests (the second reusing the first's
+    cells, images included), and a text prompt continued from a saved and
+    loaded state, give llama.cpp's logits: each cell keeps the position of
+    the token after it, and a state carries it."""
+    ptype, flash, ref = reference
+    record = ref["prompts"][1]   # two images
+    want = _floats(record["logits"])
+    with _open(files, ptype, flash) as llm:
+        ids = _prompt_ids(llm, record, files[2])
+        cut = len(ids) - 3   # in the text after the second image
+        llm.prefill(ids[:cut])
+        images = llm.engine.media.images_evaluated
+        logits = llm.prefill(ids)
+        assert llm.engine.media.images_evaluated == images   # the images' cells were reused
+        assert np.abs(logits.astype(np.float64) - want).max() == 0.0
+        # A saved state (text only: states refuse image ids) keeps the cells' positions too.
+        text_record = ref["prompts"][2]
+        ids = _prompt_ids(llm, text_record, files[2])
+        llm.reset()
+        llm.prefill(ids[:-3])
+        state = llm.save_state()
+    with _open(files, ptype, flash) as fresh:   # cells that never held these positions
+        fresh.load_state(state)
+        logits = fresh.prefill(ids)
+        assert np.abs(logits.astype(np.float64) - _floats(text_record["logits"])).max() == 0.0

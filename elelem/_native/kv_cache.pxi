@@ -56,6 +56,7 @@ cdef class KVCache:
     cdef int32_t * cell_pos     # kv_size: the position a cell holds, -1 when free
     cdef int32_t * cell_token   # kv_size: the token id at that position
     cdef int32_t * cell_rope_next  # kv_size: M-RoPE models: the rotary position the token after the cell takes
+    cdef readonly bint mrope    # the model's RoPE is multi-section (M-RoPE): a saved state keeps cell_rope_next
     cdef uint64_t * cell_seqs   # kv_size: bit s set when sequence s sees the cell
     cdef int32_t * seq_length   # MAX_SEQ: positions held by each sequence
     cdef readonly int kv_size
@@ -130,8 +131,9 @@ cdef class KVCache:
 
     @property
     def bytes_per_cell(self):
-        """K and V of one position, over every layer that stores its own."""
-        cdef size_t total = 0
+        """K and V of one position, over every layer that stores its own (and, with
+        M-RoPE, the rotary position of the token after it: graph/mrope.pxi)."""
+        cdef size_t total = sizeof(int32_t) if self.mrope else 0
         cdef int il
         for il in range(self.n_layer):
             if self.shapes[il].kv_source == il:
@@ -454,6 +456,7 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
     c.cell_pos = <int32_t *> malloc(kv_size * sizeof(int32_t))
     c.cell_token = <int32_t *> calloc(kv_size, sizeof(int32_t))
     c.cell_rope_next = <int32_t *> calloc(kv_size, sizeof(int32_t))
+    c.mrope = m.hp.rope_type == GGML_ROPE_TYPE_MROPE
     c.cell_seqs = <uint64_t *> calloc(kv_size, sizeof(uint64_t))
     c.seq_length = <int32_t *> calloc(MAX_SEQ, sizeof(int32_t))
     c.k = <ggml_tensor **> calloc(m.hp.n_layer, sizeof(ggml_tensor *))
