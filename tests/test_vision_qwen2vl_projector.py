@@ -1,6 +1,6 @@
 """Qwen2-VL and Qwen2.5-VL projector files: the reader's checks, libmtmd's
-smart resize and the encoder's inputs (pure Python), M-RoPE decoder positions,
-and damaged files.  The embeddings themselves are compared with libmtmd's,
+smart resize and the encoder's inputs (pure Python), the encoders against a
+NumPy reference, and damaged files.  The embeddings themselves are compared with libmtmd's,
 bit for bit, in tests/test_vision_qwen2vl.py."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from elelem import errors
 from elelem.model.projector import read_projector
-from elelem.vision.qwen import decoder_positions, encoder_inputs, smart_size
+from elelem.vision.qwen import encoder_inputs, smart_size
 from synthetic_mmproj import TinyProjector, write_projector
 
 QWEN2 = TinyProjector(projector_type="qwen2vl_merger", n_embd=32, n_head=4, n_ff=48, n_layer=2, patch_size=8,
@@ -113,12 +113,6 @@ def test_window_inputs_group_each_window_and_keep_it_to_itself():
     assert (moved[:, idx] == plain).all()
 
 
-def test_decoder_positions_are_mtmds():
-    pos, advance = decoder_positions(10, 3, 2)
-    assert pos.tolist() == [[10] * 6, [10, 10, 10, 11, 11, 11], [10, 11, 12, 10, 11, 12], [0] * 6]
-    assert advance == 3
-
-
 def test_the_encoder_refuses_sizes_off_the_grid_and_wrong_inputs(tmp_path):
     core = pytest.importorskip("elelem._core")
     path = tmp_path / "qwen25vl.gguf"
@@ -170,3 +164,30 @@ def test_damaged_qwen_projector_files_raise_elelem_errors_only(tmp_path, cfg):
         projector.close()
     assert 0 < opened < 100
     del core
+
+
+@pytest.mark.parametrize("cfg", [QWEN2, QWEN25], ids=["qwen2vl", "qwen25vl"])
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_the_qwen_encoders_match_the_numpy_reference(tmp_path, cfg, flash_attn, tolerance=2e-3):
+    """Within 2e-3 of the outputs' largest magnitude (measured: 5.1e-4 to 7.0e-4):
+    what is left is float32 summation, ggml's GELU tables (an input landing in
+    the next F16 bucket) and, with flash attention, K and V in F16.  A wrong
+    rotary section, window or merge order gives differences of the outputs'
+    own size (no window mask: 0.5).  libmtmd's
+    embeddings are matched bit for bit in tests/test_vision_qwen2vl.py."""
+    core = pytest.importorskip("elelem._core")
+    from synthetic_mmproj import qwen_vit_reference
+    path = tmp_path / "qwen.gguf"
+    weights = write_projector(path, cfg)
+    spec = read_projector(path)
+    vm = core.open_vision_model(str(path), spec.projector_type, spec.hparams, spec.global_tensors,
+                                spec.layer_tensors)
+    # 9 x 8 merged tokens: two windows across and two down for Qwen2.5-VL's 7 x 7.
+    pixels = np.random.default_rng(1).uniform(-1, 1, (3, 16 * 8, 16 * 9)).astype(np.float32)
+    inputs = encoder_inputs(16 * 9, 16 * 8, 8, spec.hparams["n_wa_pattern"])
+    got = vm.encode(pixels, 2, flash_attn, inputs)
+    want = qwen_vit_reference(cfg, weights, pixels, inputs)
+    assert got.shape == want.shape == (72, 64)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err <= tolerance, err
+    vm.close()

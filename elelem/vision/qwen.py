@@ -7,9 +7,10 @@
 - :func:`encoder_inputs`: the graph's inputs besides the pixels
   (clip.cpp's ``clip_image_batch_encode``): each patch's 2D rotary position,
   and for Qwen2.5-VL's window attention the order of the merged tokens by
-  window, its inverse, and the mask that keeps each window to itself;
-- :func:`decoder_positions`: where the text model puts an image's rows (M-RoPE:
-  ``mtmd_image_tokens_get_decoder_pos``) and how far the position moves past it.
+  window, its inverse, and the mask that keeps each window to itself.
+
+Where the text model puts an image's rows (M-RoPE) is the core's:
+elelem/_native/graph/mrope.pxi.
 """
 from __future__ import annotations
 
@@ -93,17 +94,3 @@ def encoder_inputs(nx: int, ny: int, patch_size: int, n_wa_pattern: int = 0,
     positions[3, remap] = xs
     inputs["positions"] = positions.reshape(-1)
     return inputs
-
-
-def decoder_positions(pos_0: int, nx: int, ny: int) -> tuple[np.ndarray, int]:
-    """M-RoPE positions of an image's ``nx * ny`` rows placed at ``pos_0``
-    (nx, ny: merged tokens a row and a column), as four streams
-    (temporal, height, width, unused) ``(4, nx * ny)`` int32, and the positions
-    the image takes: the next token's is ``pos_0 + max(nx, ny)``
-    (mtmd_image_tokens_get_decoder_pos, mtmd_image_tokens_get_n_pos)."""
-    i = np.arange(nx * ny, dtype=np.int64)
-    pos = np.zeros((4, nx * ny), dtype=np.int32)
-    pos[0] = pos_0
-    pos[1] = pos_0 + i // nx
-    pos[2] = pos_0 + i % nx
-    return pos, max(nx, ny)
