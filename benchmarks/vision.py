@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""Image encoding time, elelem against libmtmd (llama-cpp-python's), on a Gemma-3-shaped projector.
+"""Image encoding time, elelem against libmtmd (llama-cpp-python's), on a Gemma-3- or Qwen2.5-VL-shaped projector.
 
     python benchmarks/vision.py --llama-python "$(python scripts/reference_llamacpp.py --check)" \
-        [--layers 27] [--repeats 3] [--threads 2] [--flash-attn on|off]
+        [--projector gemma3|qwen25vl] [--layers N] [--repeats 3] [--threads 2] [--flash-attn on|off]
 
-The projector: Gemma 3's SigLIP shapes (width 1152, 16 heads, FFN 4304, 896 x 896 pixels in
+``--projector qwen25vl``: Qwen2.5-VL's encoder shapes (width 1280, 16 heads, gated FFN 3420, 32
+layers of which every 8th attends fully and the others within 112-pixel windows, 14 x 14 patches
+merged 2 x 2), F16; the 1024 x 768 image is smart-resized to 1036 x 756 (3996 patches, 999
+tokens); the merger projects to a 256-wide synthetic qwen2vl text model.
+
+The gemma3 projector: Gemma 3's SigLIP shapes (width 1152, 16 heads, FFN 4304, 896 x 896 pixels in
 14 x 14 patches: 4096 patches, pooled to 256 tokens), F16 as the converter writes it, with
 ``--layers`` of its 27 layers (the cost is per layer), projecting to a 256-wide synthetic gemma3
 text model (libmtmd wants a text model of the projector's width; the projection is a small part
@@ -90,20 +95,29 @@ def screenshot() -> np.ndarray:
     return px
 
 
-def files(layers: int, cache: Path) -> tuple[Path, Path]:
+FULL_LAYERS = {"gemma3": 27, "qwen25vl": 32}
+
+
+def files(projector: str, layers: int, cache: Path) -> tuple[Path, Path]:
     from synthetic import TinyConfig, write_model
     from synthetic_mmproj import TinyProjector, write_projector
     from vocab_metadata import vocab_writer
 
     cache.mkdir(parents=True, exist_ok=True)
-    mmproj, text = cache / f"gemma3-vision-{layers}l-f16.gguf", cache / "gemma3-text-256.gguf"
+    arch = "qwen2vl" if projector == "qwen25vl" else "gemma3"
+    mmproj, text = cache / f"{projector}-vision-{layers}l-f16.gguf", cache / f"{arch}-text-256.gguf"
     if not mmproj.exists():
-        write_projector(mmproj, TinyProjector(n_embd=1152, n_head=16, n_ff=4304, n_layer=layers, image_size=896,
-                                              patch_size=14, n_merge=4, n_embd_out=256))
+        if projector == "qwen25vl":
+            cfg = TinyProjector(projector_type="qwen2.5vl_merger", n_embd=1280, n_head=16, n_ff=3420,
+                                n_layer=layers, image_size=560, patch_size=14, n_wa_pattern=8, n_embd_out=256)
+        else:
+            cfg = TinyProjector(n_embd=1152, n_head=16, n_ff=4304, n_layer=layers, image_size=896, patch_size=14,
+                                n_merge=4, n_embd_out=256)
+        write_projector(mmproj, cfg)
     if not text.exists():
         smollm = Path(os.environ.get("ELELEM_CACHE", Path.home() / ".cache" / "elelem")) / "models" / \
             "smollm2-135m-instruct-q4_1.gguf"
-        write_model(text, TinyConfig(arch="gemma3", n_vocab=49152, n_embd=256, n_head=4, n_head_kv=1, n_layer=1,
+        write_model(text, TinyConfig(arch=arch, n_vocab=49152, n_embd=256, n_head=4, n_head_kv=1, n_layer=1,
                                      head_dim=64, tied=True), extra_metadata=vocab_writer(smollm))
     return mmproj, text
 
@@ -111,13 +125,15 @@ def files(layers: int, cache: Path) -> tuple[Path, Path]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-python", required=True)
-    ap.add_argument("--layers", type=int, default=27)
+    ap.add_argument("--projector", choices=sorted(FULL_LAYERS), default="gemma3")
+    ap.add_argument("--layers", type=int, default=None, help="encoder layers (default: all of the real model's)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--flash-attn", choices=("on", "off"), default="on")
     args = ap.parse_args()
     cache = Path(os.environ.get("ELELEM_CACHE", Path.home() / ".cache" / "elelem")) / "bench"
-    mmproj, text = files(args.layers, cache)
+    layers = args.layers or FULL_LAYERS[args.projector]
+    mmproj, text = files(args.projector, layers, cache)
     with tempfile.TemporaryDirectory() as tmp:
         image = Path(tmp) / "screenshot.npy"
         np.save(image, screenshot())
@@ -131,8 +147,8 @@ def main() -> None:
         t_ref = min(json.loads(ref.stdout.strip().splitlines()[-1])["times"])
         t_own = min(json.loads(own.stdout.strip().splitlines()[-1])["times"])
         same = np.array_equal(np.load(Path(tmp) / "ref.npy"), np.load(Path(tmp) / "own.npy"))
-    print(f"gemma3 projector, {args.layers} of 27 layers, 1024x768 image -> 256 tokens, {args.threads} threads, "
-          f"flash attention {args.flash_attn}")
+    print(f"{args.projector} projector, {layers} of {FULL_LAYERS[args.projector]} layers, 1024x768 image, "
+          f"{args.threads} threads, flash attention {args.flash_attn}, load average {os.getloadavg()[0]:.1f}")
     print(f"  libmtmd  {t_ref:8.3f} s")
     print(f"  elelem   {t_own:8.3f} s   ({t_ref / t_own:.2f}x libmtmd)   embeddings equal: {same}")
 

@@ -418,7 +418,7 @@ cdef class Context:
         out = np.concatenate([o for _, o in outs])
         return out[np.argsort(kept)]
 
-    def decode_embeddings(self, embd, ids, seq_ids, outputs=None, bint causal=True):
+    def decode_embeddings(self, embd, ids, seq_ids, outputs=None, bint causal=True, grid=None, int offset=0):
         """Evaluate one batch of given embeddings (an image's, from a
         projector) in place of tokens: row ``i`` of ``embd`` (float32
         ``(n, n_embd)``) goes to the next position of sequence ``seq_ids[i]``
@@ -440,10 +440,19 @@ cdef class Context:
             raise errors.InvalidTokenError("embedding rows need one negative integer id each")
         if not np.isfinite(x).all():
             raise errors.InvalidArgumentError("the embeddings hold NaN or infinite values")
-        return self._decode(marks, seq_ids, outputs, False, False, 0, embd=x, causal=causal)
+        cdef int grid_x = 0, grid_y = 0
+        if grid is not None:   # an M-RoPE model places the rows in 2D (graph/mrope.pxi)
+            grid_x, grid_y = int(grid[0]), int(grid[1])
+            if grid_x <= 0 or grid_y <= 0 or offset < 0 or offset + x.shape[0] > grid_x * grid_y \
+                    or (seq_ids is not None and np.unique(np.asarray(seq_ids)).size > 1):
+                raise errors.InvalidArgumentError(f"rows {offset}..{offset + x.shape[0]} of one sequence's "
+                                                  f"{grid_x} x {grid_y} image grid, got {grid}")
+        return self._decode(marks, seq_ids, outputs, False, False, 0, embd=x, causal=causal, grid_x=grid_x,
+                            grid_y=grid_y, grid_offset=offset)
 
     def _decode(self, tokens, seq_ids, outputs, bint embeddings, bint decode_kernels, int n_seqs, bint rank=False,
-                hidden_in=None, bint keep_hidden=False, embd=None, bint causal=True):
+                hidden_in=None, bint keep_hidden=False, embd=None, bint causal=True, int grid_x=0, int grid_y=0,
+                int grid_offset=0):
         """Evaluate one batch: ``tokens[i]`` goes to the next position of
         sequence ``seq_ids[i]`` (tokens of one sequence in order).
 
@@ -515,13 +524,17 @@ cdef class Context:
         cdef bint split_rows = (self.flash_attn and decode_kernels and 2 <= n < FA_TILE_ROWS
                                 and _one_token_splits(self.cache, n, used_before, &cells[0], &positions[0], split_kv))
         cdef int lora_mask = self._lora_mask(n, &seqs[0])
+        cdef int32_t * positions4 = NULL
         self.busy = True
         try:
+            if self.model.hp.rope_type == GGML_ROPE_TYPE_MROPE:
+                positions4 = mrope_positions(self.cache, n, &seqs[0], &positions[0], &cells[0], grid_x, grid_y,
+                                             grid_offset)
             st = self._graph_for(n, n_kv, n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs, pair_lone_row,
                                  <const int *> split_kv if split_rows else <const int *> NULL, &rows[0], rank, lora_mask,
                                  keep_hidden, embd is not None)
             st.bidirectional = not causal
-            _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0])
+            _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0], positions4)
             set_lora_inputs(st, &seqs[0], self.seq_lora)
             if h_in is not None:
                 _set_input(st.inp_h, cnp.PyArray_DATA(h_in), ggml_nbytes(st.inp_h))
@@ -533,6 +546,7 @@ cdef class Context:
             raise
         finally:
             self.busy = False
+            free(positions4)
         if n_seqs:
             self.cache.flip_slots(n, &seqs[0])
         if rank:

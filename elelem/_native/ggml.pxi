@@ -12,6 +12,8 @@ cdef extern from "ggml.h" nogil:
     enum: GGML_ROPE_TYPE_NORMAL
     enum: GGML_ROPE_TYPE_NEOX
     enum: GGML_ROPE_TYPE_IMROPE
+    enum: GGML_ROPE_TYPE_MROPE
+    enum: GGML_ROPE_TYPE_VISION
 
     enum ggml_type:
         GGML_TYPE_F32
@@ -203,6 +205,7 @@ cdef extern from "ggml.h" nogil:
     ggml_cgraph * ggml_new_graph_custom(ggml_context * ctx, size_t size, bint grads)
     void ggml_build_forward_expand(ggml_cgraph * cgraph, ggml_tensor * tensor)
     int ggml_graph_n_nodes(ggml_cgraph * cgraph)
+    ggml_tensor * ggml_graph_get_tensor(const ggml_cgraph * cgraph, const char * name)
     ggml_tensor * ggml_graph_node(ggml_cgraph * cgraph, int i)
     const char * ggml_op_desc(const ggml_tensor * t)
 

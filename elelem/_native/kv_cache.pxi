@@ -55,6 +55,8 @@ cdef class KVCache:
     cdef readonly int v_row     # transposed V's row: the widest layer's head_dim_v * n_head_kv
     cdef int32_t * cell_pos     # kv_size: the position a cell holds, -1 when free
     cdef int32_t * cell_token   # kv_size: the token id at that position
+    cdef int32_t * cell_rope_next  # kv_size: M-RoPE models: the rotary position the token after the cell takes
+    cdef readonly bint mrope    # the model's RoPE is multi-section (M-RoPE): a saved state keeps cell_rope_next
     cdef uint64_t * cell_seqs   # kv_size: bit s set when sequence s sees the cell
     cdef int32_t * seq_length   # MAX_SEQ: positions held by each sequence
     cdef readonly int kv_size
@@ -96,6 +98,7 @@ cdef class KVCache:
         self.shapes = NULL
         self.cell_pos = NULL
         self.cell_token = NULL
+        self.cell_rope_next = NULL
         self.cell_seqs = NULL
         self.seq_length = NULL
         self.r = NULL
@@ -119,6 +122,7 @@ cdef class KVCache:
         free(self.shapes)
         free(self.cell_pos)
         free(self.cell_token)
+        free(self.cell_rope_next)
         free(self.cell_seqs)
         free(self.seq_length)
         free(self.r)
@@ -127,8 +131,9 @@ cdef class KVCache:
 
     @property
     def bytes_per_cell(self):
-        """K and V of one position, over every layer that stores its own."""
-        cdef size_t total = 0
+        """K and V of one position, over every layer that stores its own (and, with
+        M-RoPE, the rotary position of the token after it: graph/mrope.pxi)."""
+        cdef size_t total = sizeof(int32_t) if self.mrope else 0
         cdef int il
         for il in range(self.n_layer):
             if self.shapes[il].kv_source == il:
@@ -343,6 +348,18 @@ cdef class KVCache:
             c -= 1
         return c
 
+    cdef int32_t rope_next(self, int s, int32_t p) noexcept nogil:
+        """The rotary position (M-RoPE) of sequence s's token at position p: the one its
+        cell at p - 1 left (graph/mrope.pxi); 0 at the start."""
+        cdef uint64_t bit = (<uint64_t> 1) << s
+        cdef int i
+        if p <= 0:
+            return 0
+        for i in range(self.used_end):
+            if self.cell_pos[i] == p - 1 and (self.cell_seqs[i] & bit):
+                return self.cell_rope_next[i]
+        return p
+
     cdef int place(self, int n, const int32_t * tokens, const int32_t * seqs, int32_t * cells,
                    int32_t * positions) except -1:
         """Take ``n`` free cells for a batch; each token goes to the next
@@ -438,6 +455,8 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
         c.type_v = c.type_k   # V is K's own values
     c.cell_pos = <int32_t *> malloc(kv_size * sizeof(int32_t))
     c.cell_token = <int32_t *> calloc(kv_size, sizeof(int32_t))
+    c.cell_rope_next = <int32_t *> calloc(kv_size, sizeof(int32_t))
+    c.mrope = m.hp.rope_type == GGML_ROPE_TYPE_MROPE
     c.cell_seqs = <uint64_t *> calloc(kv_size, sizeof(uint64_t))
     c.seq_length = <int32_t *> calloc(MAX_SEQ, sizeof(int32_t))
     c.k = <ggml_tensor **> calloc(m.hp.n_layer, sizeof(ggml_tensor *))
@@ -446,7 +465,7 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
     c.s = <ggml_tensor **> calloc(m.hp.n_layer, sizeof(ggml_tensor *))
     c.rs_slot = <int32_t *> calloc(MAX_SEQ, sizeof(int32_t))
     c.shapes = <LayerShape *> malloc(m.hp.n_layer * sizeof(LayerShape))
-    if c.k == NULL or c.v == NULL or c.shapes == NULL or c.cell_pos == NULL or c.cell_token == NULL \
+    if c.k == NULL or c.v == NULL or c.shapes == NULL or c.cell_pos == NULL or c.cell_token == NULL or c.cell_rope_next == NULL \
             or c.cell_seqs == NULL or c.seq_length == NULL or c.r == NULL or c.s == NULL or c.rs_slot == NULL:
         raise MemoryError()
     memcpy(c.shapes, m.shapes, m.hp.n_layer * sizeof(LayerShape))

@@ -55,6 +55,14 @@ cdef void _state_io(KVCache c, const int32_t * cell_of, int m, int stored, char 
             for ch in range(v.ne[0]):
                 _copy_runs(v, data + at, <size_t> ch * c.kv_size * el, cell_of, m, el, write)
                 at += <size_t> stored * el
+    cdef int32_t * rope_next = <int32_t *> (data + at)
+    cdef int p
+    if c.mrope:   # each position's next rotary position, after the layers (graph/mrope.pxi)
+        for p in range(m):
+            if write:
+                c.cell_rope_next[cell_of[p]] = rope_next[p]
+            else:
+                rope_next[p] = c.cell_rope_next[cell_of[p]]
 
 
 cdef object _read_seq_state(KVCache c, int s, int n):

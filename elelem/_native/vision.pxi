@@ -24,6 +24,7 @@ cdef class VisionModel:
     cdef readonly str projector_type
     cdef readonly dict hparams
     cdef readonly long n_encoded        # images encoded over the model's life
+    cdef readonly bint dynamic_size     # images of any size (sides multiples of patch_size * n_merge), not a square
 
     def __cinit__(self):
         memset(&self.file, 0, sizeof(WeightFile))
@@ -105,14 +106,17 @@ cdef class VisionModel:
             if self.galloc == NULL:
                 raise MemoryError("ggml could not make a graph allocator")
 
-    def encode(self, pixels, n_threads=2, bint flash_attn=True):
+    def encode(self, pixels, n_threads=2, bint flash_attn=True, inputs=None):
         """The embeddings of one preprocessed image: float32 ``(n_tokens, n_embd_out)``.
 
         ``pixels``: float32 ``(3, height, width)``, normalised, one plane per
         channel (elelem.vision.preprocess makes them).  The encoder runs with
         the GIL released, on ``n_threads`` threads.  ``flash_attn`` picks
         clip.cpp's flash-attention path (K and V in F16) or its plain
-        softmax(KQ)V; libmtmd takes the first on the CPU by default."""
+        softmax(KQ)V; libmtmd takes the first on the CPU by default.
+        ``inputs``: the graph's other inputs by name (int32 or float32
+        arrays, as the projector type's builder names them: qwen2vl's
+        positions and windows, elelem.vision.qwen)."""
         if self.closed:
             raise errors.ClosedError("this projector is closed")
         if self.busy:
@@ -121,9 +125,16 @@ cdef class VisionModel:
         cdef cnp.ndarray[cnp.float32_t, ndim=3, mode="c"] px = np.ascontiguousarray(pixels, dtype=np.float32)
         cdef int ny = px.shape[1], nx = px.shape[2]
         cdef int side = self.hp.image_size
-        if px.shape[0] != 3 or nx != side or ny != side:
+        cdef int align = self.hp.patch_size * self.hp.n_merge
+        if self.dynamic_size:
+            if px.shape[0] != 3 or nx <= 0 or ny <= 0 or nx % align or ny % align:
+                raise errors.InvalidArgumentError(
+                    f"this {self.projector_type} projector takes (3, height, width) pixels, both sides multiples "
+                    f"of {align}, got {tuple(pixels.shape)}")
+        elif px.shape[0] != 3 or nx != side or ny != side:
             raise errors.InvalidArgumentError(
                 f"this {self.projector_type} projector takes (3, {side}, {side}) pixels, got {tuple(pixels.shape)}")
+        extra = [(name.encode(), np.ascontiguousarray(value)) for name, value in (inputs or {}).items()]
         self._ready_backend(threads)
         cdef size_t graph_size = VIT_GRAPH_NODES_PER_LAYER * self.hp.n_layer + VIT_GRAPH_NODES_EXTRA
         cdef ggml_init_params p
@@ -151,6 +162,8 @@ cdef class VisionModel:
             if not ggml_gallocr_alloc_graph(self.galloc, st.gf):
                 raise MemoryError("ggml could not allocate the image encoder's graph")
             ggml_backend_tensor_set(st.inp_raw, cnp.PyArray_DATA(px), 0, ggml_nbytes(st.inp_raw))
+            for name, value in extra:
+                _set_vision_input(st.gf, name, value)
             self.busy = True
             self.abort_flag = 0
             try:
@@ -165,6 +178,19 @@ cdef class VisionModel:
             ggml_free(st.ctx)
         self.n_encoded += 1
         return result
+
+
+cdef void _set_vision_input(ggml_cgraph * gf, bytes name, cnp.ndarray value) except *:
+    """Set the graph's input ``name`` (a builder's named input) from ``value``, which must fill it."""
+    cdef ggml_tensor * t = ggml_graph_get_tensor(gf, name)
+    if t == NULL:
+        raise errors.InvalidArgumentError(f"the image encoder's graph has no input {name.decode()!r}")
+    want = np.int32 if t.type == GGML_TYPE_I32 else np.float32
+    if value.dtype != want or <size_t> value.nbytes != ggml_nbytes(t):
+        raise errors.InvalidArgumentError(f"the image encoder's input {name.decode()!r} takes {ggml_nbytes(t)} bytes "
+                                          f"of {np.dtype(want).name}, got {value.nbytes} of {value.dtype}")
+    if t.buffer != NULL:
+        ggml_backend_tensor_set(t, cnp.PyArray_DATA(value), 0, ggml_nbytes(t))
 
 
 def open_vision_model(path, str projector_type, dict hparams, dict global_tensors, list layer_tensors,
@@ -200,6 +226,9 @@ def open_vision_model(path, str projector_type, dict hparams, dict global_tensor
     vm.hp.n_merge = hparams["n_merge"]
     vm.hp.ffn_op = {"gelu": VIT_FFN_GELU, "gelu_quick": VIT_FFN_GELU_QUICK, "silu": VIT_FFN_SILU}[hparams["ffn_op"]]
     vm.hp.eps = hparams["eps"]
+    vm.hp.norm_rms = hparams.get("norm", "layer") == "rms"
+    vm.hp.n_wa_pattern = hparams.get("n_wa_pattern", 0)
+    vm.dynamic_size = hparams.get("dynamic_size", False)
     if len(layer_tensors) != vm.hp.n_layer:
         raise errors.ModelShapeError(f"{len(layer_tensors)} layer tensor tables for {vm.hp.n_layer} layers")
     vm.file_open = True   # what the opening gets is released, should it fail

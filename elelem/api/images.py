@@ -29,7 +29,7 @@ log = logging.getLogger("elelem")
 #: libmtmd's default media marker (mtmd_default_marker): where an image goes in the rendered text.
 MEDIA_MARKER = "<__media__>"
 #: Text architectures whose graphs take an image's embeddings in place of tokens.
-ARCHS_WITH_IMAGES = ("gemma3",)
+ARCHS_WITH_IMAGES = ("gemma3", "qwen2vl")
 
 
 def image_source(part: Mapping[str, Any], where: str) -> str | bytes:
@@ -120,7 +120,7 @@ class ImageInput:
         for image, piece in zip(images, pieces[1:]):
             embedded = self.projector.encode(image)
             ids += tokenize(kind.image_begin, False)
-            ids += self.media.add(embedded.digest, embedded.embeddings)
+            ids += self.media.add(embedded.digest, embedded.embeddings, embedded.grid)
             ids += tokenize(kind.image_end, False)
             ids += tokenize(piece, False)
         if bos_id is not None and ids[:2] == [bos_id, bos_id]:

@@ -80,6 +80,9 @@ class _Plan:
     # whether its rows attend to each other causally.
     embd: Optional[np.ndarray] = None
     causal: bool = True
+    # Its grid (columns, rows) and the index of its first row, where the text model places it in 2D.
+    grid: Optional[tuple[int, int]] = None
+    grid_offset: int = 0
 
 
 class Engine(PrefixReuse):
@@ -426,7 +429,8 @@ class Engine(PrefixReuse):
                     try:
                         if plan.embd is not None:
                             logits = self._ctx.decode_embeddings(plan.embd, plan.tokens, plan.seqs, plan.outputs,
-                                                                 causal=plan.causal)
+                                                                 causal=plan.causal, grid=plan.grid,
+                                                                 offset=plan.grid_offset)
                         else:
                             logits = self._ctx.decode(plan.tokens, plan.seqs, plan.outputs,
                                                       decode_kernels=plan.generated,
@@ -491,6 +495,7 @@ class Engine(PrefixReuse):
         n_outputs = 0
         drafting = []                   # chunks of generating requests that may verify drafts
         embd = None
+        grid, grid_offset = None, 0
         for request in runnable:
             if budget == 0 or embd is not None:
                 break
@@ -502,6 +507,7 @@ class Engine(PrefixReuse):
                 if image:
                     try:
                         embd = self.media.rows(request.pending[:n])
+                        grid, grid_offset = self.media.placement(request.pending[:n])
                     except InvalidArgumentError as error:
                         self._drop(request, error)
                         continue
@@ -541,7 +547,7 @@ class Engine(PrefixReuse):
         self.media.images_evaluated += embd is not None
         return _Plan(chunks, tokens, seqs, outputs, generated=embd is None and all(c.request.decoding for c in chunks),
                      keep_hidden=any(getattr(c.request.drafter, "wants_hidden", False) for c in chunks),
-                     embd=embd, causal=not self.media.bidirectional)
+                     embd=embd, causal=not self.media.bidirectional, grid=grid, grid_offset=grid_offset)
 
     def _plan_drafts(self, drafting: list[_Chunk], base_tokens: int, budget: int) -> list[_Chunk]:
         """Ask each drafting request for its guesses, and keep as many as pay

@@ -17,6 +17,10 @@ libmtmd does (mtmd_helper_eval_chunk_single): an image is never split
 between steps that hold other tokens, and a reused prefix never ends inside
 one (:func:`outside_images`), since an image's rows attend to each other
 both ways where the model wants it (``bidirectional``).
+
+An image may carry its grid of embeddings (columns, rows): a text model with
+multi-section RoPE (Qwen2-VL) places its rows in 2D, and the step hands the
+core the grid and where in the image its rows start (:meth:`MediaTable.placement`).
 """
 from __future__ import annotations
 
@@ -86,18 +90,35 @@ class MediaTable:
         # mtmd_decode_use_non_causal for the projector type).
         self.bidirectional = bidirectional
         self._images: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()  # first id -> rows
+        self._grids: dict[int, tuple[int, int]] = {}   # first id -> (columns, rows), images placed in 2D
         self._lock = threading.Lock()
         self.images_evaluated = 0     # image runs evaluated (an image found in the cache is not)
 
-    def add(self, digest: str, embeddings: np.ndarray) -> list[int]:
-        """Keep an image's embeddings ``(n_tokens, n_embd)``; returns the ids standing for them."""
+    def add(self, digest: str, embeddings: np.ndarray, grid: Optional[tuple[int, int]] = None) -> list[int]:
+        """Keep an image's embeddings ``(n_tokens, n_embd)`` (and their grid, columns x rows,
+        where the text model places them in 2D); returns the ids standing for them."""
         ids = image_ids(digest, int(embeddings.shape[0]))
+        if grid is not None and grid[0] * grid[1] != len(ids):
+            raise InvalidArgumentError(f"an image of {len(ids)} embeddings on a {grid[0]} x {grid[1]} grid")
         with self._lock:
             self._images[ids[0]] = embeddings
             self._images.move_to_end(ids[0])
+            if grid is not None:
+                self._grids[ids[0]] = (int(grid[0]), int(grid[1]))
             while len(self._images) > self.kept:
-                self._images.popitem(last=False)
+                first, _ = self._images.popitem(last=False)
+                self._grids.pop(first, None)
         return ids
+
+    def placement(self, ids: Sequence[int]) -> tuple[Optional[tuple[int, int]], int]:
+        """The grid of the image whose run of ids ``ids`` is (None: not placed in 2D), and the
+        index in the image of its first id."""
+        with self._lock:
+            for first, rows in self._images.items():
+                offset = first - ids[0]
+                if 0 <= offset and offset + len(ids) <= rows.shape[0]:
+                    return self._grids.get(first), offset
+        return None, 0
 
     def rows(self, ids: Sequence[int]) -> np.ndarray:
         """The embeddings of one image's run of ids (image_run's)."""

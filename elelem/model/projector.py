@@ -38,13 +38,22 @@ class ProjectorKind:
     image_end: str
     resize: str              # "bilinear" or "bicubic"
     non_causal: bool
-    default_merge: int       # the pooling window's side where the file gives none
+    default_merge: int       # the pooling (gemma3) or merge (qwen2vl) window's side where the file gives none
+    dynamic_size: bool = False   # images keep their aspect ratio (Qwen's smart resize), not fitted to a square
+    mrope: bool = False      # the text model places an image's rows in 2D (M-RoPE: mtmd_decode_use_mrope)
 
 
 # The projector types elelem encodes; each has a builder in elelem/_native/graph/vision_<type>.pxi.
+_QWEN = ProjectorKind("<|vision_start|>", "<|vision_end|>", "bicubic", non_causal=False, default_merge=2,
+                      dynamic_size=True, mrope=True)
 KINDS: dict[str, ProjectorKind] = {
     "gemma3": ProjectorKind("<start_of_image>", "<end_of_image>", "bilinear", non_causal=True, default_merge=4),
+    "qwen2vl_merger": _QWEN,           # Qwen2-VL
+    "qwen2.5vl_merger": _QWEN,         # Qwen2.5-VL (and Qwen2.5-Omni's vision half, "qwen2.5o")
 }
+QWEN_TYPES = ("qwen2vl_merger", "qwen2.5vl_merger")
+# clip.cpp's set_limit_image_tokens(8, 4096) for the Qwen-VL types: merged tokens per image.
+QWEN_MIN_TOKENS, QWEN_MAX_TOKENS = 8, 4096
 
 _NORM_TYPES = ("F32",)
 _CONV_TYPES = ("F32", "F16")   # ggml's im2col takes these kernels
@@ -75,7 +84,8 @@ class ProjectorSpec:
 
     @property
     def n_image_tokens(self) -> int:
-        """Embeddings per image (gemma3: a fixed-size image pooled to (side / n_merge)^2)."""
+        """Embeddings per image (gemma3: a fixed-size image pooled to (side / n_merge)^2;
+        for a dynamic-size type, an image of the file's image_size a side)."""
         side = self.image_size // self.hparams["patch_size"] // self.hparams["n_merge"]
         return side * side
 
@@ -99,12 +109,14 @@ def read_projector(path: str | os.PathLike) -> ProjectorSpec:
     ptype = gguf.expect_scalar("clip.projector_type", GGUFValueType.STRING, required=False)
     if ptype is None:
         ptype = gguf.expect_scalar("clip.vision.projector_type", GGUFValueType.STRING)
+    if ptype == "qwen2.5o":   # Qwen2.5-Omni's vision half: clip.cpp reads it as qwen25vl
+        ptype = "qwen2.5vl_merger"
     kind = KINDS.get(ptype)
     if kind is None:
         raise UnsupportedArchitectureError(
             f"{gguf.path}: projector type {ptype!r} is not supported; elelem encodes images for "
             f"{', '.join(sorted(KINDS))}")
-    hparams = _read_hparams(gguf, kind)
+    hparams = _read_hparams(gguf, kind, ptype)
     mean = _three_floats(gguf, "clip.vision.image_mean")
     std = _three_floats(gguf, "clip.vision.image_std")
     if any(s == 0.0 or not math.isfinite(s) for s in std) or not all(math.isfinite(m) for m in mean):
@@ -137,7 +149,7 @@ def _three_floats(gguf: GGUFFile, key: str) -> tuple[float, float, float]:
     return (float(values[0]), float(values[1]), float(values[2]))
 
 
-def _read_hparams(gguf: GGUFFile, kind: ProjectorKind) -> dict[str, Any]:
+def _read_hparams(gguf: GGUFFile, kind: ProjectorKind, ptype: str) -> dict[str, Any]:
     p = "clip.vision."
     n_embd = _u32(gguf, p + "embedding_length")
     n_head = _u32(gguf, p + "attention.head_count")
@@ -157,9 +169,14 @@ def _read_hparams(gguf: GGUFFile, kind: ProjectorKind) -> dict[str, Any]:
                                 field=p + "attention.layer_norm_epsilon")
     image_size = _u32(gguf, p + "image_size", high=MAX_IMAGE_SIZE)
     patch_size = _u32(gguf, p + "patch_size", high=MAX_IMAGE_SIZE)
-    n_merge = _u32_optional(gguf, p + "projector.scale_factor", high=MAX_IMAGE_SIZE) or kind.default_merge
+    merge_key = p + ("spatial_merge_size" if ptype in QWEN_TYPES else "projector.scale_factor")
+    n_merge = _u32_optional(gguf, merge_key, high=MAX_IMAGE_SIZE) or kind.default_merge
+    if ptype in QWEN_TYPES and n_merge != 2:
+        # clip.cpp's qwen2vl graph merges 2 x 2 blocks whatever the key says (clip_graph_qwen2vl::build).
+        raise GGUFMetadataError(f"{gguf.path}: {merge_key} is {n_merge}; the Qwen-VL merger takes 2 x 2 patches",
+                                field=merge_key)
     side = image_size // patch_size
-    if image_size % patch_size or side % n_merge:
+    if image_size % patch_size or (side % n_merge and not kind.dynamic_size):
         raise GGUFMetadataError(
             f"{gguf.path}: {p}image_size {image_size} must be a multiple of {p}patch_size {patch_size}, and its "
             f"{side} patches a side a multiple of the pooling window {n_merge}", field=p + "image_size")
@@ -167,15 +184,38 @@ def _read_hparams(gguf: GGUFFile, kind: ProjectorKind) -> dict[str, Any]:
     use_silu = gguf.expect_scalar("clip.use_silu", GGUFValueType.BOOL, required=False)
     if use_gelu and use_silu:
         raise GGUFMetadataError(f"{gguf.path}: clip.use_gelu and clip.use_silu are both true", field="clip.use_silu")
+    extra: dict[str, Any] = {}
+    if ptype in QWEN_TYPES:
+        if d_head % 4:
+            raise GGUFMetadataError(f"{gguf.path}: the Qwen-VL encoder's head width {d_head} must be a multiple of 4 "
+                                    f"(2D rotary sections)", field=p + "attention.head_count")
+        n_wa = _u32_optional(gguf, p + "n_wa_pattern", low=0, high=MAX_LAYERS, required=ptype == "qwen2.5vl_merger")
+        extra = {"dynamic_size": True, "norm": "rms" if ptype == "qwen2.5vl_merger" else "layer",
+                 "n_wa_pattern": n_wa or 0, "attn_window": 112}   # clip.cpp's default window, in pixels
+    # The Qwen-VL converter writes the merger's width as feed_forward_length (clip.cpp
+    # never reads it for them): the layers' width comes from their tensors.
+    n_ff = _qwen_n_ff(gguf, n_embd) if ptype in QWEN_TYPES else _u32(gguf, p + "feed_forward_length",
+                                                                     high=MAX_WIDTH * 8)
     return {
+        **extra,
         "n_embd": n_embd, "n_head": n_head, "d_head": d_head,
-        "n_ff": _u32(gguf, p + "feed_forward_length", high=MAX_WIDTH * 8),
+        "n_ff": n_ff,
         "n_layer": _u32(gguf, p + "block_count", high=MAX_LAYERS),
         "n_embd_out": _u32(gguf, p + "projection_dim", high=MAX_WIDTH),
         "image_size": image_size, "patch_size": patch_size, "n_merge": n_merge,
         "ffn_op": "gelu" if use_gelu else "silu" if use_silu else "gelu_quick",
         "eps": float(eps),
     }
+
+
+def _qwen_n_ff(gguf: GGUFFile, n_embd: int) -> int:
+    info = gguf.tensors.get("v.blk.0.ffn_up.weight")
+    if info is None or len(info.shape) != 2 or n_embd not in info.shape:
+        raise ModelShapeError(f"{gguf.path}: tensor 'v.blk.0.ffn_up.weight' is missing or not ({n_embd}, n_ff)")
+    n_ff = int(info.shape[1] if info.shape[0] == n_embd else info.shape[0])
+    if not 1 <= n_ff <= MAX_WIDTH * 8:
+        raise ModelShapeError(f"{gguf.path}: the encoder's FFN width {n_ff} is out of range")
+    return n_ff
 
 
 class _Tensors:
@@ -210,10 +250,12 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
     n_embd, n_ff, width = h["n_embd"], h["n_ff"], h["n_head"] * h["d_head"]
     p, side = h["patch_size"], h["image_size"] // h["patch_size"]
     vec = _NORM_TYPES
+    qwen = ptype in QWEN_TYPES
     glob = {
         "patch_embd": t.get("v.patch_embd.weight", (p, p, 3, n_embd), types=_CONV_TYPES),
-        "patch_bias": t.get("v.patch_embd.bias", (n_embd,), required=False, types=vec),
-        "pos_embd": t.get("v.position_embd.weight", (n_embd, side * side)),
+        # clip_graph_qwen2vl asserts the patch bias away; the positions are rotary.
+        "patch_bias": None if qwen else t.get("v.patch_embd.bias", (n_embd,), required=False, types=vec),
+        "pos_embd": None if qwen else t.get("v.position_embd.weight", (n_embd, side * side)),
         "pre_ln_w": t.get("v.pre_ln.weight", (n_embd,), required=False, types=vec),
         "pre_ln_b": t.get("v.pre_ln.bias", (n_embd,), required=False, types=vec),
         "post_ln_w": t.get("v.post_ln.weight", (n_embd,), required=False, types=vec),
@@ -223,6 +265,17 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
         # Transposed in the graph (a ggml_cont of a transpose): the converter writes it F16.
         glob["mm_input_proj"] = t.get("mm.input_projection.weight", (h["n_embd_out"], n_embd), types=_CONV_TYPES)
         glob["mm_soft_emb_norm"] = t.get("mm.soft_emb_norm.weight", (n_embd,), types=vec)
+    if qwen:
+        # The converter splits the Conv3D kernel's two temporal slices (Qwen2VLVisionModel.modify_tensors)
+        # and writes the merger's MLP as mm.0 and mm.2.
+        merged = 4 * n_embd
+        glob["patch_embd_1"] = t.get("v.patch_embd.weight.1", (p, p, 3, n_embd), types=_CONV_TYPES)
+        glob["mm_0_w"] = t.get("mm.0.weight", (merged, merged))
+        glob["mm_0_b"] = t.get("mm.0.bias", (merged,), types=vec)
+        glob["mm_1_w"] = t.get("mm.2.weight", (merged, h["n_embd_out"]))
+        glob["mm_1_b"] = t.get("mm.2.bias", (h["n_embd_out"],), types=vec)
+        if t.shape("v.patch_embd.bias") is not None:
+            raise ModelShapeError(f"{gguf.path}: a Qwen-VL patch embedding has no bias (v.patch_embd.bias)")
     layers = []
     for il in range(h["n_layer"]):
         b = f"v.blk.{il}."

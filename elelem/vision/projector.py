@@ -21,6 +21,7 @@ from ..errors import ClosedError, InvalidArgumentError
 from ..model.projector import ProjectorSpec, read_projector
 from .images import Image
 from .preprocess import preprocess
+from .qwen import encoder_inputs
 
 log = logging.getLogger("elelem")
 
@@ -29,10 +30,13 @@ DEFAULT_CACHED_IMAGES = 16
 
 @dataclass(frozen=True)
 class ImageEmbeddings:
-    """One image's embeddings, ``(n_tokens, n_embd)`` float32, and the hash of its pixels."""
+    """One image's embeddings, ``(n_tokens, n_embd)`` float32, and the hash of its pixels.
+    ``grid``: (columns, rows) of the embeddings where the text model places them in
+    2D (M-RoPE, Qwen-VL), else None."""
 
     digest: str
     embeddings: np.ndarray = field(repr=False)
+    grid: Optional[tuple[int, int]] = None
 
     @property
     def n_tokens(self) -> int:
@@ -92,9 +96,11 @@ class Projector:
                 self._cache.move_to_end(image.digest)
                 return hit
             started = time.perf_counter()
-            embeddings = self._native.encode(self.pixels(image), self.n_threads, self.flash_attn)
+            pixels = self.pixels(image)
+            grid, inputs = self._grid_and_inputs(pixels)
+            embeddings = self._native.encode(pixels, self.n_threads, self.flash_attn, inputs)
             embeddings.setflags(write=False)
-            result = ImageEmbeddings(image.digest, embeddings)
+            result = ImageEmbeddings(image.digest, embeddings, grid)
             log.debug("encoded a %dx%d image into %d embeddings in %.3f s", image.width, image.height,
                       result.n_tokens, time.perf_counter() - started)
             if self._cached_images:
@@ -102,6 +108,16 @@ class Projector:
                 while len(self._cache) > self._cached_images:
                     self._cache.popitem(last=False)
             return result
+
+    def _grid_and_inputs(self, pixels: np.ndarray) -> tuple[Optional[tuple[int, int]], Optional[dict]]:
+        """The merged-token grid and the encoder's named inputs of a dynamic-size (Qwen-VL) projector."""
+        h = self.spec.hparams
+        if not self.spec.kind.dynamic_size:
+            return None, None
+        ny, nx = pixels.shape[1:]
+        side = h["patch_size"] * h["n_merge"]
+        inputs = encoder_inputs(nx, ny, h["patch_size"], h["n_wa_pattern"], h["attn_window"])
+        return (nx // side, ny // side), inputs
 
     def close(self) -> None:
         with self._lock:

@@ -147,6 +147,7 @@ def _features(arch: str) -> dict:
                 ffn_norm="ffn_norm", qk_norm_all=False, nope_every=0)
     return dict(base, **{
         "qwen2": dict(bias=True),
+        "qwen2vl": dict(bias=True),   # Qwen2 with multi-section RoPE (rope.dimension_sections)
         "llama": dict(neox=False),
         "mistral3": dict(neox=False),
         "qwen3": dict(qk_norm=True),
@@ -499,6 +500,8 @@ def write_model(path: Path, cfg: TinyConfig,
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(cfg.rope_linear)
     add_moe_keys(writer, cfg)
+    if cfg.arch == "qwen2vl":
+        writer.add_rope_dimension_sections(list(cfg.rope_sections))
     for key, value in cfg.extra_keys:
         if isinstance(value, bool):
             writer.add_bool(key.format(arch=a), value)

@@ -16,6 +16,8 @@ import numpy as np
 
 import ggml_numerics as numerics
 
+QWEN_TYPES = ("qwen2vl_merger", "qwen2.5vl_merger")
+
 
 @dataclass(frozen=True)
 class TinyProjector:
@@ -39,6 +41,7 @@ class TinyProjector:
     cut: tuple = ()
     drop_keys: tuple = ()
     keys: tuple = ()                  # ((key, value), ...) overriding or adding keys
+    n_wa_pattern: int = 2             # qwen25vl: every 2nd layer attends fully, the others in windows
 
     @property
     def side(self) -> int:
@@ -66,6 +69,8 @@ def make_weights(cfg: TinyProjector) -> dict[str, np.ndarray]:
     def norm(n):
         return (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32)
 
+    if cfg.projector_type in QWEN_TYPES:
+        return _qwen_weights(cfg, rng, mat, vec, norm)
     p = cfg.patch_size
     w = {
         "v.patch_embd.weight": (rng.standard_normal((e, 3, p, p)) / np.sqrt(3 * p * p)).astype(np.float32),
@@ -93,11 +98,41 @@ def make_weights(cfg: TinyProjector) -> dict[str, np.ndarray]:
     return w
 
 
+def _qwen_weights(cfg: TinyProjector, rng, mat, vec, norm) -> dict[str, np.ndarray]:
+    """Qwen2VLVisionModel's layout: the Conv3D kernel's two temporal slices, Q/K/V split
+    from qkv, no positions table; 2.5 adds a gate and RMSNorms (no norm biases)."""
+    e, f, p = cfg.n_embd, cfg.n_ff, cfg.patch_size
+    rms = cfg.projector_type == "qwen2.5vl_merger"
+    w = {}
+    for name in ("v.patch_embd.weight", "v.patch_embd.weight.1"):
+        w[name] = (rng.standard_normal((e, 3, p, p)) / np.sqrt(6 * p * p)).astype(np.float32)
+    for i in range(cfg.n_layer):
+        b = f"v.blk.{i}."
+        w.update({b + "ln1.weight": norm(e), b + "ln2.weight": norm(e)})
+        if not rms:
+            w.update({b + "ln1.bias": vec(e), b + "ln2.bias": vec(e)})
+        for n in "qkv":
+            w[b + f"attn_{n}.weight"], w[b + f"attn_{n}.bias"] = mat(e, e), vec(e)
+        w[b + "attn_out.weight"], w[b + "attn_out.bias"] = mat(e, e), vec(e)
+        w[b + "ffn_up.weight"], w[b + "ffn_up.bias"] = mat(f, e), vec(f)
+        if rms:
+            w[b + "ffn_gate.weight"], w[b + "ffn_gate.bias"] = mat(f, e), vec(f)
+        w[b + "ffn_down.weight"], w[b + "ffn_down.bias"] = mat(e, f), vec(e)
+    w["v.post_ln.weight"] = norm(e)          # merger.ln_q
+    if not rms:
+        w["v.post_ln.bias"] = vec(e)
+    w["mm.0.weight"], w["mm.0.bias"] = mat(4 * e, 4 * e), vec(4 * e)
+    w["mm.2.weight"], w["mm.2.bias"] = mat(cfg.n_embd_out, 4 * e), vec(cfg.n_embd_out)
+    return w
+
+
 def tensor_type(cfg: TinyProjector, name: str, arr: np.ndarray) -> str:
     """Gemma3VisionModel.tensor_force_quant: the input projection F16, the embeddings
     (patch and position) F32; other matmul weights the output type, vectors F32."""
     if name == "mm.input_projection.weight":
         return "f16"
+    if cfg.projector_type in QWEN_TYPES and name.startswith("v.patch_embd"):
+        return cfg.wtype   # MmprojModel.tensor_force_quant: the patch kernel F16 in an F16 file
     if name.startswith(("v.patch_embd", "v.position_embd")) or arr.ndim < 2:
         return "f32"
     return cfg.wtype
@@ -128,7 +163,18 @@ def write_projector(path: Path, cfg: TinyProjector = TinyProjector()) -> dict[st
         "clip.vision.attention.layer_norm_epsilon": cfg.eps,
         "clip.use_gelu": True,
     }
-    if cfg.n_merge != 4:
+    if cfg.projector_type in QWEN_TYPES:
+        # Qwen2VLVisionModel.set_gguf_parameters: no merge key (2 is clip.cpp's default), no GELU flag
+        # (quick GELU); Qwen2-VL's feed_forward_length is the text width (config's hidden_size).
+        del keys["clip.use_gelu"]
+        if cfg.projector_type == "qwen2.5vl_merger":
+            keys["clip.use_silu"] = True
+            keys["clip.vision.n_wa_pattern"] = cfg.n_wa_pattern
+        else:
+            keys["clip.vision.feed_forward_length"] = cfg.n_embd_out
+        keys["clip.vision.image_mean"] = [0.48145466, 0.4578275, 0.40821073]
+        keys["clip.vision.image_std"] = [0.26862954, 0.26130258, 0.27577711]
+    elif cfg.n_merge != 4:
         keys["clip.vision.projector.scale_factor"] = cfg.n_merge
     keys.update(dict(cfg.keys))
     for key in cfg.drop_keys:
@@ -196,3 +242,72 @@ def vit_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: np.ndarr
     x = x.reshape(t, m, t, m, e).mean(axis=(1, 3)).reshape(t * t, e)
     x = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + cfg.eps) * w["mm.soft_emb_norm.weight"]
     return numerics.matmul(x, w["mm.input_projection.weight"].T, "f16")
+
+
+def _rope_vision(x: np.ndarray, ys: np.ndarray, xs: np.ndarray, base: float = 10000.0) -> np.ndarray:
+    """ggml_rope_multi's GGML_ROPE_TYPE_VISION over (n_pos, n_head, d): pair (i, i + d/2); the
+    first d/4 pairs turn with the row, the next d/4 with the column, each section's
+    frequencies starting over (theta_scale = base^(-2 / (d/2)))."""
+    d = x.shape[-1]
+    q = d // 4
+    scale = base ** (-2.0 / (d // 2))
+    k = np.arange(q)
+    angles = np.concatenate([ys[:, None] * scale ** k, xs[:, None] * scale ** k], axis=1)   # (n_pos, d/2)
+    cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
+    a, b = x[..., :d // 2], x[..., d // 2:]
+    return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+
+def qwen_vit_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: np.ndarray,
+                       inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """The qwen2vl / qwen25vl projector's output for ``pixels`` (3, H, W) and the encoder's named
+    inputs (elelem.vision.qwen.encoder_inputs), float64 but for the F16 activations of F16
+    matmuls (the patch kernel's im2col too) and the GELU table: (n_tokens, n_embd_out)."""
+    p, e, wt = cfg.patch_size, cfg.n_embd, cfg.wtype
+    rms = cfg.projector_type == "qwen2.5vl_merger"
+    _, h, wd = pixels.shape
+    ph, pw = h // p, wd // p
+    cols = pixels.astype(np.float64).reshape(3, ph, p, pw, p).transpose(1, 3, 0, 2, 4).reshape(ph * pw, 3 * p * p)
+    x = sum(numerics.matmul(cols, w[name].reshape(e, -1), wt) for name in ("v.patch_embd.weight",
+                                                                         "v.patch_embd.weight.1"))
+    # raster order -> 2 x 2 merge blocks, each block's four patches together
+    x = x.reshape(ph // 2, 2, pw // 2, 2, e).transpose(0, 2, 1, 3, 4).reshape(-1, 4 * e)
+    windows = "window_idx" in inputs
+    if windows:
+        x = x[inputs["inv_window_idx"]]
+    x = x.reshape(-1, e)
+    n = x.shape[0]
+    pos = inputs["positions"].reshape(4, n)
+    mask = inputs.get("window_mask")
+
+    def norm(v, name):
+        if rms:
+            return v / np.sqrt((v * v).mean(axis=-1, keepdims=True) + cfg.eps) * w[name + ".weight"]
+        return _layer_norm(v, w[name + ".weight"], w[name + ".bias"], cfg.eps)
+
+    hd = e // cfg.n_head
+    for i in range(cfg.n_layer):
+        b = f"v.blk.{i}."
+        t = norm(x, b + "ln1")
+        q, k, v = (_linear(t, w[b + f"attn_{c}.weight"], wt) + w[b + f"attn_{c}.bias"] for c in "qkv")
+        q, k = (_rope_vision(m.reshape(n, cfg.n_head, hd), pos[0], pos[1]) for m in (q, k))
+        q, k, v = (m.reshape(n, cfg.n_head, hd).transpose(1, 0, 2) for m in (q, k, v))
+        a = q @ k.transpose(0, 2, 1) / np.sqrt(hd)
+        if windows and (i + 1) % cfg.n_wa_pattern != 0:
+            a = np.where(mask == 0, a, -np.inf)
+        a = np.exp(a - a.max(axis=-1, keepdims=True))
+        a /= a.sum(axis=-1, keepdims=True)
+        o = (a @ v).transpose(1, 0, 2).reshape(n, e)
+        x = x + _linear(o, w[b + "attn_out.weight"], wt) + w[b + "attn_out.bias"]
+        t = norm(x, b + "ln2")
+        up = _linear(t, w[b + "ffn_up.weight"], wt) + w[b + "ffn_up.bias"]
+        if rms:
+            gate = _linear(t, w[b + "ffn_gate.weight"], wt) + w[b + "ffn_gate.bias"]
+            t = gate / (1.0 + np.exp(-gate)) * up
+        else:
+            t = up / (1.0 + np.exp(-1.702 * up))
+        x = x + _linear(t, w[b + "ffn_down.weight"], wt) + w[b + "ffn_down.bias"]
+    x = norm(x, "v.post_ln").reshape(n // 4, 4 * e)
+    x = numerics.gelu_f16_table(_linear(x, w["mm.0.weight"], wt) + w["mm.0.bias"])
+    x = _linear(x, w["mm.2.weight"], wt) + w["mm.2.bias"]
+    return x[inputs["window_idx"]] if windows else x

@@ -141,7 +141,7 @@ cdef void _make_inputs(Step * st) except *:
         st.inp_rs_write = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I64, st.n_seqs)
         ggml_set_input(st.inp_rs_read)
         ggml_set_input(st.inp_rs_write)
-    if st.hp.rope_type == GGML_ROPE_TYPE_IMROPE:
+    if st.hp.rope_type == GGML_ROPE_TYPE_IMROPE or st.hp.rope_type == GGML_ROPE_TYPE_MROPE:
         st.inp_pos4 = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I32, 4 * st.n_tokens)
         ggml_set_input(st.inp_pos4)
     make_lora_inputs(st)
@@ -160,7 +160,8 @@ cdef inline void _set_input(ggml_tensor * t, const void * data, size_t size) noe
 
 
 cdef void _set_inputs(Step * st, KVCache cache, const int32_t * tokens, const int32_t * seqs,
-                      const int32_t * positions, const int32_t * cells, const int32_t * out_rows) except *:
+                      const int32_t * positions, const int32_t * cells, const int32_t * out_rows,
+                      const int32_t * positions4=NULL) except *:
     cdef size_t n_mask = <size_t> st.n_kv * st.n_tokens
     cdef int64_t v_row = st.v_row
     cdef size_t n_idx = st.n_tokens * (v_row if st.inp_v_idx != NULL else 1)
@@ -184,7 +185,9 @@ cdef void _set_inputs(Step * st, KVCache cache, const int32_t * tokens, const in
             _set_attn_scale(st, positions)
         if st.inp_rs_read != NULL:
             _set_recurrent_slots(st, cache, seqs)
-        if st.inp_pos4 != NULL:
+        if st.inp_pos4 != NULL and positions4 != NULL:   # M-RoPE's own (graph/mrope.pxi)
+            _set_input(st.inp_pos4, positions4, 4 * st.n_tokens * sizeof(int32_t))
+        elif st.inp_pos4 != NULL:
             _set_positions4(st, positions)
         if st.inp_v_idx != NULL:
             # V is stored transposed: element (channel c, cell j) at c * kv_size + j;
@@ -284,6 +287,13 @@ cdef inline ggml_tensor * rope_dims(Step * st, ggml_tensor * x, int n_rot, float
                                     ggml_tensor * freq_factors) noexcept:
     """rope() over the first n_rot dims of each head (a layer's own: LayerShape.n_rot)."""
     cdef const HParams * hp = st.hp
+    cdef int sections[4]
+    if hp.rope_type == GGML_ROPE_TYPE_MROPE:   # Qwen2-VL: llama.cpp's qwen2vl graph
+        sections[0], sections[1], sections[2], sections[3] = (hp.rope_sections[0], hp.rope_sections[1],
+                                                              hp.rope_sections[2], hp.rope_sections[3])
+        return ggml_rope_multi(st.ctx, x, st.inp_pos4, freq_factors, n_rot, sections, hp.rope_type, hp.n_ctx_orig,
+                               freq_base, freq_scale, hp.rope_ext_factor, hp.rope_attn_factor,
+                               hp.yarn_beta_fast, hp.yarn_beta_slow)
     return ggml_rope_ext(st.ctx, x, st.inp_pos, freq_factors, n_rot, hp.rope_type, hp.n_ctx_orig,
                          freq_base, freq_scale, hp.rope_ext_factor, hp.rope_attn_factor,
                          hp.yarn_beta_fast, hp.yarn_beta_slow)  # without YaRN: ext_factor 0, attn_factor 1

@@ -48,9 +48,14 @@ cdef struct VisionWeights:
     ggml_tensor * post_ln_b
     ggml_tensor * mm_input_proj     # gemma3: (n_embd_out, n_embd), used transposed
     ggml_tensor * mm_soft_emb_norm  # gemma3: (n_embd)
+    ggml_tensor * patch_embd_1      # qwen2vl: (patch, patch, 3, n_embd), the second temporal slice of the kernel
+    ggml_tensor * mm_0_w            # qwen2vl: (4 * n_embd, 4 * n_embd), the merger's first linear
+    ggml_tensor * mm_0_b            # (4 * n_embd)
+    ggml_tensor * mm_1_w            # qwen2vl: (4 * n_embd, n_embd_out), the merger's second linear
+    ggml_tensor * mm_1_b            # (n_embd_out)
 
 VISION_GLOBAL_ROLES = ("patch_embd", "patch_bias", "pos_embd", "pre_ln_w", "pre_ln_b", "post_ln_w", "post_ln_b",
-                       "mm_input_proj", "mm_soft_emb_norm")
+                       "mm_input_proj", "mm_soft_emb_norm", "patch_embd_1", "mm_0_w", "mm_0_b", "mm_1_w", "mm_1_b")
 
 
 cdef struct VisionHParams:
@@ -62,9 +67,11 @@ cdef struct VisionHParams:
     int n_embd_out      # the text model's width: what the projector gives per image token
     int image_size      # the square the encoder was trained at
     int patch_size
-    int n_merge         # gemma3: the side of the pooling window
+    int n_merge         # gemma3: the side of the pooling window; qwen2vl: of the patch merger (2)
     int ffn_op          # VIT_FFN_*
     float eps           # LayerNorm's epsilon (and the soft-embedding RMSNorm's)
+    bint norm_rms       # the encoder's norms are RMSNorms (qwen25vl), not LayerNorms
+    int n_wa_pattern    # qwen25vl: every n_wa_pattern-th layer attends fully, the others within windows; 0: all fully
 
 
 cdef struct VitStep:
@@ -99,9 +106,9 @@ def vision_builders():
 
 
 cdef inline ggml_tensor * vit_norm(VitStep * st, ggml_tensor * x, ggml_tensor * w, ggml_tensor * b) noexcept:
-    """LayerNorm over the first dimension with the file's epsilon, then scale and shift
-    (clip_graph::build_norm, NORM_TYPE_NORMAL)."""
-    x = ggml_norm(st.ctx, x, st.hp.eps)
+    """LayerNorm (or RMSNorm, norm_rms) over the first dimension with the file's epsilon,
+    then scale and shift (clip_graph::build_norm)."""
+    x = ggml_rms_norm(st.ctx, x, st.hp.eps) if st.hp.norm_rms else ggml_norm(st.ctx, x, st.hp.eps)
     if w != NULL:
         x = ggml_mul(st.ctx, x, w)
     return ggml_add(st.ctx, x, b) if b != NULL else x
@@ -129,8 +136,9 @@ cdef ggml_tensor * vit_patches(VitStep * st) except NULL:
 
 
 cdef ggml_tensor * vit_attention(VitStep * st, const VitLayerWeights * lw, ggml_tensor * q, ggml_tensor * k,
-                                 ggml_tensor * v, float kq_scale) noexcept:
-    """Every patch attends to every patch (clip_graph::build_attn, no mask).
+                                 ggml_tensor * v, float kq_scale, ggml_tensor * mask=NULL) noexcept:
+    """Every patch attends to every patch (clip_graph::build_attn), or where ``mask``
+    (F32 (n_pos, n_pos), 0 or the lowest float; F16 for flash attention) allows.
     q, k, v: (d_head, n_head, n_pos); returns (n_embd, n_pos) after the output projection.
     With flash attention K and V are cast to F16 and the sum kept in F32, as clip.cpp does."""
     cdef ggml_context * ctx = st.ctx
@@ -140,13 +148,15 @@ cdef ggml_tensor * vit_attention(VitStep * st, const VitLayerWeights * lw, ggml_
     k = ggml_permute(ctx, k, 0, 2, 1, 3)
     if st.flash_attn:
         v = ggml_permute(ctx, v, 0, 2, 1, 3)
-        out = ggml_flash_attn_ext(ctx, q, ggml_cast(ctx, k, GGML_TYPE_F16), ggml_cast(ctx, v, GGML_TYPE_F16), NULL,
+        if mask != NULL and mask.type != GGML_TYPE_F16:
+            mask = ggml_cast(ctx, mask, GGML_TYPE_F16)
+        out = ggml_flash_attn_ext(ctx, q, ggml_cast(ctx, k, GGML_TYPE_F16), ggml_cast(ctx, v, GGML_TYPE_F16), mask,
                                   kq_scale, 0.0, 0.0)
         ggml_prec_set_acc(out, GGML_PREC_F32)
         out = ggml_reshape_2d(ctx, out, out.ne[0] * out.ne[1], out.ne[2] * out.ne[3])
     else:
         v = ggml_cont(ctx, ggml_permute(ctx, v, 1, 2, 0, 3))   # (n_pos, d_head, n_head)
-        kq = ggml_soft_max_ext(ctx, ggml_mul_mat(ctx, k, q), NULL, kq_scale, 0.0)   # (n_pos, n_pos, n_head)
+        kq = ggml_soft_max_ext(ctx, ggml_mul_mat(ctx, k, q), mask, kq_scale, 0.0)   # (n_pos, n_pos, n_head)
         out = ggml_permute(ctx, ggml_mul_mat(ctx, v, kq), 0, 2, 1, 3)              # (d_head, n_head, n_pos)
         out = ggml_cont_2d(ctx, out, out.ne[0] * out.ne[1], out.ne[2] * out.ne[3])
     return vit_linear(st, lw.o_w, lw.o_b, out)
