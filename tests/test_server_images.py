@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 
 import numpy as np
 import pytest
@@ -61,6 +62,13 @@ def _user(parts):
     return [{"role": "user", "content": parts}]
 
 
+def _image_counts(server) -> tuple[int, int]:
+    """(images encoded, images evaluated) of the served model, as /metrics shows them."""
+    text = httpx.get(server.url + "/metrics", headers={"authorization": f"Bearer {KEY}"}).text
+    return tuple(int(re.search(rf'^{name}{{model="text"}} (\d+)$', text, re.M).group(1))
+                 for name in ("elelem_images_encoded_total", "elelem_images_evaluated_total"))
+
+
 @pytest.mark.real_model
 def test_chat_completions_take_image_url_parts_and_the_same_image_is_encoded_once(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
@@ -75,6 +83,7 @@ def test_chat_completions_take_image_url_parts_and_the_same_image_is_encoded_onc
     client.chat.completions.create(model="text", messages=messages, max_tokens=3, temperature=0)
     assert images.projector.n_encoded == encoded                        # found by its pixels' hash
     assert server.model.llm.engine.media.images_evaluated == evaluated  # and in the KV cache
+    assert _image_counts(server) == (encoded, evaluated)
     models = client.models.list().data
     assert models[0].model_extra["input_modalities"] == ["text", "image"]
 
@@ -87,6 +96,30 @@ def test_anthropic_image_blocks(server):
                                      "data": base64.b64encode(_png(2)).decode()}},
         {"type": "text", "text": "Describe it."}]}])
     assert reply.content and reply.stop_reason in ("end_turn", "max_tokens")
+
+
+@pytest.mark.real_model
+def test_an_anthropic_agent_sends_the_same_screenshot_twice_and_it_is_evaluated_once(server):
+    """Claude Code's way: each turn resends the whole conversation, the screenshot included.
+    The second turn neither encodes it again nor evaluates its embeddings again (counted by
+    /metrics); a new screenshot in the third turn is encoded and evaluated once."""
+    client = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=120)
+    shot = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                        "data": base64.b64encode(_png(6, (48, 36))).decode()}}
+    messages = [{"role": "user", "content": [shot, {"type": "text", "text": "Why does this page fail?"}]}]
+    before = _image_counts(server)
+    client.messages.create(model="text", max_tokens=3, messages=messages)
+    first = _image_counts(server)
+    assert first == (before[0] + 1, before[1] + 1)
+    messages += [{"role": "assistant", "content": "The button is hidden."},
+                 {"role": "user", "content": [{"type": "text", "text": "How do I fix it?"}]}]
+    client.messages.create(model="text", max_tokens=3, messages=messages)
+    assert _image_counts(server) == first
+    other = {"type": "image", "source": {**shot["source"], "data": base64.b64encode(_png(7)).decode()}}
+    messages += [{"role": "assistant", "content": "Show it to me."},
+                 {"role": "user", "content": [other, {"type": "text", "text": "Here."}]}]
+    client.messages.create(model="text", max_tokens=3, messages=messages)
+    assert _image_counts(server) == (first[0] + 1, first[1] + 1)
 
 
 @pytest.mark.real_model

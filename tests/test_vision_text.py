@@ -76,3 +76,37 @@ def test_bad_embeddings_and_ids_are_refused(opened):
         ctx.decode_embeddings(np.full((1, CFG.n_embd), np.nan, np.float32), [-1], [0])
     with pytest.raises(errors.InvalidTokenError):
         llm.prefill([1, 2, -12345, 3])   # an image id no image stands behind
+
+
+def test_a_turn_after_an_image_reuses_it_with_the_logits_of_a_fresh_evaluation(tmp_path):
+    """An agent's next turn after a screenshot: the prompt is the last one and a few tokens
+    more.  The tail evaluated again for the fresh evaluation's logits is the tokens after the
+    image -- which a fresh evaluation runs as a step of their own, after the image's -- not
+    the image: it is not evaluated again, and the logits are those of the whole prompt
+    evaluated afresh, bit for bit (flash attention on: its tiled kernel's 64 query rows are
+    one of the step widths the tail must match)."""
+    import elelem
+    from elelem.vision import Image
+
+    weights = write_model(tmp_path / "text.gguf", CFG)
+    write_projector(tmp_path / "mmproj.gguf", TinyProjector(n_embd_out=CFG.n_embd))
+    px = np.random.default_rng(1).integers(0, 256, (30, 20, 3), dtype=np.uint8)
+    with elelem.LLM(tmp_path / "text.gguf", mmproj=tmp_path / "mmproj.gguf", n_ctx=256, n_threads=2,
+                    flash_attn=True, speculative=False) as llm:
+        assert 64 in llm.engine.context.width_thresholds
+        embedded = llm.images.projector.encode(Image.from_pixels(px))
+        image = llm.engine.media.add(embedded.digest, embedded.embeddings)
+        first = list(range(3, 73)) + image + list(range(73, 93))
+        second = first + [93, 94, 95, 2, 4, 6]
+        llm.prefill(first)
+        media = llm.engine.media
+        evaluated, before = media.images_evaluated, llm.engine.prompt_tokens_evaluated
+        reused = llm.prefill(second)
+        assert media.images_evaluated == evaluated                       # the image's cells were kept
+        assert llm.engine.prompt_tokens_evaluated - before < len(second) - first.index(image[0])
+        llm.reset()
+        fresh = llm.prefill(second)
+        assert media.images_evaluated == evaluated + 1
+    np.testing.assert_array_equal(reused, fresh)
+    want = reference_logits(weights, CFG, second, images=[(70, embedded.embeddings)])[-1]
+    assert np.abs(fresh - want).max() <= 1e-3 * np.abs(want).max()

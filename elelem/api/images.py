@@ -66,7 +66,7 @@ class ImageInput:
     @classmethod
     def open(cls, options: VisionOptions, *, arch: str, n_embd: int, media: MediaTable,
              n_threads: int) -> Optional["ImageInput"]:
-        if options.mmproj is None:
+        if options.mmproj is None or isinstance(options.mmproj, bool):   # False: none (True is refused)
             return None
         if arch not in ARCHS_WITH_IMAGES:
             raise InvalidArgumentError(f"images into a {arch!r} model are not supported yet; elelem takes them into "

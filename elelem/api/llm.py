@@ -35,6 +35,7 @@ from ..model.hub import ProgressFn, resolve_model
 from .assets import ModelAssets
 from .devices import check_memory, connect_servers, kv_layer_bytes, parse_endpoints, plan_layers
 from .offload import Offload, keep_supported, plan_offload
+from .companions import with_companions
 from .draft import open_draft, open_mtp
 from .embeddings import embed, embedding_response, model_pooling
 from .rerank import rerank
@@ -94,7 +95,8 @@ class LLM:
     (:class:`~elelem.api.options.CacheOptions`: ``prompt_cache``,
     ``prompt_cache_bytes``, ``state_cache_mb``) and ``vision``
     (:class:`~elelem.api.options.VisionOptions`: ``mmproj``, the projector
-    file that lets ``chat`` take images, ``image_dir``, ``image_urls``,
+    file that lets ``chat`` take images -- a Hub model's repository's by
+    default, :mod:`elelem.api.companions` -- ``image_dir``, ``image_urls``,
     ``image_max_bytes``, ``image_max_pixels``).  Each option is a keyword
     of its own too: ``LLM(path, n_ctx=8192)`` is
     ``LLM(path, context=ContextOptions(n_ctx=8192))``.  A group and one of
@@ -129,7 +131,7 @@ class LLM:
                  tool_call_format: Optional[str] = None, state_cache_mb: Optional[int] = None,
                  context: Optional[ContextOptions] = None, weights: Optional[WeightOptions] = None,
                  placement: Optional[PlacementOptions] = None, speculation: Optional[SpeculativeOptions] = None,
-                 caches: Optional[CacheOptions] = None, mmproj: str | os.PathLike | None = None,
+                 caches: Optional[CacheOptions] = None, mmproj: str | os.PathLike | None | bool = None,
                  image_dir: str | os.PathLike | None = None, image_urls: bool = False,
                  image_max_bytes: Optional[int] = None, image_max_pixels: Optional[int] = None,
                  vision: Optional[VisionOptions] = None):
@@ -149,6 +151,8 @@ class LLM:
         self.path = resolve_model(model_path, progress=progress)
         self.gguf: GGUFFile = read_gguf(self.path)
         self.spec: ModelSpec = model_spec(self.gguf)
+        vision, speculation = with_companions(model_path, self.path, vision, speculation, arch=self.spec.arch.name,
+                                              progress=progress)
         n_ctx_train = self.spec.hparams["n_ctx_train"]
         n_ctx = min(n_ctx_train, DEFAULT_N_CTX) if context.n_ctx is None else context.n_ctx
         if self.spec.global_tensors.get("pos_embd") and n_ctx > n_ctx_train:

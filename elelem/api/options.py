@@ -221,7 +221,13 @@ class SpeculativeOptions:
     :param draft_model: a path, a packaged name or an open ``LLM``: a smaller
         model with the same vocabulary (else ``VocabularyMismatchError``)
         that guesses the tokens instead of prompt lookup
-        (:mod:`elelem.engine.draft_model`).
+        (:mod:`elelem.engine.draft_model`); or a companion MTP file
+        (``mtp-*.gguf``).  ``"auto"``: the model's own companion drafter --
+        for a model from the Hugging Face Hub, the ``mtp-*.gguf`` its
+        repository ships (pulled beside it, as llama.cpp's ``--spec-type
+        draft-mtp`` picks it); for a local file, one in its folder -- and
+        ``ModelNotFoundError`` where there is none
+        (:mod:`elelem.api.companions`).
     :param mtp: True (default) also drafts with the multi-token-prediction
         head the model's file carries (Qwen3.5/3.6 ``nextn`` layers), per
         request where the draft planner measures that it pays better than
@@ -274,7 +280,10 @@ class VisionOptions:
 
     :param mmproj: the model's projector file (an ``mmproj-*.gguf``, a
         ``clip`` GGUF), which encodes images into embeddings the text model
-        reads as tokens (:mod:`elelem.vision`).  None: the model reads text only.
+        reads as tokens (:mod:`elelem.vision`).  None (default): a model from
+        the Hugging Face Hub comes with its repository's projector, as with
+        llama.cpp's ``-hf`` (:mod:`elelem.api.companions`), and a local file
+        reads text only; False: text only, no projector fetched.
     :param image_dir: local image paths (and ``file://`` URLs) are read only
         under this directory; None allows none.
     :param image_urls: fetch ``http(s)`` image URLs (default False: images
@@ -284,13 +293,16 @@ class VisionOptions:
         (default 50 million).
     """
 
-    mmproj: Union[str, os.PathLike, None] = None
+    mmproj: Union[str, os.PathLike, None, bool] = None
     image_dir: Union[str, os.PathLike, None] = None
     image_urls: bool = False
     image_max_bytes: Optional[int] = None
     image_max_pixels: Optional[int] = None
 
     def __post_init__(self) -> None:
+        if self.mmproj is True or not isinstance(self.mmproj, (str, os.PathLike, type(None), bool)):
+            raise InvalidArgumentError(f"mmproj must be a path, None (a Hub model's own projector) or False "
+                                       f"(none), got {self.mmproj!r}")
         for name in ("image_max_bytes", "image_max_pixels"):
             value = getattr(self, name)
             if value is not None and (not _is_integer(value) or operator.index(value) <= 0):

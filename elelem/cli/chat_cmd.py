@@ -16,7 +16,7 @@ from .interrupt import AnswerInterrupts
 from .loading import open_llm
 from .output import print_stats, stream_answer
 
-HELP = ("/reset starts a new conversation, /image PATH attaches an image to the next message (with --mmproj), "
+HELP = ("/reset starts a new conversation, /image PATH attaches an image to the next message (with a projector), "
         "/exit quits (or Ctrl-D); Ctrl-C stops an answer.")
 
 
@@ -101,7 +101,8 @@ def _read_line(interactive: bool) -> str | None:
 def _image_part(path: str, llm) -> dict | None:
     """An image part for ``/image PATH`` (the file read here, sent as a data: URL)."""
     if llm.images is None:
-        print("elelem: images need the model's projector file: start with --mmproj FILE", file=sys.stderr)
+        print("elelem: images need the model's projector file: start with --mmproj FILE (a model from Hugging "
+              "Face comes with the one its repository ships)", file=sys.stderr)
         return None
     try:
         data = Path(path).expanduser().read_bytes()

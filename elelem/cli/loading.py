@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 from ..model.hub import DEFAULT_MODEL, KNOWN_MODELS, is_cached, is_hub_reference
-from .progress import pull_with_progress
+from .progress import fetch_with_progress, pull_with_progress
 
 
 def model_path(name_or_path: str | None) -> str:
@@ -46,8 +48,8 @@ def llm_options(args: argparse.Namespace, *, n_ctx: int | None = None) -> dict:
                                   flash_attn=flash_attn_option(args)),
         "weights": WeightOptions(use_mmap=args.use_mmap, repack=args.repack, amx=args.amx, lora=args.lora),
         "placement": PlacementOptions(rpc_servers=args.rpc, **gpu_options(args)),
-        "speculation": SpeculativeOptions(speculative=args.speculative, draft_model=None if args.draft_model is None
-                                          else model_path(args.draft_model), mtp=args.mtp),
+        "speculation": SpeculativeOptions(speculative=args.speculative, draft_model=draft_model(args.draft_model),
+                                          mtp=args.mtp),
         "caches": CacheOptions(prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_size,
                                state_cache_mb=args.state_cache_mb),
         "vision": VisionOptions(mmproj=getattr(args, "mmproj", None), image_dir=getattr(args, "image_dir", None),
@@ -55,7 +57,33 @@ def llm_options(args: argparse.Namespace, *, n_ctx: int | None = None) -> dict:
     }
 
 
+def draft_model(name: str | None) -> str | None:
+    """``--draft-model``: a draft model pulled like ``--model``; ``auto`` as it is (:func:`companions`)."""
+    from ..api.companions import is_auto
+    return name if name is None or is_auto(name) else model_path(name)
+
+
+def companions(name: str | None, path: str, options: dict) -> dict:
+    """``options`` (``llm_options``) with the companions of the model ``name`` (opened from
+    ``path``) found: a Hub model's projector (unless --mmproj or --no-mmproj said otherwise)
+    and, with ``--draft auto``, its drafter, each pulled with a bar of its own."""
+    from ..api.companions import drafter_for, is_auto, projector_for
+    name = DEFAULT_MODEL if name is None else name
+    vision, speculation = options["vision"], options["speculation"]
+    if vision.mmproj is None and is_hub_reference(name):
+        mmproj = fetch_with_progress(f"{name} (projector)", lambda progress: projector_for(
+            name, Path(path), None, progress=progress), quiet_if_current=True)
+        vision = replace(vision, mmproj=False if mmproj is None else str(mmproj))
+    if is_auto(speculation.draft_model):
+        found = fetch_with_progress(f"{name} (drafter)", lambda progress: drafter_for(
+            name, Path(path), progress=progress), quiet_if_current=True) if is_hub_reference(name) \
+            else drafter_for(name, Path(path))
+        speculation = replace(speculation, draft_model=str(found))
+    return {**options, "vision": vision, "speculation": speculation}
+
+
 def open_llm(args: argparse.Namespace, *, n_ctx: int | None = None):
     from ..api.llm import LLM  # the native core loads here, not at startup
     options = llm_options(args, n_ctx=n_ctx)  # checked (and a draft model pulled) before the model is
-    return LLM(model_path(args.model), **options)
+    path = model_path(args.model)
+    return LLM(path, **companions(args.model, path, options))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..model import hf
 from ..model.hub import (DEFAULT_MODEL, KNOWN_MODELS, cache_dir, cached_path, is_cached, is_hub_reference,
                          remove_model)
-from .progress import pull_with_progress
+from .progress import fetch_with_progress, pull_with_progress
 
 
 def list_models(args: argparse.Namespace) -> int:
@@ -32,7 +33,9 @@ def list_models(args: argparse.Namespace) -> int:
 
 def pull(args: argparse.Namespace) -> int:
     if is_hub_reference(args.name):
-        print(pull_with_progress(args.name, force=args.force))
+        path = pull_with_progress(args.name, force=args.force)
+        print(path)
+        _pull_companions(args, path)
         return 0
     if args.name not in KNOWN_MODELS:
         print(f"elelem: error: unknown model {args.name!r}; known: {', '.join(KNOWN_MODELS)} "
@@ -44,6 +47,21 @@ def pull(args: argparse.Namespace) -> int:
         return 0
     print(pull_with_progress(args.name, force=args.force))
     return 0
+
+
+def _pull_companions(args: argparse.Namespace, path: Path) -> None:
+    """The projector (unless --no-mmproj; for a model elelem takes images into) and, with
+    --drafter, the drafter the repository ships beside the model, as ``run`` fetches them."""
+    from ..api.companions import drafter_for, projector_for
+    name = args.name
+    if args.mmproj:
+        found = fetch_with_progress(f"{name} (projector)", lambda progress: projector_for(
+            name, path, None, progress=progress, force=args.force))
+        if found is not None:
+            print(found)
+    if args.drafter:
+        print(fetch_with_progress(f"{name} (drafter)", lambda progress: drafter_for(
+            name, path, progress=progress, force=args.force)))
 
 
 def rm(args: argparse.Namespace) -> int:

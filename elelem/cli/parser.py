@@ -44,8 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto",
                        help="ggml's fused attention kernel (default auto, as llama.cpp: on where every device "
                             "holding K/V runs it; off: mul_mat + softmax, llama-cpp-python's default)")
-    model.add_argument("--mmproj", default=None, metavar="FILE",
-                       help="the model's projector file (mmproj-*.gguf): chat requests may then carry images")
+    projector = model.add_mutually_exclusive_group()
+    projector.add_argument("--mmproj", default=None, metavar="FILE",
+                           help="the model's projector file (mmproj-*.gguf): chat requests may then carry images "
+                                "(default: a model from Hugging Face comes with its repository's, as llama.cpp's -hf)")
+    projector.add_argument("--no-mmproj", dest="mmproj", action="store_const", const=False,
+                           help="no projector: do not fetch the one a Hugging Face repository ships")
     model.add_argument("--image-dir", default=None, metavar="DIR",
                        help="images may be read from local paths under DIR (default: none)")
     model.add_argument("--image-urls", action="store_true",
@@ -60,9 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     speculation.add_argument("--no-mtp", dest="mtp", action="store_false",
                              help="do not draft with the multi-token-prediction head the model file carries "
                                   "(Qwen3.5/3.6; used where the draft planner finds that it pays)")
-    speculation.add_argument("--draft-model", default=None, metavar="M",
-                             help="draft with this smaller model of the same vocabulary (a .gguf path or a "
-                                  "known name) instead of prompt lookup")
+    speculation.add_argument("--draft-model", "--draft", default=None, metavar="M",
+                             help="draft with this smaller model of the same vocabulary (a .gguf path, a known "
+                                  "name or hf://...) instead of prompt lookup, or with a companion MTP head "
+                                  "(mtp-*.gguf); 'auto': the model's own companion, from its Hugging Face "
+                                  "repository or its folder")
 
     caching = argparse.ArgumentParser(add_help=False)
     caching.add_argument("--prompt-cache", default=None, metavar="DIR",
@@ -179,9 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the format the models write tool calls in (hermes, qwen3_coder, harmony, mistral, "
                             "llama3, glm), for a chat template that does not show it (default: read from the "
                             "template)")
-    serve.add_argument("--mmproj", default=None, metavar="FILE",
-                       help="the projector file (mmproj-*.gguf) of the model (one --model): requests may then "
-                            "carry images, as data: URLs (the server fetches no URL unless --image-urls)")
+    serve_projector = serve.add_mutually_exclusive_group()
+    serve_projector.add_argument("--mmproj", default=None, metavar="FILE",
+                                 help="the projector file (mmproj-*.gguf) of the model (one --model): requests may "
+                                      "then carry images, as data: URLs (the server fetches no URL unless "
+                                      "--image-urls); a model from Hugging Face comes with its repository's")
+    serve_projector.add_argument("--no-mmproj", dest="mmproj", action="store_const", const=False,
+                                 help="no projectors: do not fetch those Hugging Face repositories ship")
     serve.add_argument("--image-urls", action="store_true",
                        help="let requests' images be http(s) URLs, which the server then fetches (default: off)")
     serve.add_argument("--grace", type=float, default=10.0, metavar="S",
@@ -218,6 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
                                            "split models come whole; needs pip install 'elelem[hub]').")
     pull.add_argument("name", metavar="NAME", help="a known model name (see 'elelem models') or hf://ORG/REPO[:QUANT]")
     pull.add_argument("--force", action="store_true", help="download again even if cached")
+    pull.add_argument("--no-mmproj", dest="mmproj", action="store_false",
+                      help="not the projector (mmproj-*.gguf) the repository ships for the model's images")
+    pull.add_argument("--drafter", action="store_true",
+                      help="also the drafter the repository ships (mtp-*.gguf), which --draft auto uses")
     pull.set_defaults(handler=_command("models", "pull"))
 
     rm = commands.add_parser("rm", parents=[common], help="remove a model from the cache",

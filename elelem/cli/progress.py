@@ -29,9 +29,19 @@ def pull_with_progress(name: str, *, force: bool = False, stream: Optional[TextI
     """Pull a known model or a Hugging Face reference with its progress on ``stream`` (stderr);
     returns the cached path.  ``quiet_if_current``: say nothing when nothing was downloaded
     (a Hugging Face model already in the cache, opened by ``run``)."""
-    with PullProgress(name, stream) as progress, _log_lines_above(progress):
-        path = pull_model(name, progress=progress, force=force)
-        if quiet_if_current and not progress.downloaded:
+    path = fetch_with_progress(name, lambda progress: pull_model(name, progress=progress, force=force),
+                               stream=stream, quiet_if_current=quiet_if_current)
+    assert path is not None
+    return path
+
+
+def fetch_with_progress(label: str, fetch: Callable[[Callable[[str, int, int], None]], Optional[Path]], *,
+                        stream: Optional[TextIO] = None, quiet_if_current: bool = False) -> Optional[Path]:
+    """``fetch(progress)`` -- a pull that reports to ``progress`` and returns a path, or None
+    where there was nothing to fetch -- with its progress on ``stream`` under ``label``."""
+    with PullProgress(label, stream) as progress, _log_lines_above(progress):
+        path = fetch(progress)
+        if path is None or (quiet_if_current and not progress.downloaded):
             progress.clear()
         else:
             progress.done(path)

@@ -6,6 +6,7 @@ import base64
 import sys
 from pathlib import Path
 
+from ..model.hub import is_hub_reference
 from .interrupt import AnswerInterrupts
 from .loading import open_llm
 from .output import print_stats, stream_answer
@@ -16,13 +17,17 @@ def main(args: argparse.Namespace) -> int:
     if not prompt.strip():
         print("elelem: error: the prompt read from stdin is empty", file=sys.stderr)
         return 2
-    if args.image and (args.raw or not args.mmproj):
-        print("elelem: error: --image needs --mmproj (the model's projector file), and the chat template",
-              file=sys.stderr)
+    if args.image and (args.raw or args.mmproj is False or (args.mmproj is None and not is_hub_reference(args.model))):
+        print("elelem: error: --image needs the model's projector (--mmproj FILE, or the one its Hugging Face "
+              "repository ships), and the chat template", file=sys.stderr)
         return 2
     interrupts = AnswerInterrupts()
     interrupts.install()
     with open_llm(args) as llm:
+        if args.image and llm.images is None:   # a Hub model whose repository ships none
+            print("elelem: error: --image needs the model's projector: give --mmproj FILE (mmproj-*.gguf)",
+                  file=sys.stderr)
+            return 2
         options = dict(args.sampling, max_tokens=args.max_tokens)
         if args.raw or not llm.has_chat_template:
             stream = llm.stream(prompt, **options)

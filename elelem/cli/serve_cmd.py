@@ -10,7 +10,8 @@ import ipaddress
 import logging
 import sys
 
-from .loading import model_path
+from ..model.hub import is_hub_reference
+from .loading import companions, draft_model, model_path
 
 log = logging.getLogger("elelem.server")
 
@@ -25,9 +26,9 @@ def main(args: argparse.Namespace) -> int:
               "pip install 'elelem[server]'", file=sys.stderr)
         return 1
     # Known names are pulled first; with --models-dir alone, the folder's models are all there is.
-    models = [model_path(name) for name in (args.model or ([] if args.models_dir else [None]))]
     load_timeout = parse_duration(args.load_timeout)
     presets = read_presets(args.models_preset) if args.models_preset else {}
+    models = [_pull(name, args, presets) for name in (args.model or ([] if args.models_dir else [None]))]
     config = ServerConfig(models=models, models_dir=args.models_dir, max_loaded=args.max_loaded,
                           max_memory=args.max_memory,
                           load_timeout=float("inf") if load_timeout is None else load_timeout,
@@ -37,7 +38,7 @@ def main(args: argparse.Namespace) -> int:
                           n_gpu_layers=args.n_gpu_layers, main_gpu=args.main_gpu, tensor_split=args.tensor_split,
                           prompt_cache=args.prompt_cache, prompt_cache_bytes=args.prompt_cache_size,
                           state_cache_mb=args.state_cache_mb,
-                          draft_model=None if args.draft_model is None else model_path(args.draft_model),
+                          draft_model=draft_model(args.draft_model),
                           llm_options=_llm_options(args), presets=presets)
     if not _is_loopback(args.host) and args.api_key is None:
         log.warning("binding %s without --api-key: anyone who can reach this port can use the models",
@@ -46,6 +47,27 @@ def main(args: argparse.Namespace) -> int:
     if status == 0:
         print("elelem: server stopped", file=sys.stderr)
     return status
+
+
+def _pull(name, args, presets: dict) -> str:
+    """The local path of the model ``name``; for one from Hugging Face, its companions (the
+    repository's projector unless --mmproj or --no-mmproj; its drafter with --draft auto)
+    pulled too and set in its preset, under that path."""
+    from ..api.options import SpeculativeOptions, VisionOptions
+    path = model_path(name)
+    if not is_hub_reference(name):
+        return path
+    asked_draft = draft_model(args.draft_model)
+    found = companions(name, path, {"vision": VisionOptions(mmproj=args.mmproj),
+                                    "speculation": SpeculativeOptions(draft_model=asked_draft)})
+    vision: VisionOptions = found["vision"]
+    speculation: SpeculativeOptions = found["speculation"]
+    preset = presets.setdefault(path, {})
+    if args.mmproj is None and vision.mmproj:
+        preset["llm_options"] = {**preset.get("llm_options", {}), "mmproj": vision.mmproj}
+    if speculation.draft_model != asked_draft:
+        preset["draft_model"] = speculation.draft_model
+    return path
 
 
 def _llm_options(args) -> dict:
@@ -59,7 +81,9 @@ def _llm_options(args) -> dict:
         options["lora"] = [(path, 0.0 if args.lora_init_without_apply else scale) for path, scale in args.lora]
     if not args.mtp:
         options["mtp"] = False
-    if args.mmproj:
+    if args.mmproj is False:
+        options["mmproj"] = False
+    elif args.mmproj:
         if args.model and len(args.model) > 1 or args.models_dir:
             raise SystemExit("elelem serve: --mmproj is one model's projector; serve that model alone (one --model)")
         options["mmproj"] = args.mmproj

@@ -97,7 +97,7 @@ class PrefixReuse:
             if cache.hybrid:   # where a state was kept: the exact tail's cut would go back turns
                 own, donor, shared = self._at_resume_points(request.seq, own, donor, shared)
             elif shared and shared == fresh:
-                own, donor, shared = self._cut_for_fresh_logits(len(prompt), own, donor, shared)
+                own, donor, shared = self._cut_for_fresh_logits(prompt, own, donor, shared)
             # Never inside an image: its rows are evaluated together (media.py).
             own, shared = outside_images(prompt, own), outside_images(prompt, shared)
             if donor is not None and shared <= own:
@@ -120,14 +120,19 @@ class PrefixReuse:
             request.checkpoint = self._checkpoint(len(prompt), shared)
         return True
 
-    def _cut_for_fresh_logits(self, n: int, own: int, donor: Optional[int], shared: int):
-        """``(own, donor, shared)`` cut so that an ``n``-token prompt whose
-        reused positions were all evaluated as a prompt gets the logits of its
-        fresh evaluation: its last exact_tail(n) tokens evaluated again, and a
-        prefix forked from a donor cut to Context.fork_alignment."""
-        own = min(own, _aligned(n - self.exact_tail(n)))
+    def _cut_for_fresh_logits(self, prompt: list[int], own: int, donor: Optional[int], shared: int):
+        """``(own, donor, shared)`` cut so that ``prompt``, whose reused
+        positions were all evaluated as a prompt, gets the logits of its fresh
+        evaluation: the last exact_tail tokens of its last run of tokens
+        evaluated again, and a prefix forked from a donor cut to
+        Context.fork_alignment.  An image is a step of its own (media.py), so
+        the fresh evaluation's last steps are the tokens after the last image,
+        their columns on the grid from its end: the turn an agent adds after
+        a screenshot re-evaluates its own tokens, not the screenshot."""
+        n, after = len(prompt), _after_last_image(prompt)
+        own = min(own, after + _aligned(n - after - self.exact_tail(n - after)))
         if donor is not None:
-            shared = self._forkable(n, shared)
+            shared = self._forkable(n, shared, after)
             if shared <= own:
                 donor = None
         return own, donor, (shared if donor is not None else own)
@@ -151,12 +156,13 @@ class PrefixReuse:
                 donor = None
         return own, donor, (shared if donor is not None else own)
 
-    def _forkable(self, n: int, shared: int) -> int:
+    def _forkable(self, n: int, shared: int, after: int = 0) -> int:
         """The positions of a prefix of ``shared`` positions that an ``n``-token
         prompt forks from a sequence that evaluated them as a prompt, for the
-        logits of its fresh evaluation (_cut_for_fresh_logits)."""
-        tail = self.exact_tail(n)
-        shared = min(shared, _aligned(n - tail))
+        logits of its fresh evaluation (_cut_for_fresh_logits; ``after``: where
+        its last run of tokens begins, after its last image)."""
+        tail = self.exact_tail(n - after)
+        shared = min(shared, after + _aligned(n - after - tail))
         if tail >= self._ctx.fork_alignment:
             shared -= shared % self._ctx.fork_alignment
         return shared
@@ -362,6 +368,16 @@ def _common_prefix(a, b) -> int:
 
 def _aligned(n: int) -> int:
     return n - n % REUSE_ALIGNMENT
+
+
+def _after_last_image(prompt: list[int]) -> int:
+    """The position after ``prompt``'s last image id (negative, media.py): where its last
+    run of tokens begins; 0 without an image, or where the prompt ends with one (which the
+    reuse limit then evaluates again, whole)."""
+    for i in range(len(prompt) - 1, -1, -1):
+        if prompt[i] < 0:
+            return i + 1 if i + 1 < len(prompt) else 0
+    return 0
 
 
 def _reuse_limit(prompt) -> int:

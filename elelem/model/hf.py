@@ -5,7 +5,10 @@ The quant is chosen as llama.cpp's ``-hf`` chooses it (common/download.cpp,
 ``find_best_model``): a tag matches a GGUF whose name holds it followed by ``.``
 or ``-``, in any case; without a tag, Q4_K_M, then Q8_0, then the first model GGUF.
 mmproj, imatrix and draft files are never chosen.  A split model
-(``name-00001-of-00003.gguf``) is every one of its files.
+(``name-00001-of-00003.gguf``) is every one of its files.  Its companions --
+the vision projector and the drafters a repository ships beside its models
+(``mmproj-*``, ``mtp-*``) -- come with :func:`pull_companion`, chosen as
+llama.cpp's ``-hf`` chooses them (``find_best_sibling``).
 
 ``huggingface_hub`` (``pip install 'elelem[hub]'``) does every transfer, into
 the standard Hugging Face cache (``HF_HUB_CACHE``, ``HF_HOME``), so the files
@@ -52,6 +55,7 @@ from .hf_cache import (
     _cached_extra,
     _cached_or_raise,
     _offline,
+    _snapshot_files,
     _storage,
     _write_ref,
     cache_root,
@@ -63,10 +67,13 @@ from .hf_cache import (
 from .hf_download import ProgressFn, _first_line, _Remote, _status, _Transfer, _transport_errors
 from .hf_reference import (
     DEFAULT_QUANTS,
+    DRAFTERS,
     NOT_MODELS,
+    PROJECTOR,
     PREFIXES,
     HubRef,
     available_quants,
+    choose_companion,
     choose_files,
     is_model_file,
     is_reference,
@@ -75,9 +82,9 @@ from .hf_reference import (
 )
 
 __all__ = [
-    "DEFAULT_QUANTS", "NOT_MODELS", "PREFIXES", "CachedModel", "HubRef", "ProgressFn",
-    "available_quants", "cache_root", "cached", "cached_files", "choose_files", "copy_to", "is_model_file",
-    "is_reference", "list_cached", "model_sets", "parse_reference", "pull_files", "pull_model", "remove",
+    "DEFAULT_QUANTS", "DRAFTERS", "NOT_MODELS", "PROJECTOR", "PREFIXES", "CachedModel", "HubRef", "ProgressFn",
+    "available_quants", "cache_root", "cached", "cached_files", "choose_companion", "choose_files", "copy_to", "is_model_file",
+    "is_reference", "list_cached", "model_sets", "parse_reference", "pull_companion", "pull_files", "pull_model", "remove",
     "resolve",
 ]
 
@@ -122,17 +129,51 @@ def pull_files(ref: HubRef | str, *, progress: Optional[ProgressFn] = None, forc
     those of ``extra_files`` (globs of more files of the repository to fetch beside it)."""
     ref = parse_reference(ref) if isinstance(ref, str) else ref
     hub = _hub()
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
     endpoint = hub.constants.ENDPOINT
     if _offline():
         if force:
             raise ModelDownloadError(f"{ref}: cannot pull again: HF_HUB_OFFLINE is set")
         paths = _cached_or_raise(ref, cache_dir, "HF_HUB_OFFLINE is set")
         return paths + _cached_extra(ref, cache_dir, extra_files) if extra_files else paths
+    try:
+        info = _model_info(hub, ref, token, ref.revision)
+    except _Unreachable as error:
+        cached_paths = None if force else cached_files(ref, cache_dir)
+        if cached_paths is None:
+            raise ModelDownloadError(f"{ref}: cannot reach {endpoint} ({error}), and the model "
+                                     f"is not in the Hugging Face cache ({cache_root(cache_dir)})") from None
+        log.warning("%s: cannot reach %s (%s); using the cached copy", ref, endpoint, error)
+        return cached_paths + _cached_extra(ref, cache_dir, extra_files) if extra_files else cached_paths
+    commit = info.sha
+    if not commit:
+        raise ModelDownloadError(f"{ref}: {endpoint} did not say which commit it serves")
+    remotes = _remotes(info)
+    chosen = choose_files(list(remotes), ref)
+    for pattern in extra_files:
+        extra = [p for p in sorted(remotes) if fnmatch.fnmatchcase(p, pattern)]
+        if not extra:
+            raise ModelNotFoundError(f"{ref}: no file {pattern!r} in the repository")
+        chosen += [p for p in extra if p not in chosen]
+    log.info("%s: %s at commit %s", ref, ", ".join(chosen), commit[:12])
+    root = cache_root(cache_dir)
+    _run_transfer(hub, ref, commit, [remotes[p] for p in chosen], root, token, progress, force)
+    _write_ref(_storage(root, ref.repo_id), ref.revision or "main", commit)
+    return [_storage(root, ref.repo_id) / "snapshots" / commit / p for p in chosen]
+
+
+class _Unreachable(Exception):
+    """The Hub could not be reached (offline mode, no connection, a server error): the cache answers."""
+
+
+def _model_info(hub, ref: HubRef, token, revision: Optional[str]):
+    """The repository's listing at ``revision``, with each file's size and digest; its errors
+    as elelem's (a gated, private or unknown repository, a refused token), or _Unreachable."""
+    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+    endpoint = hub.constants.ENDPOINT
     has_token = bool(token) if token not in (None, True) else hub.utils.get_token() is not None
     try:
-        info = hub.HfApi().model_info(ref.repo_id, revision=ref.revision, files_metadata=True, token=token)
+        return hub.HfApi().model_info(ref.repo_id, revision=revision, files_metadata=True, token=token)
     except GatedRepoError:
         page = f"{endpoint}/{ref.repo_id}"
         raise ModelDownloadError(
@@ -153,34 +194,68 @@ def pull_files(ref: HubRef | str, *, progress: Optional[ProgressFn] = None, forc
     except (OfflineModeIsEnabled, OSError, *_transport_errors()) as error:
         if isinstance(error, HfHubHTTPError) and _status(error) not in (None, 500, 502, 503, 504):
             raise ModelDownloadError(f"{ref}: {endpoint} answered {_first_line(error)}") from None
-        cached_paths = None if force else cached_files(ref, cache_dir)
-        if cached_paths is None:
-            raise ModelDownloadError(f"{ref}: cannot reach {endpoint} ({_first_line(error)}), and the model "
-                                     f"is not in the Hugging Face cache ({cache_root(cache_dir)})") from None
-        log.warning("%s: cannot reach %s (%s); using the cached copy", ref, endpoint, _first_line(error))
-        return cached_paths + _cached_extra(ref, cache_dir, extra_files) if extra_files else cached_paths
-    commit = info.sha
-    if not commit:
-        raise ModelDownloadError(f"{ref}: {endpoint} did not say which commit it serves")
-    remotes = {s.rfilename: _Remote(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, s.blob_id)
-               for s in info.siblings or []}
-    chosen = choose_files(list(remotes), ref)
-    for pattern in extra_files:
-        extra = [p for p in sorted(remotes) if fnmatch.fnmatchcase(p, pattern)]
-        if not extra:
-            raise ModelNotFoundError(f"{ref}: no file {pattern!r} in the repository")
-        chosen += [p for p in extra if p not in chosen]
-    log.info("%s: %s at commit %s", ref, ", ".join(chosen), commit[:12])
-    root = cache_root(cache_dir)
+        raise _Unreachable(_first_line(error)) from None
+
+
+def _remotes(info) -> dict[str, _Remote]:
+    """The repository's files by path, with what the listing says of each."""
+    return {s.rfilename: _Remote(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, s.blob_id)
+            for s in info.siblings or []}
+
+
+def _run_transfer(hub, ref: HubRef, commit: str, remotes: list[_Remote], root: Path, token,
+                  progress: Optional[ProgressFn], force: bool) -> None:
     try:
-        _Transfer(hub, ref, commit, [remotes[p] for p in chosen], root, token, progress, force).run()
+        _Transfer(hub, ref, commit, remotes, root, token, progress, force).run()
     except (OSError, *_transport_errors()) as error:
         if isinstance(error, ElelemError):
             raise
         raise ModelDownloadError(f"{ref}: the download failed: {_first_line(error)} (pull again to resume "
                                  f"it)") from error
-    _write_ref(_storage(root, ref.repo_id), ref.revision or "main", commit)
-    return [_storage(root, ref.repo_id) / "snapshots" / commit / p for p in chosen]
+
+
+def pull_companion(ref: HubRef | str, model: Path, keywords: tuple[str, ...], *, pull: bool = True, progress: Optional[ProgressFn] = None, force: bool = False,
+                   token: str | bool | None = None) -> Optional[Path]:
+    """The companion of ``model`` (a file of ``ref``'s snapshot in the cache, as
+    :func:`pull_model` returns it) that the repository ships at the same commit: the file
+    :func:`choose_companion` picks for the first of ``keywords`` that names one (a drafter near
+    the reference's quant, as llama.cpp passes it for drafters but not for the projector),
+    downloaded and verified as the model's files are; None where the
+    repository has none.  Without the Hub (offline, ``pull=False``, out of reach) the snapshot
+    in the cache answers."""
+    ref = parse_reference(ref) if isinstance(ref, str) else ref
+    snapshot = next((p for p in model.parents if p.parent.name == "snapshots"), None)
+    if snapshot is None:
+        raise ModelNotFoundError(f"{model} is not a file of a Hugging Face cache snapshot")
+    model_file, commit = model.relative_to(snapshot).as_posix(), snapshot.name
+
+    def pick(files: list[str]) -> Optional[str]:
+        for keyword in keywords:
+            found = choose_companion(files, model_file, keyword, None if keyword == PROJECTOR else ref.quant)
+            if found is not None:
+                return found
+        return None
+
+    def from_cache() -> Optional[Path]:
+        found = pick(_snapshot_files(snapshot))
+        return None if found is None else snapshot / found
+
+    if not pull or _offline():
+        return from_cache()
+    hub = _hub()
+    try:
+        info = _model_info(hub, ref, token, commit)
+    except _Unreachable as error:
+        log.warning("%s: cannot reach %s (%s); looking for its %s in the cache", ref, hub.constants.ENDPOINT,
+                    error, "/".join(keywords))
+        return from_cache()
+    remotes = _remotes(info)
+    chosen = pick(list(remotes))
+    if chosen is None:
+        return None
+    log.info("%s: %s beside %s at commit %s", ref, chosen, model_file, commit[:12])
+    _run_transfer(hub, ref, commit, [remotes[chosen]], snapshot.parent.parent.parent, token, progress, force)
+    return snapshot / chosen
 
 
 def copy_to(files: list[Path], local_dir: str | os.PathLike, *, symlinks: bool = False) -> list[Path]:

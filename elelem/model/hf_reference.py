@@ -2,8 +2,10 @@
 
 ``hf://ORG/REPO[@REVISION][:QUANT]``, ``hf.co/ORG/REPO[:QUANT]`` and
 ``hf://ORG/REPO[@REVISION]/PATH/FILE.gguf``.  The files are chosen as
-llama.cpp's ``-hf`` chooses them (common/download.cpp, ``find_best_model``);
-nothing here touches the network or the cache.
+llama.cpp's ``-hf`` chooses them (common/download.cpp, ``find_best_model``),
+and so are the companions a repository ships beside its models -- the vision
+projector (``mmproj-*``) and the drafters (``mtp-*``, ...) --
+(``find_best_sibling``); nothing here touches the network or the cache.
 """
 from __future__ import annotations
 
@@ -19,6 +21,12 @@ DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")  # llama.cpp's find_best_model, in order
 # Never a model: projectors, importance matrices and the draft heads llama.cpp leaves out
 # (gguf_filename_is_model), and files named as drafts.
 NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-", "draft")
+#: What names a repository's vision projector, and its drafters in the order llama.cpp
+#: infers the speculative type from them (common/arg.cpp, common_models_handler_apply):
+#: the MTP head first, then DSpark, DFlash and EAGLE-3 heads.  Substrings of the path,
+#: case-sensitive, as llama.cpp matches them.
+PROJECTOR = "mmproj"
+DRAFTERS = ("mtp-", "dspark-", "dflash-", "eagle3-")
 _NAME_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)  # get_gguf_split_info
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
@@ -179,3 +187,40 @@ def _complete(paths: list[str], where: str) -> list[str]:
         raise ModelNotFoundError(f"{where}: the split model {info.prefix} needs {info.count} files; "
                                  f"found {len(paths)}: {', '.join(paths)}")
     return paths
+
+
+# -- companions: the projector and the drafters beside a model ---------------------------
+
+
+def quant_bits(path: str) -> int:
+    """The bits of a file's quant tag: Q4_K_M 4, BF16 16, MXFP4 4, none 0 (llama.cpp's extract_quant_bits)."""
+    return _tag_bits(_split_info(path).tag)
+
+
+def _tag_bits(tag: str) -> int:
+    digits = re.search(r"[0-9]+", tag)
+    return int(digits[0]) if digits else 0
+
+
+def choose_companion(files: list[str], model: str, keyword: str, tag: Optional[str] = None) -> Optional[str]:
+    """The GGUF among ``files`` whose path holds ``keyword`` that goes with the model file
+    ``model``, or None: llama.cpp's find_best_sibling.  Only a file in the model's folder or
+    in a folder above it counts, the deepest first; then, given a quant ``tag`` (the
+    reference's ``:QUANT``, which llama.cpp passes for drafters), a file named ``-TAG.``;
+    then the quant whose bits are closest to the tag's, or to the model file's without
+    one; the first in path order at a tie."""
+    model_dir = model.split("/")[:-1]
+    tag = (tag or "").upper()
+    wanted = _tag_bits(tag) if tag else quant_bits(model)
+    best: Optional[tuple] = None
+    for path in sorted(files):
+        if not path.endswith(".gguf") or keyword not in path:
+            continue
+        folder = path.split("/")[:-1]
+        if folder != model_dir[:len(folder)]:
+            continue
+        exact = bool(tag) and f"-{tag}." in path.upper()
+        rank = (-len(folder), not exact, abs(quant_bits(path) - wanted))
+        if best is None or rank < best[0]:
+            best = (rank, path)
+    return None if best is None else best[1]

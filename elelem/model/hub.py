@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -130,6 +131,36 @@ def resolve_model(name_or_path: str | os.PathLike | None, *, pull: bool = True,
         raise ModelNotFoundError(f"no such model file: {path} (known model names: {known}; "
                                  f"or hf://ORG/REPO[:QUANT] from Hugging Face)")
     return path
+
+
+def find_companion(name_or_path: str | os.PathLike | None, model: Path, keywords: tuple[str, ...], *,
+                   pull: bool = True, progress: Optional[ProgressFn] = None, force: bool = False) -> Optional[Path]:
+    """The file that goes with the model ``name_or_path`` names (opened from ``model``): a
+    vision projector (``keywords`` ``("mmproj",)``) or a drafter (``("mtp-", ...)``, the first
+    that names one).  A Hugging Face reference's is the repository's, chosen as llama.cpp's
+    ``-hf`` chooses it and pulled beside the model (:func:`elelem.model.hf.pull_companion`);
+    a local file's is one in its folder, those named after the model first (``mtp-NAME-Q8_0``
+    beside ``NAME-Q4_K_M``); a packaged model has none.  None where there is none."""
+    if hf.is_reference(name_or_path):
+        return hf.pull_companion(name_or_path, model, keywords, pull=pull, progress=progress, force=force)
+    if name_or_path is None or str(name_or_path) in KNOWN_MODELS:
+        return None
+    folder = Path(model).parent
+    names = sorted(p.name for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+    for keyword in keywords:
+        candidates = [n for n in names if keyword in n and n.endswith(".gguf") and n != Path(model).name]
+        named_after = [n for n in candidates if _stem(n, keyword) == _stem(Path(model).name)]
+        found = hf.choose_companion(named_after or candidates, Path(model).name, keyword)
+        if found is not None:
+            return folder / found
+    return None
+
+
+def _stem(name: str, keyword: str = "") -> str:
+    """A file's name without ``keyword``, its quant tag, split part and ``.gguf``, in lower case."""
+    name = re.sub(r"(-[0-9]{5}-of-[0-9]{5})?\.gguf$", "", name, flags=re.IGNORECASE)
+    name = name.replace(keyword, "", 1) if keyword else name
+    return re.sub(r"[-.][A-Z0-9_]+$", "", name, flags=re.IGNORECASE).strip("-._").lower()
 
 
 def pull_model(name: str, *, progress: Optional[ProgressFn] = None, force: bool = False) -> Path:

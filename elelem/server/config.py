@@ -106,10 +106,17 @@ class ServerConfig:
 
     def for_model(self, *names: str) -> "ServerConfig":
         """The settings of the model of these names (its id, its source): these,
-        with its preset's fields over them."""
-        preset = next((self.presets[n] for n in names if n in self.presets), None)
-        if not preset:
+        with its presets' fields over them (the preset of an earlier name over a
+        later one's); a preset's ``llm_options`` join the server's."""
+        found = [self.presets[n] for n in reversed(names) if self.presets.get(n)]
+        if not found:
             return self
+        preset: dict[str, Any] = {}
+        llm_options = dict(self.llm_options)
+        for each in found:
+            preset.update(each)
+            llm_options.update(each.get("llm_options") or {})
+        preset["llm_options"] = llm_options
         # A preset of its own parallel gets the queue that goes with it (4 x parallel), as a server would.
         queue = {"max_queue": None} if "parallel" in preset else {}
         return replace(self, models=list(self.models), models_dir=None, presets={}, **{**queue, **preset})

@@ -110,6 +110,13 @@ def _engine_lines(models: list) -> list[str]:
         ("elelem_engine_state_cache_bytes", "gauge", "recurrent states kept for conversations to resume from "
          "(hybrid models; bounded by --state-cache-mb)",
          [(m, e.states.used) for m, e in engines]),
+        ("elelem_images_encoded_total", "counter", "images the projector encoded (an image seen before, "
+         "found by its pixels' hash, is not encoded again)",
+         [(m, llm.images.projector.n_encoded) for m, llm in loaded
+          if llm is not None and not llm.closed and llm.images is not None]),
+        ("elelem_images_evaluated_total", "counter", "images whose embeddings the model evaluated (an image "
+         "already in a reused prefix of the cache is not evaluated again)",
+         [(m, e.media.images_evaluated) for m, e in engines]),
         ("elelem_kv_cells_used", "gauge", "KV cache cells in use", [(m, e.context.cache.n_used) for m, e in engines]),
         ("elelem_kv_cells", "gauge", "KV cache cells", [(m, e.kv_size) for m, e in engines]),
         ("elelem_model_layers", "gauge", "the model's layers",
