@@ -252,20 +252,62 @@ def test_a_model_asked_for_at_once_loads_once_and_others_answer_meanwhile(models
         served.stop()
 
 
-def test_the_gil_changes_hands_often_while_a_model_loads(models_dir):
+def _priority() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def test_a_load_runs_in_a_thread_of_its_own_at_the_lowest_priority_beside_loaded_models(models_dir):
+    import gc
     import sys
-    seen = []
+    seen = {}
     opener = CountingOpen()
+
     def open_llm(source, **options):
-        seen.append(sys.getswitchinterval())
+        seen[Path(source).stem] = (threading.current_thread().name, _priority() if linux else None,
+                                   sys.getswitchinterval(), gc.isenabled())
         return opener(source, **options)
-    pool = ModelPool(config(models_dir), open_llm)
-    before = sys.getswitchinterval()
+    linux = sys.platform.startswith("linux")
+    pool = ModelPool(config(models_dir, max_loaded=2), open_llm)
+    interval, mine = sys.getswitchinterval(), _priority() if linux else None
+    frozen = gc.get_freeze_count()
     try:
-        pool.load(pool.get("a"))
-        assert seen == [pytest.approx(0.0002)] and sys.getswitchinterval() == before
+        pool.load(pool.get("a"))  # nothing else loaded: nothing to keep out of the way of
+        pool.load(pool.get("b"))
+        assert seen["a"] == ("elelem-load-a", mine, pytest.approx(0.0002), False)
+        assert seen["b"] == ("elelem-load-b", 19 if linux else None, pytest.approx(0.0002), False)
+        # The caller's thread keeps its priority; the process's settings are back, and what
+        # the loads made is out of the collector's generations.
+        assert (_priority() if linux else None) == mine and sys.getswitchinterval() == interval
+        assert gc.isenabled() and gc.get_freeze_count() > frozen
     finally:
         pool.close()
+
+
+def test_a_request_for_a_loaded_model_is_answered_while_a_real_load_is_under_way(models_dir):
+    """c's load (a real one) does not finish until a request for a has been answered: were
+    a's request held behind the load (a lock, the event loop, the GIL held for good), this
+    would time out instead."""
+    answered = threading.Event()
+    opener = CountingOpen()
+
+    def open_llm(source, **options):
+        llm = opener(source, **options)
+        if Path(source).stem == "c":
+            llm.tokenizer  # the Python-heavy part done too, in the load's thread
+            assert answered.wait(60), "a's request was not answered while c loaded"
+        return llm
+    served = Served(config(models_dir), ModelPool(config(models_dir), open_llm))
+    try:
+        assert served.chat("a").status_code == 200
+        with ThreadPoolExecutor(1) as worker:
+            load = worker.submit(served.chat, "c")
+            wait_until(lambda: "c" in opener.opened)
+            assert served.chat("a", max_tokens=4).status_code == 200
+            assert served.model("c").loading
+            answered.set()
+            assert load.result().status_code == 200
+    finally:
+        served.stop()
 
 
 def test_a_model_that_fails_to_load_fails_its_requests_only(models_dir, tmp_path):
