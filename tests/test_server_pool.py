@@ -8,6 +8,7 @@ models (SmolLM2 and Gemma 3) answer the real ``openai`` client at once.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -258,7 +259,6 @@ def _priority() -> int:
 
 def test_a_load_runs_in_a_thread_of_its_own_at_the_lowest_priority_beside_loaded_models(models_dir):
     import gc
-    import sys
     seen = {}
     opener = CountingOpen()
 
@@ -279,6 +279,40 @@ def test_a_load_runs_in_a_thread_of_its_own_at_the_lowest_priority_beside_loaded
         # the loads made is out of the collector's generations.
         assert (_priority() if linux else None) == mine and sys.getswitchinterval() == interval
         assert gc.isenabled() and gc.get_freeze_count() > frozen
+    finally:
+        pool.close()
+
+
+def _nice_values() -> dict:
+    """Each thread of this process: its nice value (/proc's stat, the 19th field)."""
+    values = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            values[int(task.name)] = int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+        except (OSError, IndexError):
+            pass  # a thread that ended meanwhile
+    return values
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priority is Linux's")
+def test_a_model_loaded_at_the_lowest_priority_steps_at_the_usual_one(models_dir):
+    """ggml's worker threads, started while the model loads, would keep the load's priority
+    for good; the pool starts them again from the request's thread."""
+    cfg = ServerConfig(models_dir=str(models_dir), api_key=KEY, parallel=1, n_threads=2, keep_alive=None,
+                       n_ctx=256, max_loaded=2)
+    pool = ModelPool(cfg)
+    mine = _priority()
+    try:
+        before = set(_nice_values())
+        pool.load(pool.get("a"))
+        pool.load(pool.get("b"))  # at the lowest priority, a being loaded
+        def started() -> dict:
+            return {tid: nice for tid, nice in _nice_values().items() if tid not in before}
+        assert len(started()) >= 2  # a's and b's ggml workers (2 threads: one each beside the caller)
+        # The load's own thread may take a moment to leave the thread list after it ended.
+        wait_until(lambda: set(started().values()) == {mine}, 10)
+        with pool.get("b").session() as session:
+            session.generate("Hi", max_tokens=2)  # b steps on its restarted workers
     finally:
         pool.close()
 

@@ -93,7 +93,11 @@ class ModelPool:
             if model.loaded:  # another request loaded it while this one waited
                 return model.llm
             others_loaded = any(m.loaded for m in self.models if m is not model)
-            return run_beside(lambda: self._load_now(model), f"elelem-load-{model.id}", low_priority=others_loaded)
+            llm = run_beside(lambda: self._load_now(model), f"elelem-load-{model.id}", low_priority=others_loaded)
+            engine = getattr(llm, "engine", None)  # absent from what a test's open_llm makes
+            if others_loaded and engine is not None:
+                engine.restart_threads()  # its steps' workers at this thread's priority, not the load's
+            return llm
         finally:
             model.load_lock.release()
 
