@@ -155,6 +155,7 @@ def main() -> None:
     from elelem.model.hub import resolve_model
     model, third = str(resolve_model(args.model)), str(resolve_model(args.third))
     no_end = end_tokens(model)
+    started_load = os.getloadavg()[0]  # the machine's: on a shared one, the figures move with it
     with tempfile.TemporaryDirectory() as folder:
         for name, target in (("a", model), ("b", model), ("c", third)):
             (Path(folder) / f"{name}.gguf").symlink_to(target)
@@ -182,7 +183,8 @@ def main() -> None:
             process.terminate()
             process.wait(30)
     one, switching = statistics.median(figures["one"]), statistics.median(figures["switching"])
-    print(f"\n{args.model} as a and b, {args.third} as c, --max-loaded 2, {args.threads} thread(s)")
+    print(f"\n{args.model} as a and b, {args.third} as c, --max-loaded 2, {args.threads} thread(s); "
+          f"load average at the start {started_load:.1f}, at the end {os.getloadavg()[0]:.1f}")
     print(f"switching: one model {one:.1f} tok/s, a and b alternating {switching:.1f} tok/s "
           f"(ratio {switching / one:.3f}; medians of {args.rounds} rounds of {args.requests} requests)")
     quiet, loading = figures["quiet"], figures["loading"]

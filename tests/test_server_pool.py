@@ -8,6 +8,7 @@ models (SmolLM2 and Gemma 3) answer the real ``openai`` client at once.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -252,20 +253,95 @@ def test_a_model_asked_for_at_once_loads_once_and_others_answer_meanwhile(models
         served.stop()
 
 
-def test_the_gil_changes_hands_often_while_a_model_loads(models_dir):
-    import sys
-    seen = []
+def _priority() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def test_a_load_runs_in_a_thread_of_its_own_at_the_lowest_priority_beside_loaded_models(models_dir):
+    import gc
+    seen = {}
     opener = CountingOpen()
+
     def open_llm(source, **options):
-        seen.append(sys.getswitchinterval())
+        seen[Path(source).stem] = (threading.current_thread().name, _priority() if linux else None,
+                                   sys.getswitchinterval(), gc.isenabled())
         return opener(source, **options)
-    pool = ModelPool(config(models_dir), open_llm)
-    before = sys.getswitchinterval()
+    linux = sys.platform.startswith("linux")
+    pool = ModelPool(config(models_dir, max_loaded=2), open_llm)
+    interval, mine = sys.getswitchinterval(), _priority() if linux else None
+    frozen = gc.get_freeze_count()
     try:
-        pool.load(pool.get("a"))
-        assert seen == [pytest.approx(0.0002)] and sys.getswitchinterval() == before
+        pool.load(pool.get("a"))  # nothing else loaded: nothing to keep out of the way of
+        pool.load(pool.get("b"))
+        assert seen["a"] == ("elelem-load-a", mine, pytest.approx(0.0002), False)
+        assert seen["b"] == ("elelem-load-b", 19 if linux else None, pytest.approx(0.0002), False)
+        # The caller's thread keeps its priority; the process's settings are back, and what
+        # the loads made is out of the collector's generations.
+        assert (_priority() if linux else None) == mine and sys.getswitchinterval() == interval
+        assert gc.isenabled() and gc.get_freeze_count() > frozen
     finally:
         pool.close()
+
+
+def _nice_values() -> dict:
+    """Each thread of this process: its nice value (/proc's stat, the 19th field)."""
+    values = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            values[int(task.name)] = int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+        except (OSError, IndexError):
+            pass  # a thread that ended meanwhile
+    return values
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priority is Linux's")
+def test_a_model_loaded_at_the_lowest_priority_steps_at_the_usual_one(models_dir):
+    """ggml's worker threads, started while the model loads, would keep the load's priority
+    for good; the pool starts them again from the request's thread."""
+    cfg = ServerConfig(models_dir=str(models_dir), api_key=KEY, parallel=1, n_threads=2, keep_alive=None,
+                       n_ctx=256, max_loaded=2)
+    pool = ModelPool(cfg)
+    mine = _priority()
+    try:
+        before = set(_nice_values())
+        pool.load(pool.get("a"))
+        pool.load(pool.get("b"))  # at the lowest priority, a being loaded
+        def started() -> dict:
+            return {tid: nice for tid, nice in _nice_values().items() if tid not in before}
+        assert len(started()) >= 2  # a's and b's ggml workers (2 threads: one each beside the caller)
+        # The load's own thread may take a moment to leave the thread list after it ended.
+        wait_until(lambda: set(started().values()) == {mine}, 10)
+        with pool.get("b").session() as session:
+            session.generate("Hi", max_tokens=2)  # b steps on its restarted workers
+    finally:
+        pool.close()
+
+
+def test_a_request_for_a_loaded_model_is_answered_while_a_real_load_is_under_way(models_dir):
+    """c's load (a real one) does not finish until a request for a has been answered: were
+    a's request held behind the load (a lock, the event loop, the GIL held for good), this
+    would time out instead."""
+    answered = threading.Event()
+    opener = CountingOpen()
+
+    def open_llm(source, **options):
+        llm = opener(source, **options)
+        if Path(source).stem == "c":
+            llm.tokenizer  # the Python-heavy part done too, in the load's thread
+            assert answered.wait(60), "a's request was not answered while c loaded"
+        return llm
+    served = Served(config(models_dir), ModelPool(config(models_dir), open_llm))
+    try:
+        assert served.chat("a").status_code == 200
+        with ThreadPoolExecutor(1) as worker:
+            load = worker.submit(served.chat, "c")
+            wait_until(lambda: "c" in opener.opened)
+            assert served.chat("a", max_tokens=4).status_code == 200
+            assert served.model("c").loading
+            answered.set()
+            assert load.result().status_code == 200
+    finally:
+        served.stop()
 
 
 def test_a_model_that_fails_to_load_fails_its_requests_only(models_dir, tmp_path):

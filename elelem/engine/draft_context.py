@@ -25,6 +25,12 @@ class DraftContext:
         self.evaluated = 0            # statistics: tokens evaluated here
         self.closed = False
 
+    def restart_threads(self) -> None:
+        """Start this context's worker threads again, from the calling thread (Engine.restart_threads)."""
+        with self._lock:
+            if not self.closed:
+                self._ctx.set_n_threads(self._ctx.n_threads)
+
     def close(self) -> None:
         with self._lock:
             if self.closed:

@@ -166,6 +166,20 @@ class Engine(PrefixReuse):
     def closed(self) -> bool:
         return self._closed
 
+    def restart_threads(self) -> None:
+        """Start the worker threads of this engine's contexts again, from the calling thread.
+
+        A thread takes its OS priority from the thread that starts it, and only a
+        privileged process raises one again: a server that opened the model in a
+        thread of the lowest priority gives its steps the caller's this way."""
+        with self._cv:
+            self._check_open()
+            self._wait_idle()
+            self._ctx.set_n_threads(self._ctx.n_threads)
+            for drafter in (self.draft, self.mtp):
+                if drafter is not None:
+                    drafter.restart_threads()
+
     # -- sequences -------------------------------------------------------------
 
     def open_sequence(self) -> int:

@@ -14,58 +14,24 @@ unloading the least recently used model that no request holds; when every
 loaded model is in use it waits for one to finish, for at most
 ``load_timeout`` seconds (then a 503).  A model is loaded once however many
 requests ask for it at the same time: the others wait for that load, for
-the same bounded time.  Loads run in the requests' worker threads, never
-in the event loop, so the requests for the other models go on meanwhile.
+the same bounded time.  A load runs in a thread of its own (never in the
+event loop), at the lowest OS priority while other models are loaded, so the
+requests for those go on meanwhile at nearly their own speed (:mod:`.quiet_load`).
 """
 from __future__ import annotations
 
 import logging
 import math
-import sys
 import threading
 import time
-from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 from .config import ServerConfig
 from .errors import APIError, overloaded
+from .quiet_load import load_window, run_beside
 from .served import ServedModel
 
 log = logging.getLogger("elelem.server")
-
-class _ShortGilSlices:
-    """While a model loads, the GIL changes hands every 0.2 ms instead of Python's 5.
-
-    Building a tokenizer's tables is up to seconds of Python; in 5 ms slices,
-    the other models' steps, which take the GIL back several times per token,
-    waited up to 5 ms each time (``benchmarks/serve_pool.py``: their p99
-    latency went from 5.7 to 2.4 times the quiet one with this)."""
-
-    INTERVAL = 0.0002
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._running = 0
-        self._saved = 0.005
-
-    @contextmanager
-    def __call__(self) -> Iterator[None]:
-        with self._lock:
-            if self._running == 0:
-                self._saved = sys.getswitchinterval()
-                sys.setswitchinterval(self.INTERVAL)
-            self._running += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._running -= 1
-                if self._running == 0:
-                    sys.setswitchinterval(self._saved)
-
-
-_short_gil_slices = _ShortGilSlices()
-
 
 class ModelPool:
     """The models of one server, by id (or by the name or path they were given)."""
@@ -126,20 +92,29 @@ class ModelPool:
         try:
             if model.loaded:  # another request loaded it while this one waited
                 return model.llm
-            self._make_room(model)
-            try:
-                with _short_gil_slices():
-                    return model.open()
-            except Exception as error:  # noqa: B902 -- any failure of the file or the library
-                log.error("loading %s failed: %s", model.id, model.load_error)
-                raise APIError(500, f"the model {model.id!r} failed to load: {model.load_error}",
-                               type="server_error", code="model_load_failed") from error
-            finally:
-                model.loading = False
-                with self._cond:
-                    self._cond.notify_all()
+            others_loaded = any(m.loaded for m in self.models if m is not model)
+            llm = run_beside(lambda: self._load_now(model), f"elelem-load-{model.id}", low_priority=others_loaded)
+            engine = getattr(llm, "engine", None)  # absent from what a test's open_llm makes
+            if others_loaded and engine is not None:
+                engine.restart_threads()  # its steps' workers at this thread's priority, not the load's
+            return llm
         finally:
             model.load_lock.release()
+
+    def _load_now(self, model: ServedModel):
+        """Make room for ``model`` and open it (in the load's own thread; the caller holds its load_lock)."""
+        self._make_room(model)
+        try:
+            with load_window():
+                return model.open()
+        except Exception as error:  # noqa: B902 -- any failure of the file or the library
+            log.error("loading %s failed: %s", model.id, model.load_error)
+            raise APIError(500, f"the model {model.id!r} failed to load: {model.load_error}",
+                           type="server_error", code="model_load_failed") from error
+        finally:
+            model.loading = False
+            with self._cond:
+                self._cond.notify_all()
 
     def unload(self, model: ServedModel) -> bool:
         """Unload ``model`` now; False if a request holds it (or it is not loaded)."""

@@ -1,0 +1,106 @@
+"""How a model's load keeps out of the way of the models answering meanwhile.
+
+Loading Qwen2.5-Coder-0.5B is about 0.5 s of CPU (0.3 s of it building the
+tokenizer's tables in Python, most of the rest reading and repacking the
+weights, which the core does without the GIL), in this process, beside the
+engines of the other models.  Three things take it out of their way
+(``benchmarks/serve_pool.py`` measures what is left):
+
+- The load runs in a thread of its own at the lowest OS priority (Linux:
+  nice 19, which is per thread), so it takes the CPU time the running
+  engines leave.  At normal priority it took half of whatever CPU the
+  process got: Linux shares the CPUs between sessions first (autogroups),
+  then between the threads of one, so on a busy machine the other models'
+  requests took twice as long while a load ran, even with the load in a
+  process of its own.
+- The GIL changes hands every 0.2 ms instead of Python's 5 ms: the engines'
+  steps take the GIL back several times per token, and each time waited up
+  to 5 ms for the tokenizer's Python to let go.
+- The cyclic garbage collector is paused, and what the load made is frozen
+  afterwards (``gc.freeze``): the collections that a tokenizer's hundreds of
+  thousands of new objects set off traversed them all in one hold of the
+  GIL, up to 30 ms of CPU at a time; frozen, later collections skip them.
+  Reference counting still frees them at unload (an ``LLM`` holds no
+  reference cycles, so closing one frees it without the collector).
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
+
+log = logging.getLogger("elelem.server")
+
+T = TypeVar("T")
+
+LOAD_NICE = 19             # the lowest priority: the load takes only CPU time nothing else wants
+LOAD_SWITCH_INTERVAL = 0.0002  # seconds; Python's default is 0.005
+
+
+class _LoadWindow:
+    """The process-wide settings while at least one load runs: short GIL slices, no cyclic GC."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._running = 0
+        self._saved_interval = 0.005
+        self._gc_was_enabled = True
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._running == 0:
+                self._saved_interval = sys.getswitchinterval()
+                self._gc_was_enabled = gc.isenabled()
+                sys.setswitchinterval(LOAD_SWITCH_INTERVAL)
+                gc.disable()
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running -= 1
+                if self._running == 0:
+                    gc.freeze()  # O(1): the loaded model's objects leave the collector's generations
+                    if self._gc_was_enabled:
+                        gc.enable()
+                    sys.setswitchinterval(self._saved_interval)
+
+
+load_window = _LoadWindow()
+
+
+def _lower_this_thread() -> None:
+    """This thread to the lowest priority, where the OS sets it per thread (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return  # elsewhere a nice value is the whole process's
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOAD_NICE)
+    except OSError as error:  # a sandbox may refuse; the load then runs at the usual priority
+        log.debug("could not lower the load thread's priority: %s", error)
+
+
+def run_beside(work: Callable[[], T], name: str, low_priority: bool) -> T:
+    """``work()`` in a new thread (at the lowest priority with ``low_priority``), waited for;
+    its result, or its exception raised here.  A new thread each time, since a thread's
+    priority, once lowered, cannot be raised again without privileges."""
+    outcome: dict = {}
+
+    def body() -> None:
+        if low_priority:
+            _lower_this_thread()
+        try:
+            outcome["value"] = work()
+        except BaseException as error:  # noqa: B902 -- handed to the waiting thread as it is
+            outcome["error"] = error
+
+    thread = threading.Thread(target=body, name=name, daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
