@@ -16,12 +16,13 @@ engines of the other models.  Three things take it out of their way
 - The GIL changes hands every 0.2 ms instead of Python's 5 ms: the engines'
   steps take the GIL back several times per token, and each time waited up
   to 5 ms for the tokenizer's Python to let go.
-- The cyclic garbage collector is paused, and what the load made is frozen
-  afterwards (``gc.freeze``): the collections that a tokenizer's hundreds of
-  thousands of new objects set off traversed them all in one hold of the
-  GIL, up to 30 ms of CPU at a time; frozen, later collections skip them.
-  Reference counting still frees them at unload (an ``LLM`` holds no
-  reference cycles, so closing one frees it without the collector).
+- The cyclic garbage collector is paused during the load: the collections
+  that a tokenizer's hundreds of thousands of new objects set off traversed
+  them all in one hold of the GIL, up to 30 ms of CPU at a time.  Once it
+  is enabled again the next collection traverses them once.  (Not
+  ``gc.freeze``: that would keep every object alive at that moment out of
+  the collector for good, in a server that loads models for hours, and
+  with them any reference cycle among the requests then running.)
 """
 from __future__ import annotations
 
@@ -65,7 +66,6 @@ class _LoadWindow:
             with self._lock:
                 self._running -= 1
                 if self._running == 0:
-                    gc.freeze()  # O(1): the loaded model's objects leave the collector's generations
                     if self._gc_was_enabled:
                         gc.enable()
                     sys.setswitchinterval(self._saved_interval)
