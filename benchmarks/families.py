@@ -4,7 +4,7 @@
     python benchmarks/families.py [--only glm47-flash nemotron3-nano] [--threads 2] [--repeats 2]
         [--layers N] [--skip-build | --rebuild] [--streams 1 4] [--stream-tokens 64] [--no-streams]
         [--llama-python "$(python scripts/reference_llamacpp.py --check)"] [--elelem-options JSON]
-        [--no-amx-variant] [--smoke] [--build-only] [--json out.json]
+        [--no-amx-variant] [--no-compare] [--smoke] [--build-only] [--json out.json]
 
 The models keep the real models' per-layer shapes and cut the layer count
 (random weights cost what real ones do), Q8_0 (norms, the router, biases and
@@ -120,17 +120,18 @@ def print_summary(rows: list[dict], args) -> None:
           f"{n} streams over one, goal 2x, each its solo tokens):")
     for row in rows:
         med = row.get("median", {})
+        gain = moe.stream_gain(row)
+        agg = ""
+        if gain:
+            same = min(r[str(gain[0])]["same"] for r in row["streams"])
+            agg = f"; {gain[0]} streams {gain[1]:.2f}x one ({same}/{gain[0]} their solo tokens)"
         if "llama.cpp" not in med or "elelem" not in med:
-            print(f"  {row['model']:<15} (no comparison: {row.get('errors')})")
+            print(f"  {row['model']:<15} (no comparison{': ' + str(row['errors']) if row.get('errors') else ''}){agg}")
             continue
         l = med["llama.cpp"]
         for label in (k for k in med if k != "llama.cpp"):
             e = med[label]
-            gain = moe.stream_gain(row) if label == "elelem" else None
-            agg = ""
-            if gain:
-                same = min(r[str(gain[0])]["same"] for r in row["streams"])
-                agg = f"; {gain[0]} streams {gain[1]:.2f}x one ({same}/{gain[0]} their solo tokens)"
+            agg = agg if label == "elelem" else ""
             print(f"  {row['model']:<15} {label:<17} prefill {e['prefill_tok_s'] / l['prefill_tok_s']:.3f}, decode "
                   f"{e['decode_tok_s'] / l['decode_tok_s']:.3f}, RSS {e['peak_rss_mb'] / l['peak_rss_mb']:.3f}{agg}; "
                   f"greedy tokens {row['same_tokens'][label]}/{len(row['tokens']['llama.cpp'])} the same")
@@ -143,12 +144,14 @@ def main() -> None:
     ap.add_argument("--elelem-options", default="{}", metavar="JSON", help="more LLM() options for elelem")
     ap.add_argument("--no-amx-variant", dest="amx_variant", action="store_false",
                     help="on an AMX CPU, do not also measure elelem with amx=False (the reference's kernels)")
+    ap.add_argument("--no-compare", dest="compare", action="store_false",
+                    help="skip the load/prefill/decode/RSS comparison (streams only)")
     ap.add_argument("--build-only", action="store_true", help="write the model files, measure nothing")
     ap.add_argument("--smoke", action="store_true", help="small models of the same structure (a quick check)")
     ap.add_argument("--json", help="also write every measurement to this file")
     args = ap.parse_args()
     # moe.measure's switches that this benchmark does not vary
-    args.compare, args.profile, args.streams_no_flash = True, False, False
+    args.profile, args.streams_no_flash = False, False
 
     llama_python = moe.reference_and_header(args.llama_python)
     table = shapes(args.smoke)
