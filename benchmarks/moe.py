@@ -834,7 +834,7 @@ def reference_and_header(llama_python) -> str:
 
 
 def common_arguments(ap: argparse.ArgumentParser, models: list[str], layers_help: str, streams: list[int]) -> None:
-    """The options this script and benchmarks/hybrid.py share."""
+    """The options this script, benchmarks/hybrid.py and benchmarks/families.py share."""
     ap.add_argument("--only", nargs="+", choices=models, default=models)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)

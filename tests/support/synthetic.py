@@ -18,6 +18,7 @@ import delta_net
 import ggml_numerics as numerics
 from kquants import quantize_q4_k, quantize_q6_k
 from synthetic_lfm2 import LFM2_ARCHS, add_lfm2_keys, lfm2_hidden, lfm2_weights
+from synthetic_stream import RandomTensor, write_streamed
 
 QTYPES = {
     "f32": gguf.GGMLQuantizationType.F32,
@@ -521,7 +522,8 @@ def write_family_model(path: Path, cfg, weights: dict[str, np.ndarray],
                        extra_metadata: Optional[Callable[[gguf.GGUFWriter], None]]) -> "StoredWeights":
     """What a family's writer (synthetic_mla.py, synthetic_mamba2.py, ...) does around its own
     weights and keys: drops and cuts the tensors ``cfg`` says (the tests' bad files), writes the
-    keys, then ``extra_metadata`` (a vocabulary), then the tensors; returns them as stored."""
+    keys, then ``extra_metadata`` (a vocabulary), then the tensors; returns them as stored (nothing
+    where ``weights`` holds RandomTensors: a benchmark's file, written as it is made)."""
     for name in cfg.drop:
         del weights[name]
     for name, axis, length in cfg.cut:
@@ -530,6 +532,9 @@ def write_family_model(path: Path, cfg, weights: dict[str, np.ndarray],
     add_keys(writer, cfg)
     if extra_metadata is not None:
         extra_metadata(writer)
+    if any(isinstance(t, RandomTensor) for t in weights.values()):   # a real-sized file: synthetic_stream.py
+        write_streamed(writer, weights, cfg.tensor_type, quantize)
+        return StoredWeights()
     return write_tensors(writer, cfg, weights)
 
 

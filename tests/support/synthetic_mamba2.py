@@ -39,6 +39,7 @@ import gguf
 import numpy as np
 
 from synthetic import StoredWeights, _attend, _matmul, _rms_norm, _silu, write_family_model
+from synthetic_stream import random_matrices
 
 MAMBA2_ARCHS = ("nemotron_h", "nemotron_h_moe", "granitehybrid")
 # The real interleaves, a letter per layer as the configs' hybrid_override_pattern writes them
@@ -118,17 +119,18 @@ class Mamba2Config:
         return self.embd_type if name == "token_embd.weight" else self.wtype
 
 
-def make_weights(cfg: Mamba2Config) -> dict[str, np.ndarray]:
-    """Deterministic weights from cfg.seed, numpy order ((n_out, n_in) for a matrix)."""
+def make_weights(cfg: Mamba2Config, stream: bool = False) -> dict[str, np.ndarray]:
+    """Deterministic weights from cfg.seed, numpy order ((n_out, n_in) for a matrix); with
+    ``stream``, the matrices are synthetic_stream.RandomTensors, made only while written."""
     rng = np.random.default_rng(cfg.seed)
     f32 = np.float32
     e = cfg.n_embd
 
     def mat(*shape, scale=None):
         scale = scale if scale is not None else 1.0 / math.sqrt(shape[-1])
-        if len(shape) == 3:   # experts one at a time (the same numbers): a real-sized stack fits in memory
-            return np.stack([(rng.standard_normal(shape[1:]) * scale).astype(f32) for _ in range(shape[0])])
         return (rng.standard_normal(shape) * scale).astype(f32)
+    if stream:
+        mat = random_matrices(cfg.seed)
 
     def norm(*shape):
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(f32)
@@ -287,9 +289,12 @@ def _add_granite_keys(writer: gguf.GGUFWriter, cfg: Mamba2Config) -> None:
 
 
 def write_mamba2_model(path: Path, cfg: Mamba2Config,
-                       extra_metadata: Optional[Callable[[gguf.GGUFWriter], None]] = None) -> StoredWeights:
-    """Write ``cfg`` to ``path``; returns the weights exactly as stored (dequantized)."""
-    return write_family_model(path, cfg, make_weights(cfg), _add_keys, extra_metadata)
+                       extra_metadata: Optional[Callable[[gguf.GGUFWriter], None]] = None,
+                       stream: bool = False) -> StoredWeights:
+    """Write ``cfg`` to ``path``; returns the weights exactly as stored (dequantized).  With
+    ``stream`` (a real-sized benchmark file), random matrices made a few million values at a
+    time as they are written (synthetic_stream.py), and nothing returned."""
+    return write_family_model(path, cfg, make_weights(cfg, stream), _add_keys, extra_metadata)
 
 
 # --------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import gguf
 import numpy as np
 
 from synthetic import StoredWeights, Yarn, _rms_norm, _rope, _silu, _softmax, write_family_model
+from synthetic_stream import random_matrices
 
 
 @dataclass(frozen=True)
@@ -80,14 +81,17 @@ class MLAConfig:
         return self.embd_type if name == "token_embd.weight" else self.wtype
 
 
-def make_weights(cfg: MLAConfig) -> dict[str, np.ndarray]:
-    """Deterministic weights from cfg.seed, numpy order ((n_out, n_in) for a matrix)."""
+def make_weights(cfg: MLAConfig, stream: bool = False) -> dict[str, np.ndarray]:
+    """Deterministic weights from cfg.seed, numpy order ((n_out, n_in) for a matrix); with
+    ``stream``, the matrices are synthetic_stream.RandomTensors, made only while written."""
     rng = np.random.default_rng(cfg.seed)
     f32 = np.float32
 
     def mat(*shape, scale=None):
         scale = scale if scale is not None else 1.0 / math.sqrt(shape[-1])
         return (rng.standard_normal(shape) * scale).astype(f32)
+    if stream:
+        mat = random_matrices(cfg.seed)
 
     def norm(n):
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(f32)
@@ -188,9 +192,12 @@ def _add_keys(writer: gguf.GGUFWriter, cfg: MLAConfig) -> None:
 
 
 def write_mla_model(path: Path, cfg: MLAConfig,
-                    extra_metadata: Optional[Callable[[gguf.GGUFWriter], None]] = None) -> StoredWeights:
-    """Write ``cfg`` to ``path``; returns the weights exactly as stored (dequantized)."""
-    return write_family_model(path, cfg, make_weights(cfg), _add_keys, extra_metadata)
+                    extra_metadata: Optional[Callable[[gguf.GGUFWriter], None]] = None,
+                    stream: bool = False) -> StoredWeights:
+    """Write ``cfg`` to ``path``; returns the weights exactly as stored (dequantized).  With
+    ``stream`` (a real-sized benchmark file), random matrices made a few million values at a
+    time as they are written (synthetic_stream.py), and nothing returned."""
+    return write_family_model(path, cfg, make_weights(cfg, stream), _add_keys, extra_metadata)
 
 
 # --------------------------------------------------------------------------
