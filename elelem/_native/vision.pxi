@@ -2,7 +2,7 @@
 # the CPU backend that encodes images with them.  Included into core.pyx after
 # the builders (graph/vit.pxi, graph/vision_*.pxi).
 
-DEF VIT_GRAPH_NODES_PER_LAYER = 48
+DEF VIT_GRAPH_NODES_PER_LAYER = 96
 DEF VIT_GRAPH_NODES_EXTRA = 256
 
 
@@ -121,7 +121,16 @@ cdef class VisionModel:
         cdef cnp.ndarray[cnp.float32_t, ndim=3, mode="c"] px = np.ascontiguousarray(pixels, dtype=np.float32)
         cdef int ny = px.shape[1], nx = px.shape[2]
         cdef int side = self.hp.image_size
-        if px.shape[0] != 3 or nx != side or ny != side:
+        cdef int align = self.hp.patch_size * self.hp.n_merge
+        if self.hp.dynamic_size:
+            if px.shape[0] != 3 or nx <= 0 or ny <= 0 or nx % align or ny % align:
+                raise errors.InvalidArgumentError(
+                    f"this {self.projector_type} projector takes (3, height, width) pixels, each side a multiple "
+                    f"of {align}, got {tuple(pixels.shape)}")
+            if max(nx, ny) // self.hp.patch_size > self.hp.pos_size:
+                raise errors.InvalidArgumentError(
+                    f"a {nx}x{ny} image has more than the projector's {self.hp.pos_size} patches a side")
+        elif px.shape[0] != 3 or nx != side or ny != side:
             raise errors.InvalidArgumentError(
                 f"this {self.projector_type} projector takes (3, {side}, {side}) pixels, got {tuple(pixels.shape)}")
         self._ready_backend(threads)
@@ -151,6 +160,8 @@ cdef class VisionModel:
             if not ggml_gallocr_alloc_graph(self.galloc, st.gf):
                 raise MemoryError("ggml could not allocate the image encoder's graph")
             ggml_backend_tensor_set(st.inp_raw, cnp.PyArray_DATA(px), 0, ggml_nbytes(st.inp_raw))
+            if st.pos_x != NULL:
+                _set_patch_positions(&st)
             self.busy = True
             self.abort_flag = 0
             try:
@@ -167,15 +178,35 @@ cdef class VisionModel:
         return result
 
 
+cdef void _set_patch_positions(VitStep * st) except *:
+    """Each patch's (column, row) in row-major order (clip.cpp's set_input for gemma4v)."""
+    cdef int n_cols = st.nx // st.hp.patch_size
+    cdef cnp.ndarray[cnp.int32_t, ndim=1] idx = np.arange(st.pos_x.ne[0], dtype=np.int32)
+    cdef cnp.ndarray[cnp.int32_t, ndim=1] col = np.ascontiguousarray(idx % n_cols, dtype=np.int32)
+    cdef cnp.ndarray[cnp.int32_t, ndim=1] row = np.ascontiguousarray(idx // n_cols, dtype=np.int32)
+    ggml_backend_tensor_set(st.pos_x, cnp.PyArray_DATA(col), 0, ggml_nbytes(st.pos_x))
+    ggml_backend_tensor_set(st.pos_y, cnp.PyArray_DATA(row), 0, ggml_nbytes(st.pos_y))
+
+
+cdef int _set_clamps(float * out, clamps) except -1:
+    """clamps: None, or (input min, input max, output min, output max); returns 1 where set."""
+    if clamps is None:
+        return 0
+    for i in range(4):
+        out[i] = clamps[i]
+    return 1
+
+
 def open_vision_model(path, str projector_type, dict hparams, dict global_tensors, list layer_tensors,
-                      bint use_mmap=True):
+                      bint use_mmap=True, dict clamps=None):
     """Open the projector file ``path`` (already validated by elelem.model.projector).
 
     ``projector_type`` names its builder (``vision_builders()``); ``hparams``
     holds the VisionHParams fields by name; ``global_tensors`` maps roles of
     VISION_GLOBAL_ROLES to tensor names (None or absent: the file has none);
     ``layer_tensors`` has one dict per layer mapping roles of VIT_LAYER_ROLES
-    to names."""
+    to names.  ``clamps`` maps a product's weight name to its four clamps (Gemma 4's
+    clippable linears; elelem.model.projector reads them)."""
     if projector_type not in _vision_builder_names:
         raise errors.UnsupportedArchitectureError(
             f"no vision encoder for projector type {projector_type!r}; built in: "
@@ -200,6 +231,13 @@ def open_vision_model(path, str projector_type, dict hparams, dict global_tensor
     vm.hp.n_merge = hparams["n_merge"]
     vm.hp.ffn_op = {"gelu": VIT_FFN_GELU, "gelu_quick": VIT_FFN_GELU_QUICK, "silu": VIT_FFN_SILU}[hparams["ffn_op"]]
     vm.hp.eps = hparams["eps"]
+    vm.hp.rms_norm = hparams.get("norm", "layer") == "rms"
+    vm.hp.v_norm = hparams.get("v_norm", False)
+    vm.hp.kq_scale = hparams.get("kq_scale", 0.0)
+    vm.hp.rope_theta = hparams.get("rope_theta", 0.0)
+    vm.hp.dynamic_size = hparams.get("dynamic_size", False)
+    vm.hp.pos_size = hparams.get("pos_size", 0)
+    clamps = clamps or {}
     if len(layer_tensors) != vm.hp.n_layer:
         raise errors.ModelShapeError(f"{len(layer_tensors)} layer tensor tables for {vm.hp.n_layer} layers")
     vm.file_open = True   # what the opening gets is released, should it fail
@@ -209,6 +247,7 @@ def open_vision_model(path, str projector_type, dict hparams, dict global_tensor
         name = global_tensors.get(role)
         if name:
             (<ggml_tensor **> &vm.w)[i] = vm._tensor(name)
+    vm.w.mm_clamped = _set_clamps(vm.w.mm_clamp, clamps.get(global_tensors.get("mm_input_proj")))
     vm.layers = <VitLayerWeights *> calloc(vm.hp.n_layer, sizeof(VitLayerWeights))
     if vm.layers == NULL:
         raise MemoryError()
@@ -217,5 +256,8 @@ def open_vision_model(path, str projector_type, dict hparams, dict global_tensor
             name = layer_tensors[il].get(role)
             if name:
                 (<ggml_tensor **> &vm.layers[il])[i] = vm._tensor(name)
+        for i, role in enumerate(VIT_MM_ROLES):
+            if _set_clamps(&vm.layers[il].clamp[4 * i], clamps.get(layer_tensors[il].get(role))):
+                vm.layers[il].clamped |= 1 << i
     vm.closed = False
     return vm
