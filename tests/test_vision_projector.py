@@ -158,13 +158,17 @@ def test_projector_caches_images_by_their_pixels(projector_file):
             projector.check_text_model(48)
 
 
-def test_damaged_projector_files_raise_elelem_errors_only(projector_file, tmp_path):
+@pytest.mark.parametrize("kind", ["gemma3", "gemma4v"])
+def test_damaged_projector_files_raise_elelem_errors_only(projector_file, tmp_path, kind):
     """Bytes of the header, keys and tensor table overwritten (seeded): reading
     raises an ElelemError or succeeds, and a file that reads opens and encodes
     without a crash."""
     core = pytest.importorskip("elelem._core")
     from elelem.gguf import read_gguf
     path, _ = projector_file
+    if kind == "gemma4v":
+        path = tmp_path / "gemma4v.gguf"
+        write_projector(path, GEMMA4V)
     good = path.read_bytes()
     header = read_gguf(path).data_offset
     rng = np.random.default_rng(5)
@@ -178,10 +182,88 @@ def test_damaged_projector_files_raise_elelem_errors_only(projector_file, tmp_pa
         try:
             spec = read_projector(bad)
             vm = core.open_vision_model(str(bad), spec.projector_type, spec.hparams, spec.global_tensors,
-                                        spec.layer_tensors)
+                                        spec.layer_tensors, clamps=spec.clamps)
         except errors.ElelemError:
             continue
         opened += 1
-        vm.encode(np.zeros((3, spec.image_size, spec.image_size), np.float32))
+        side = spec.image_size
+        if spec.kind.image_tokens is not None:
+            side = spec.hparams["patch_size"] * spec.hparams["n_merge"] * 2
+        try:
+            vm.encode(np.zeros((3, side, side), np.float32))
+        except errors.InvalidArgumentError:
+            pass   # a patch size or window the pixels are no longer a multiple of: refused, not crashed
         vm.close()
     assert opened < 150
+
+
+# -- gemma4v (Gemma 4's projector) -------------------------------------------------------
+
+GEMMA4V = TinyProjector(projector_type="gemma4v", image_size=224, n_merge=3, pos_size=32,
+                        clamps=(("v.blk.0.attn_q", "input_max", 2.0), ("mm.input_projection", "output_min", -1.0)))
+
+
+def test_the_reader_reads_gemma4s_layout(tmp_path):
+    path = tmp_path / "gemma4v.gguf"
+    write_projector(path, GEMMA4V)
+    spec = read_projector(path)
+    assert spec.projector_type == "gemma4v" and spec.kind.image_begin == "<|image>" and spec.kind.image_end == "<image|>"
+    assert spec.hparams["n_merge"] == 3 and spec.hparams["pos_size"] == 32 and spec.hparams["ffn_op"] == "gelu_quick"
+    assert spec.hparams["norm"] == "rms" and spec.hparams["kq_scale"] == 1.0 and spec.hparams["dynamic_size"]
+    assert spec.layer_tensors[1]["out_scale"] == "v.blk.1.out_scale.weight"
+    assert spec.layer_tensors[0]["q_norm"] == "v.blk.0.attn_q_norm.weight"
+    assert spec.global_tensors["std_scale"] == "v.std_scale"
+    big = 3.4028234663852886e38
+    assert spec.clamps == {"v.blk.0.attn_q.weight": (-big, 2.0, -big, big),
+                           "mm.input_projection.weight": (-big, big, -1.0, big)}
+    # mtmd_decode_use_non_causal: both ways, but for E2B's and E4B's widths
+    assert spec.kind.attends_both_ways(5376) and not spec.kind.attends_both_ways(1536)
+    assert not spec.kind.attends_both_ways(2560)
+
+
+@pytest.mark.parametrize("cfg, error, message", [
+    (GEMMA4V.but(drop=("v.blk.1.attn_k_norm.weight",)), errors.ModelShapeError, "v.blk.1.attn_k_norm.weight"),
+    (GEMMA4V.but(drop=("v.blk.0.ffn_post_norm.weight",)), errors.ModelShapeError, "ffn_post_norm"),
+    (GEMMA4V.but(cut=(("v.position_embd.weight", 0, 1),)), errors.ModelShapeError, "v.position_embd.weight"),
+    (GEMMA4V.but(cut=(("mm.input_projection.weight", 1, 8),)), errors.ModelShapeError, "mm.input_projection"),
+    (GEMMA4V.but(clamps=(("v.blk.0.attn_q", "input_min", 1.0), ("v.blk.0.attn_q", "input_max", -1.0))),
+     errors.ModelShapeError, "empty ranges"),
+    (GEMMA4V.but(keys=(("clip.vision.projector.scale_factor", 0),)), errors.GGUFMetadataError, "scale_factor"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_a_bad_gemma4v_file_raises_an_error_naming_the_tensor(tmp_path, cfg, error, message):
+    path = tmp_path / "bad.gguf"
+    write_projector(path, cfg)
+    with pytest.raises(error, match=message):
+        read_projector(path)
+
+
+def test_the_gemma4v_encoder_takes_sides_of_whole_windows_within_its_position_tables(tmp_path):
+    core = pytest.importorskip("elelem._core")
+    path = tmp_path / "gemma4v.gguf"
+    write_projector(path, GEMMA4V)
+    spec = read_projector(path)
+    vm = core.open_vision_model(str(path), spec.projector_type, spec.hparams, spec.global_tensors,
+                                spec.layer_tensors, clamps=spec.clamps)
+    align = GEMMA4V.patch_size * GEMMA4V.n_merge
+    out = vm.encode(np.zeros((3, align * 2, align * 3), np.float32))
+    assert out.shape == (6, GEMMA4V.n_embd_out) and np.isfinite(out).all()
+    with pytest.raises(errors.InvalidArgumentError, match=f"multiple of {align}"):
+        vm.encode(np.zeros((3, align * 2, align * 3 + 4), np.float32))
+    with pytest.raises(errors.InvalidArgumentError, match="32 patches a side"):
+        vm.encode(np.zeros((3, align, align * 11), np.float32))   # 33 patches across
+    vm.close()
+
+
+@pytest.mark.parametrize("size, want", [
+    ((37, 23), (132, 84)),       # rounded to whole windows (36 x 24), then scaled up to the least tokens
+    ((1, 1), (108, 108)),
+    ((120, 96), (120, 96)),      # within the limits: rounded only
+    ((1000, 800), (444, 348)),   # scaled down (floored) past the most tokens
+    ((20000, 5), (25392, 12)),   # a side never below one window (so the other grows, as in mtmd)
+])
+def test_gemma4v_sizes_follow_calc_size_preserved_ratio(size, want):
+    """Worked by hand from mtmd's img_tool::calc_size_preserved_ratio with align 12 (patch 4,
+    window 3) and 70..1120 tokens of 144 pixels; libmtmd's own sizes are checked through the
+    embeddings' token counts in tests/test_vision_gemma4.py."""
+    from elelem.vision.preprocess import size_preserving_ratio
+    assert size_preserving_ratio(*size, 12, 70 * 144, 1120 * 144) == want

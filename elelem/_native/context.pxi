@@ -428,8 +428,7 @@ cdef class Context:
         non-causal images).  Returns the logits of ``outputs`` as
         :meth:`_decode` does.  Not for hybrid models."""
         self._check_open()
-        if self.cache.hybrid or self.model.hp.encoder or self.model.per_layer_tok_embd != NULL:
-            # (per-layer token embeddings, Gemma 4, read a table row per token id)
+        if self.cache.hybrid or self.model.hp.encoder:
             raise errors.InvalidArgumentError("this model takes no embeddings in place of tokens")
         x = np.ascontiguousarray(embd, dtype=np.float32)
         marks = np.asarray(ids)

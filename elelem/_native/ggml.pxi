@@ -115,6 +115,8 @@ cdef extern from "ggml.h" nogil:
     ggml_tensor * ggml_add(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     ggml_tensor * ggml_mul(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     ggml_tensor * ggml_scale(ggml_context * ctx, ggml_tensor * a, float s)
+    ggml_tensor * ggml_scale_bias(ggml_context * ctx, ggml_tensor * a, float s, float b)
+    ggml_tensor * ggml_sub(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     ggml_tensor * ggml_mul_mat(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     ggml_tensor * ggml_rms_norm(ggml_context * ctx, ggml_tensor * a, float eps)
     ggml_tensor * ggml_norm(ggml_context * ctx, ggml_tensor * a, float eps)
@@ -150,9 +152,11 @@ cdef extern from "ggml.h" nogil:
     ggml_tensor * ggml_permute(ggml_context * ctx, ggml_tensor * a, int axis0, int axis1, int axis2, int axis3)
     ggml_tensor * ggml_swiglu_split(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     ggml_tensor * ggml_geglu_split(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
+    ggml_tensor * ggml_geglu_quick_split(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b)
     ggml_tensor * ggml_rope_ext(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, ggml_tensor * c,
                                 int n_dims, int mode, int n_ctx_orig, float freq_base, float freq_scale,
                                 float ext_factor, float attn_factor, float beta_fast, float beta_slow)
+    ggml_tensor * ggml_rope_set_offset(ggml_tensor * a, int n_offs)
     ggml_tensor * ggml_flash_attn_ext(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
                                       ggml_tensor * mask, float scale, float max_bias, float logit_softcap)
     void ggml_flash_attn_ext_add_sinks(ggml_tensor * a, ggml_tensor * sinks)

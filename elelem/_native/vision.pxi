@@ -2,7 +2,7 @@
 # the CPU backend that encodes images with them.  Included into core.pyx after
 # the builders (graph/vit.pxi, graph/vision_*.pxi).
 
-DEF VIT_GRAPH_NODES_PER_LAYER = 48
+DEF VIT_GRAPH_NODES_PER_LAYER = 96
 DEF VIT_GRAPH_NODES_EXTRA = 256
 
 
@@ -24,7 +24,6 @@ cdef class VisionModel:
     cdef readonly str projector_type
     cdef readonly dict hparams
     cdef readonly long n_encoded        # images encoded over the model's life
-    cdef readonly bint dynamic_size     # images of any size (sides multiples of patch_size * n_merge), not a square
 
     def __cinit__(self):
         memset(&self.file, 0, sizeof(WeightFile))
@@ -126,11 +125,14 @@ cdef class VisionModel:
         cdef int ny = px.shape[1], nx = px.shape[2]
         cdef int side = self.hp.image_size
         cdef int align = self.hp.patch_size * self.hp.n_merge
-        if self.dynamic_size:
+        if self.hp.dynamic_size:
             if px.shape[0] != 3 or nx <= 0 or ny <= 0 or nx % align or ny % align:
                 raise errors.InvalidArgumentError(
-                    f"this {self.projector_type} projector takes (3, height, width) pixels, both sides multiples "
+                    f"this {self.projector_type} projector takes (3, height, width) pixels, each side a multiple "
                     f"of {align}, got {tuple(pixels.shape)}")
+            if self.hp.pos_size and max(nx, ny) // self.hp.patch_size > self.hp.pos_size:
+                raise errors.InvalidArgumentError(
+                    f"a {nx}x{ny} image has more than the projector's {self.hp.pos_size} patches a side")
         elif px.shape[0] != 3 or nx != side or ny != side:
             raise errors.InvalidArgumentError(
                 f"this {self.projector_type} projector takes (3, {side}, {side}) pixels, got {tuple(pixels.shape)}")
@@ -164,6 +166,8 @@ cdef class VisionModel:
             ggml_backend_tensor_set(st.inp_raw, cnp.PyArray_DATA(px), 0, ggml_nbytes(st.inp_raw))
             for name, value in extra:
                 _set_vision_input(st.gf, name, value)
+            if st.pos_x != NULL:
+                _set_patch_positions(&st)
             self.busy = True
             self.abort_flag = 0
             try:
@@ -193,15 +197,35 @@ cdef void _set_vision_input(ggml_cgraph * gf, bytes name, cnp.ndarray value) exc
         ggml_backend_tensor_set(t, cnp.PyArray_DATA(value), 0, ggml_nbytes(t))
 
 
+cdef void _set_patch_positions(VitStep * st) except *:
+    """Each patch's (column, row) in row-major order (clip.cpp's set_input for gemma4v)."""
+    cdef int n_cols = st.nx // st.hp.patch_size
+    cdef cnp.ndarray[cnp.int32_t, ndim=1] idx = np.arange(st.pos_x.ne[0], dtype=np.int32)
+    cdef cnp.ndarray[cnp.int32_t, ndim=1] col = np.ascontiguousarray(idx % n_cols, dtype=np.int32)
+    cdef cnp.ndarray[cnp.int32_t, ndim=1] row = np.ascontiguousarray(idx // n_cols, dtype=np.int32)
+    ggml_backend_tensor_set(st.pos_x, cnp.PyArray_DATA(col), 0, ggml_nbytes(st.pos_x))
+    ggml_backend_tensor_set(st.pos_y, cnp.PyArray_DATA(row), 0, ggml_nbytes(st.pos_y))
+
+
+cdef int _set_clamps(float * out, clamps) except -1:
+    """clamps: None, or (input min, input max, output min, output max); returns 1 where set."""
+    if clamps is None:
+        return 0
+    for i in range(4):
+        out[i] = clamps[i]
+    return 1
+
+
 def open_vision_model(path, str projector_type, dict hparams, dict global_tensors, list layer_tensors,
-                      bint use_mmap=True):
+                      bint use_mmap=True, dict clamps=None):
     """Open the projector file ``path`` (already validated by elelem.model.projector).
 
     ``projector_type`` names its builder (``vision_builders()``); ``hparams``
     holds the VisionHParams fields by name; ``global_tensors`` maps roles of
     VISION_GLOBAL_ROLES to tensor names (None or absent: the file has none);
     ``layer_tensors`` has one dict per layer mapping roles of VIT_LAYER_ROLES
-    to names."""
+    to names.  ``clamps`` maps a product's weight name to its four clamps (Gemma 4's
+    clippable linears; elelem.model.projector reads them)."""
     if projector_type not in _vision_builder_names:
         raise errors.UnsupportedArchitectureError(
             f"no vision encoder for projector type {projector_type!r}; built in: "
@@ -226,9 +250,14 @@ def open_vision_model(path, str projector_type, dict hparams, dict global_tensor
     vm.hp.n_merge = hparams["n_merge"]
     vm.hp.ffn_op = {"gelu": VIT_FFN_GELU, "gelu_quick": VIT_FFN_GELU_QUICK, "silu": VIT_FFN_SILU}[hparams["ffn_op"]]
     vm.hp.eps = hparams["eps"]
-    vm.hp.norm_rms = hparams.get("norm", "layer") == "rms"
+    vm.hp.rms_norm = hparams.get("norm", "layer") == "rms"
     vm.hp.n_wa_pattern = hparams.get("n_wa_pattern", 0)
-    vm.dynamic_size = hparams.get("dynamic_size", False)
+    vm.hp.v_norm = hparams.get("v_norm", False)
+    vm.hp.kq_scale = hparams.get("kq_scale", 0.0)
+    vm.hp.rope_theta = hparams.get("rope_theta", 0.0)
+    vm.hp.dynamic_size = hparams.get("dynamic_size", False)
+    vm.hp.pos_size = hparams.get("pos_size", 0)
+    clamps = clamps or {}
     if len(layer_tensors) != vm.hp.n_layer:
         raise errors.ModelShapeError(f"{len(layer_tensors)} layer tensor tables for {vm.hp.n_layer} layers")
     vm.file_open = True   # what the opening gets is released, should it fail
@@ -238,6 +267,7 @@ def open_vision_model(path, str projector_type, dict hparams, dict global_tensor
         name = global_tensors.get(role)
         if name:
             (<ggml_tensor **> &vm.w)[i] = vm._tensor(name)
+    vm.w.mm_clamped = _set_clamps(vm.w.mm_clamp, clamps.get(global_tensors.get("mm_input_proj")))
     vm.layers = <VitLayerWeights *> calloc(vm.hp.n_layer, sizeof(VitLayerWeights))
     if vm.layers == NULL:
         raise MemoryError()
@@ -246,5 +276,8 @@ def open_vision_model(path, str projector_type, dict hparams, dict global_tensor
             name = layer_tensors[il].get(role)
             if name:
                 (<ggml_tensor **> &vm.layers[il])[i] = vm._tensor(name)
+        for i, role in enumerate(VIT_MM_ROLES):
+            if _set_clamps(&vm.layers[il].clamp[4 * i], clamps.get(layer_tensors[il].get(role))):
+                vm.layers[il].clamped |= 1 << i
     vm.closed = False
     return vm

@@ -29,7 +29,7 @@ log = logging.getLogger("elelem")
 #: libmtmd's default media marker (mtmd_default_marker): where an image goes in the rendered text.
 MEDIA_MARKER = "<__media__>"
 #: Text architectures whose graphs take an image's embeddings in place of tokens.
-ARCHS_WITH_IMAGES = ("gemma3", "qwen2vl")
+ARCHS_WITH_IMAGES = ("gemma3", "gemma4", "qwen2vl")
 
 
 def image_source(part: Mapping[str, Any], where: str) -> str | bytes:
@@ -61,7 +61,7 @@ class ImageInput:
         self.projector = projector
         self.media = media
         self.limits = limits
-        media.bidirectional = projector.spec.kind.non_causal
+        media.bidirectional = projector.spec.kind.attends_both_ways(projector.spec.n_embd_out)
 
     @classmethod
     def open(cls, options: VisionOptions, *, arch: str, n_embd: int, media: MediaTable,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -38,9 +39,18 @@ class ProjectorKind:
     image_end: str
     resize: str              # "bilinear" or "bicubic"
     non_causal: bool
-    default_merge: int       # the pooling (gemma3) or merge (qwen2vl) window's side where the file gives none
-    dynamic_size: bool = False   # images keep their aspect ratio (Qwen's smart resize), not fitted to a square
+    default_merge: int       # the pooling (gemma3, gemma4v) or merge (qwen2vl) window's side where the file gives none
+    dynamic_size: bool = False   # Qwen's smart resize: images keep their aspect ratio, not fitted to a square
     mrope: bool = False      # the text model places an image's rows in 2D (M-RoPE: mtmd_decode_use_mrope)
+    # Text widths for which non_causal does not hold (gemma4v: E2B's 1536 and E4B's 2560).
+    causal_text_widths: tuple[int, ...] = ()
+    # Images of any size, resized to keep their aspect ratio within (min, max) image tokens
+    # (clip.cpp's set_limit_image_tokens, mtmd_image_preprocessor_dyn_size: gemma4v); None: not so.
+    image_tokens: Optional[tuple[int, int]] = None
+
+    def attends_both_ways(self, n_embd_text: int) -> bool:
+        """mtmd_decode_use_non_causal for a text model ``n_embd_text`` wide."""
+        return self.non_causal and n_embd_text not in self.causal_text_widths
 
 
 # The projector types elelem encodes; each has a builder in elelem/_native/graph/vision_<type>.pxi.
@@ -50,6 +60,8 @@ KINDS: dict[str, ProjectorKind] = {
     "gemma3": ProjectorKind("<start_of_image>", "<end_of_image>", "bilinear", non_causal=True, default_merge=4),
     "qwen2vl_merger": _QWEN,           # Qwen2-VL
     "qwen2.5vl_merger": _QWEN,         # Qwen2.5-VL (and Qwen2.5-Omni's vision half, "qwen2.5o")
+    "gemma4v": ProjectorKind("<|image>", "<image|>", "bicubic", non_causal=True, default_merge=3,
+                             causal_text_widths=(1536, 2560), image_tokens=(70, 1120)),
 }
 QWEN_TYPES = ("qwen2vl_merger", "qwen2.5vl_merger")
 # clip.cpp's set_limit_image_tokens(8, 4096) for the Qwen-VL types: merged tokens per image.
@@ -72,6 +84,8 @@ class ProjectorSpec:
     layer_tensors: list[dict[str, Optional[str]]] = field(repr=False)
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    # Gemma 4's clippable linears: weight name -> (input min, input max, output min, output max)
+    clamps: dict[str, tuple[float, float, float, float]] = field(default_factory=dict, repr=False)
 
     @property
     def image_size(self) -> int:
@@ -85,7 +99,10 @@ class ProjectorSpec:
     @property
     def n_image_tokens(self) -> int:
         """Embeddings per image (gemma3: a fixed-size image pooled to (side / n_merge)^2;
-        for a dynamic-size type, an image of the file's image_size a side)."""
+        for Qwen's dynamic size, an image of the file's image_size a side); for a
+        projector with limits on an image's tokens (gemma4v), the most an image gives."""
+        if self.kind.image_tokens is not None:
+            return self.kind.image_tokens[1]
         side = self.image_size // self.hparams["patch_size"] // self.hparams["n_merge"]
         return side * side
 
@@ -123,7 +140,8 @@ def read_projector(path: str | os.PathLike) -> ProjectorSpec:
         raise GGUFMetadataError(f"{gguf.path}: clip.vision.image_std must be finite and non-zero, "
                                 f"image_mean finite; got {std}, {mean}", field="clip.vision.image_std")
     global_tensors, layer_tensors = _read_tensors(gguf, hparams, ptype)
-    return ProjectorSpec(Path(gguf.path), ptype, kind, hparams, global_tensors, layer_tensors, mean, std)
+    clamps = _read_clamps(gguf, global_tensors, layer_tensors) if ptype == "gemma4v" else {}
+    return ProjectorSpec(Path(gguf.path), ptype, kind, hparams, global_tensors, layer_tensors, mean, std, clamps)
 
 
 def _u32(gguf: GGUFFile, key: str, *, low: int = 1, high: int = MAX_WIDTH) -> int:
@@ -176,7 +194,8 @@ def _read_hparams(gguf: GGUFFile, kind: ProjectorKind, ptype: str) -> dict[str, 
         raise GGUFMetadataError(f"{gguf.path}: {merge_key} is {n_merge}; the Qwen-VL merger takes 2 x 2 patches",
                                 field=merge_key)
     side = image_size // patch_size
-    if image_size % patch_size or (side % n_merge and not kind.dynamic_size):
+    # A variable-size encoder's image_size is not used (Gemma 4's converter writes 224).
+    if kind.image_tokens is None and (image_size % patch_size or (side % n_merge and not kind.dynamic_size)):
         raise GGUFMetadataError(
             f"{gguf.path}: {p}image_size {image_size} must be a multiple of {p}patch_size {patch_size}, and its "
             f"{side} patches a side a multiple of the pooling window {n_merge}", field=p + "image_size")
@@ -205,6 +224,7 @@ def _read_hparams(gguf: GGUFFile, kind: ProjectorKind, ptype: str) -> dict[str, 
         "image_size": image_size, "patch_size": patch_size, "n_merge": n_merge,
         "ffn_op": "gelu" if use_gelu else "silu" if use_silu else "gelu_quick",
         "eps": float(eps),
+        **_TYPE_HPARAMS.get(ptype, {}),
     }
 
 
@@ -216,6 +236,13 @@ def _qwen_n_ff(gguf: GGUFFile, n_embd: int) -> int:
     if not 1 <= n_ff <= MAX_WIDTH * 8:
         raise ModelShapeError(f"{gguf.path}: the encoder's FFN width {n_ff} is out of range")
     return n_ff
+
+
+# What clip.cpp fixes per projector type rather than reading (load_hparams, the graph builders).
+_TYPE_HPARAMS: dict[str, dict[str, Any]] = {
+    # clip_graph_gemma4v: RMSNorms, V normed, attention scale 1, a 2D RoPE of base 100.
+    "gemma4v": {"norm": "rms", "v_norm": True, "kq_scale": 1.0, "rope_theta": 100.0, "dynamic_size": True},
+}
 
 
 class _Tensors:
@@ -251,23 +278,24 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
     p, side = h["patch_size"], h["image_size"] // h["patch_size"]
     vec = _NORM_TYPES
     qwen = ptype in QWEN_TYPES
+    gemma4v = ptype == "gemma4v"
     glob = {
         "patch_embd": t.get("v.patch_embd.weight", (p, p, 3, n_embd), types=_CONV_TYPES),
-        # clip_graph_qwen2vl asserts the patch bias away; the positions are rotary.
-        "patch_bias": None if qwen else t.get("v.patch_embd.bias", (n_embd,), required=False, types=vec),
-        "pos_embd": None if qwen else t.get("v.position_embd.weight", (n_embd, side * side)),
         "pre_ln_w": t.get("v.pre_ln.weight", (n_embd,), required=False, types=vec),
         "pre_ln_b": t.get("v.pre_ln.bias", (n_embd,), required=False, types=vec),
         "post_ln_w": t.get("v.post_ln.weight", (n_embd,), required=False, types=vec),
         "post_ln_b": t.get("v.post_ln.bias", (n_embd,), required=False, types=vec),
     }
     if ptype == "gemma3":
+        glob["patch_bias"] = t.get("v.patch_embd.bias", (n_embd,), required=False, types=vec)
+        glob["pos_embd"] = t.get("v.position_embd.weight", (n_embd, side * side))
         # Transposed in the graph (a ggml_cont of a transpose): the converter writes it F16.
         glob["mm_input_proj"] = t.get("mm.input_projection.weight", (h["n_embd_out"], n_embd), types=_CONV_TYPES)
         glob["mm_soft_emb_norm"] = t.get("mm.soft_emb_norm.weight", (n_embd,), types=vec)
-    if qwen:
+    elif qwen:
         # The converter splits the Conv3D kernel's two temporal slices (Qwen2VLVisionModel.modify_tensors)
-        # and writes the merger's MLP as mm.0 and mm.2.
+        # and writes the merger's MLP as mm.0 and mm.2; clip_graph_qwen2vl asserts the patch bias
+        # away, and the positions are rotary.
         merged = 4 * n_embd
         glob["patch_embd_1"] = t.get("v.patch_embd.weight.1", (p, p, 3, n_embd), types=_CONV_TYPES)
         glob["mm_0_w"] = t.get("mm.0.weight", (merged, merged))
@@ -276,6 +304,19 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
         glob["mm_1_b"] = t.get("mm.2.bias", (h["n_embd_out"],), types=vec)
         if t.shape("v.patch_embd.bias") is not None:
             raise ModelShapeError(f"{gguf.path}: a Qwen-VL patch embedding has no bias (v.patch_embd.bias)")
+    elif gemma4v:
+        # Two position tables, the columns' and the rows' (the converter's position_embedding_table,
+        # forced F32); clip_graph_gemma4v reads no patch bias.
+        shape = t.shape("v.position_embd.weight")
+        pos_size = shape[1] if shape is not None and len(shape) == 3 else 1
+        if not 1 <= pos_size <= MAX_IMAGE_SIZE:
+            raise ModelShapeError(f"{gguf.path}: tensor 'v.position_embd.weight' has {pos_size} positions, "
+                                  f"outside 1..{MAX_IMAGE_SIZE}")
+        glob["pos_embd"] = t.get("v.position_embd.weight", (n_embd, pos_size, 2), types=("F32", "F16"))
+        h["pos_size"] = pos_size
+        glob["mm_input_proj"] = t.get("mm.input_projection.weight", (n_embd, h["n_embd_out"]))
+        glob["std_bias"] = t.get("v.std_bias", (n_embd,), required=False, types=vec)
+        glob["std_scale"] = t.get("v.std_scale", (n_embd,), required=False, types=vec)
     layers = []
     for il in range(h["n_layer"]):
         b = f"v.blk.{il}."
@@ -285,13 +326,14 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
         down_shape = t.shape(down + ".weight")
         if down_shape is not None and down_shape[0] == n_embd and n_ff != n_embd:
             up, down = down, up
-        def norm(name: str) -> Optional[str]:
-            return t.get(b + name, (n_embd,), types=vec)
+
+        def norm(name: str, required: bool = True) -> Optional[str]:
+            return t.get(b + name, (n_embd,), required=required, types=vec)
 
         def bias(name: str, n: int) -> Optional[str]:
             return t.get(name, (n,), required=False, types=vec)
 
-        layers.append({
+        layer = {
             "ln1_w": norm("ln1.weight"), "ln1_b": bias(b + "ln1.bias", n_embd),
             "q_w": t.get(b + "attn_q.weight", (n_embd, width)), "q_b": bias(b + "attn_q.bias", width),
             "k_w": t.get(b + "attn_k.weight", (n_embd, width)), "k_b": bias(b + "attn_k.bias", width),
@@ -302,5 +344,65 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
             "gate_w": t.get(b + "ffn_gate.weight", (n_embd, n_ff), required=False),
             "gate_b": bias(b + "ffn_gate.bias", n_ff),
             "down_w": t.get(down + ".weight", (n_ff, n_embd)), "down_b": bias(down + ".bias", n_embd),
-        })
+        }
+        if gemma4v:
+            d_head = h["d_head"]
+            layer.update({
+                "q_norm": t.get(b + "attn_q_norm.weight", (d_head,), types=vec),
+                "k_norm": t.get(b + "attn_k_norm.weight", (d_head,), types=vec),
+                "attn_post_norm": norm("attn_post_norm.weight"),
+                "ffn_post_norm": norm("ffn_post_norm.weight"),
+                "out_scale": _scale(t, b + "out_scale.weight", n_embd),
+            })
+        layers.append(layer)
     return glob, layers
+
+
+def _scale(t: _Tensors, name: str, n_embd: int) -> Optional[str]:
+    """An optional scale that broadcasts over a row: one value (Gemma 4's layer_scalar) or n_embd."""
+    shape = t.shape(name)
+    return t.get(name, shape if shape in ((1,), (n_embd,)) else (n_embd,), required=False, types=_NORM_TYPES)
+
+
+# The clamp tensors beside a clippable weight, in the order the native core takes them, and what
+# clip.cpp takes where one is absent (get_scalar's default: FLT_MAX either way).
+_FLT_MAX = 3.4028234663852886e38
+_CLAMP_SUFFIXES = ((".input_min", -_FLT_MAX), (".input_max", _FLT_MAX), (".output_min", -_FLT_MAX),
+                   (".output_max", _FLT_MAX))
+_CLIPPABLE_LAYER_ROLES = ("q_w", "k_w", "v_w", "o_w", "up_w", "gate_w", "down_w")
+
+
+def _read_clamps(gguf: GGUFFile, glob: dict, layers: list) -> dict[str, tuple[float, float, float, float]]:
+    """Gemma4ClippableLinear's bounds: for each product's weight ``X.weight``, the scalars
+    ``X.input_min`` ... ``X.output_max`` where the file has any of them (clip.cpp's
+    clamp_info_map; a product without any is clamped to +-FLT_MAX there, which changes
+    no finite value, so it is left unclamped here)."""
+    names = [glob["mm_input_proj"]] + [layer[r] for layer in layers for r in _CLIPPABLE_LAYER_ROLES if layer[r]]
+    clamps: dict[str, tuple[float, float, float, float]] = {}
+    with open(gguf.path, "rb") as f:
+        for name in names:
+            stem = name[:-len(".weight")] if name.endswith(".weight") else name
+            if not any(stem + suffix in gguf.tensors for suffix, _ in _CLAMP_SUFFIXES):
+                continue
+            lo_in, hi_in, lo_out, hi_out = (_scalar(gguf, f, stem + suffix, default)
+                                            for suffix, default in _CLAMP_SUFFIXES)
+            values = (lo_in, hi_in, lo_out, hi_out)
+            if not (values[0] <= values[1] and values[2] <= values[3]):
+                raise ModelShapeError(f"{gguf.path}: the clamps of {name!r} are empty ranges: {values}")
+            clamps[name] = values
+    return clamps
+
+
+def _scalar(gguf: GGUFFile, f, name: str, default: float) -> float:
+    """A one-value F32 tensor's value (clip.cpp's get_scalar), or ``default`` where absent."""
+    info = gguf.tensors.get(name)
+    if info is None:
+        return default
+    if info.n_elements != 1 or info.type_name != "F32" or info.shard:
+        raise ModelShapeError(f"{gguf.path}: tensor {name!r} must be one F32 value, is {info.type_name} "
+                              f"{list(info.shape)}")
+    f.seek(gguf.data_offset + info.offset)
+    value = struct.unpack("<f", f.read(4))[0]
+    if math.isnan(value):
+        raise ModelShapeError(f"{gguf.path}: tensor {name!r} is NaN")
+    return float(value)

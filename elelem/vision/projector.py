@@ -62,8 +62,8 @@ class Projector:
         self._lock = threading.Lock()
         s = self.spec
         self._native = open_vision_model(str(self.path), s.projector_type, s.hparams, s.global_tensors,
-                                         s.layer_tensors)
-        log.info("projector %s: %s, %d layers, %d tokens per image", self.path.name, s.projector_type,
+                                         s.layer_tensors, clamps=s.clamps)
+        log.info("projector %s: %s, %d layers, %d tokens per image (at most)", self.path.name, s.projector_type,
                  s.hparams["n_layer"], s.n_image_tokens)
 
     @property
@@ -83,7 +83,7 @@ class Projector:
                 f"is {n_embd} wide: they are not a pair")
 
     def pixels(self, image: Image) -> np.ndarray:
-        """The encoder's input for ``image`` (libmtmd's preprocessing): float32 (3, size, size)."""
+        """The encoder's input for ``image`` (libmtmd's preprocessing): float32 (3, height, width)."""
         return preprocess(image, self.spec)
 
     def encode(self, image: Image) -> ImageEmbeddings:

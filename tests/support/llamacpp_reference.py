@@ -238,7 +238,7 @@ class Reference:
                 skip_or_fail(self.not_built() + " (libmtmd is needed for the image comparisons)")
             return live["vision.json"]
 
-        return self._once(f"vision:{mmproj}:{flash_attn}", make)
+        return self._once(f"vision:{model}:{mmproj}:{flash_attn}", make)
 
     def wordpiece(self) -> dict:
         """make_wpm_fixtures.py's output: llama.cpp's ids and text for the vocabularies of tests/support/wpm_vocabs.py."""

@@ -1,7 +1,7 @@
 """Tiny random projector files (mmproj GGUFs, general.architecture "clip"),
 written with the `gguf` package in the layout llama.cpp's converter writes
-(conversion/base.py's MmprojModel, conversion/gemma.py's Gemma3VisionModel),
-and a NumPy reference of the encoder they hold.
+(conversion/base.py's MmprojModel, conversion/gemma.py's Gemma3VisionModel and
+Gemma4VisionAudioModel), and a NumPy reference of the gemma3 encoder.
 
 Imported by the DEV-ONLY generator run under the llama.cpp reference (it needs
 only `gguf` and NumPy) and by the tests.
@@ -42,6 +42,10 @@ class TinyProjector:
     drop_keys: tuple = ()
     keys: tuple = ()                  # ((key, value), ...) overriding or adding keys
     n_wa_pattern: int = 2             # qwen25vl: every 2nd layer attends fully, the others in windows
+    # gemma4v: the rows of each position table, and the clippable linears' bounds written
+    # ((weight stem, suffix, value), ...): e.g. ("v.blk.0.ffn_down", "output_max", 0.5)
+    pos_size: int = 64
+    clamps: tuple = ()
 
     @property
     def side(self) -> int:
@@ -57,6 +61,8 @@ class TinyProjector:
 
 def make_weights(cfg: TinyProjector) -> dict[str, np.ndarray]:
     """name -> float32 weights in numpy order (the reverse of ggml's)."""
+    if cfg.projector_type == "gemma4v":
+        return _gemma4v_weights(cfg)
     rng = np.random.default_rng(cfg.seed)
     e, f = cfg.n_embd, cfg.n_ff
 
@@ -126,9 +132,51 @@ def _qwen_weights(cfg: TinyProjector, rng, mat, vec, norm) -> dict[str, np.ndarr
     return w
 
 
+def _gemma4v_weights(cfg: TinyProjector) -> dict[str, np.ndarray]:
+    """Gemma4VisionAudioModel's vision tensors: the patch kernel permuted to (n_embd, 3, p, p),
+    the position tables (2, pos_size, n_embd), RMSNorm weights without biases, per-head Q/K
+    norms, norms after the attention and the FFN, a one-value layer scalar, and the
+    clippable linears' scalar bounds (made 1-D by the converter)."""
+    rng = np.random.default_rng(cfg.seed)
+    e, f, p = cfg.n_embd, cfg.n_ff, cfg.patch_size
+    hd = e // cfg.n_head
+
+    def mat(n_out, n_in):
+        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32)
+
+    w = {
+        "v.patch_embd.weight": (rng.standard_normal((e, 3, p, p)) / np.sqrt(3 * p * p)).astype(np.float32),
+        "v.position_embd.weight": (rng.standard_normal((2, cfg.pos_size, e)) * 0.5).astype(np.float32),
+    }
+    for i in range(cfg.n_layer):
+        b = f"v.blk.{i}."
+        w.update({
+            b + "ln1.weight": norm(e),
+            b + "attn_q.weight": mat(e, e), b + "attn_k.weight": mat(e, e), b + "attn_v.weight": mat(e, e),
+            b + "attn_q_norm.weight": norm(hd), b + "attn_k_norm.weight": norm(hd),
+            b + "attn_out.weight": mat(e, e), b + "attn_post_norm.weight": norm(e),
+            b + "ln2.weight": norm(e),
+            b + "ffn_gate.weight": mat(f, e), b + "ffn_up.weight": mat(f, e), b + "ffn_down.weight": mat(e, f),
+            b + "ffn_post_norm.weight": norm(e),
+            b + "out_scale.weight": (0.5 + rng.uniform(0, 1, 1)).astype(np.float32),
+        })
+    w["v.std_bias"] = (rng.standard_normal(e) * 0.1).astype(np.float32)
+    w["v.std_scale"] = norm(e)
+    w["mm.input_projection.weight"] = mat(cfg.n_embd_out, e)
+    for stem, suffix, value in cfg.clamps:
+        w[f"{stem}.{suffix}"] = np.array([value], dtype=np.float32)
+    return w
+
+
 def tensor_type(cfg: TinyProjector, name: str, arr: np.ndarray) -> str:
     """Gemma3VisionModel.tensor_force_quant: the input projection F16, the embeddings
     (patch and position) F32; other matmul weights the output type, vectors F32."""
+    if cfg.projector_type == "gemma4v":
+        # MmprojModel.tensor_force_quant: the patch kernel the output type; the position tables F32.
+        return "f32" if arr.ndim < 2 or name == "v.position_embd.weight" else cfg.wtype
     if name == "mm.input_projection.weight":
         return "f16"
     if cfg.projector_type in QWEN_TYPES and name.startswith("v.patch_embd"):
@@ -174,6 +222,13 @@ def write_projector(path: Path, cfg: TinyProjector = TinyProjector()) -> dict[st
             keys["clip.vision.feed_forward_length"] = cfg.n_embd_out
         keys["clip.vision.image_mean"] = [0.48145466, 0.4578275, 0.40821073]
         keys["clip.vision.image_std"] = [0.26862954, 0.26130258, 0.27577711]
+    elif cfg.projector_type == "gemma4v":
+        # Gemma4VisionAudioModel: the type under clip.vision. (a mixed-modality file), image_size 224
+        # ("unused"), no use_gelu (clip.cpp then takes quick GELU), no scale factor (3).
+        del keys["clip.projector_type"], keys["clip.use_gelu"]
+        keys["clip.vision.projector_type"] = "gemma4v"
+        if cfg.n_merge != 3:
+            keys["clip.vision.projector.scale_factor"] = cfg.n_merge
     elif cfg.n_merge != 4:
         keys["clip.vision.projector.scale_factor"] = cfg.n_merge
     keys.update(dict(cfg.keys))

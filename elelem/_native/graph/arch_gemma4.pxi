@@ -21,13 +21,21 @@
 cdef ggml_tensor * _gemma4_per_layer_inputs(Step * st, Model m, ggml_tensor * x) noexcept:
     """llama.cpp's build_inp_per_layer + project_per_layer_inputs: from the
     scaled embeddings x (n_embd, n_tokens), every layer's input
-    (n_embd_per_layer, n_tokens, n_layer)."""
+    (n_embd_per_layer, n_tokens, n_layer).  x is not scaled in a step of image
+    embeddings (embed_tokens)."""
     cdef const HParams * hp = st.hp
     cdef ggml_context * ctx = st.ctx
     cdef int64_t n_pl = hp.n_embd_per_layer
-    cdef ggml_tensor * table = ggml_get_rows(ctx, m.per_layer_tok_embd, st.inp_tokens)
-    table = ggml_reshape_3d(ctx, table, n_pl, hp.n_layer, st.n_tokens)
-    table = ggml_scale(ctx, table, sqrtf(<float> n_pl))
+    cdef ggml_tensor * table
+    if st.inp_embd != NULL:
+        # An image's rows take the table's row of token 0 (the padding token), every one of
+        # them: llama.cpp's build_inp_per_layer for embeddings, broadcast over the rows.
+        table = ggml_cast(ctx, ggml_view_1d(ctx, m.per_layer_tok_embd, n_pl * hp.n_layer, 0), GGML_TYPE_F32)
+        table = ggml_reshape_3d(ctx, ggml_scale(ctx, table, sqrtf(<float> n_pl)), n_pl, hp.n_layer, 1)
+    else:
+        table = ggml_get_rows(ctx, m.per_layer_tok_embd, st.inp_tokens)
+        table = ggml_reshape_3d(ctx, table, n_pl, hp.n_layer, st.n_tokens)
+        table = ggml_scale(ctx, table, sqrtf(<float> n_pl))
     ggml_build_forward_expand(st.gf, table)
     cdef ggml_tensor * proj = matmul(st, m.per_layer_model_proj, x)
     proj = ggml_scale(ctx, proj, <float> 1.0 / sqrtf(<float> hp.n_embd))

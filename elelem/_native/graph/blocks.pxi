@@ -197,8 +197,10 @@ cdef void _set_inputs(Step * st, KVCache cache, const int32_t * tokens, const in
                     idx[c + i * v_row] = c * st.kv_size + cells[i]
             _set_input(st.inp_v_idx, idx, n_idx * sizeof(int64_t))
         with nogil:
+            # Gemma 4's global layers stay causal in a non-causal step (LLAMA_NON_CAUSAL_TYPE_SWA_ONLY:
+            # llama_kv_cache::set_input_kq_mask makes only the sliding cache non-causal).
             cache.fill_mask(mask, st.n_tokens, st.n_kv, seqs, positions, 0, st.flash_attn,
-                            st.hp.causal and not st.bidirectional)
+                            st.hp.causal and not (st.bidirectional and not st.hp.non_causal_swa_only))
         _set_input(st.inp_mask, mask, n_mask * mask_el)
         if st.inp_mask_swa != NULL:
             with nogil:

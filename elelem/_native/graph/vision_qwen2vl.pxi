@@ -70,9 +70,9 @@ cdef ggml_tensor * build_vision_qwen2vl(VitStep * st) except NULL:
     for il in range(hp.n_layer):
         lw = &st.layers[il]
         cur = vit_norm(st, x, lw.ln1_w, lw.ln1_b)
-        q = ggml_reshape_3d(ctx, vit_linear(st, lw.q_w, lw.q_b, cur), hp.d_head, hp.n_head, n_pos)
-        k = ggml_reshape_3d(ctx, vit_linear(st, lw.k_w, lw.k_b, cur), hp.d_head, hp.n_head, n_pos)
-        v = ggml_reshape_3d(ctx, vit_linear(st, lw.v_w, lw.v_b, cur), hp.d_head, hp.n_head, n_pos)
+        q = ggml_reshape_3d(ctx, vit_linear(st, lw, VIT_MM_Q, lw.q_w, lw.q_b, cur), hp.d_head, hp.n_head, n_pos)
+        k = ggml_reshape_3d(ctx, vit_linear(st, lw, VIT_MM_K, lw.k_w, lw.k_b, cur), hp.d_head, hp.n_head, n_pos)
+        v = ggml_reshape_3d(ctx, vit_linear(st, lw, VIT_MM_V, lw.v_w, lw.v_b, cur), hp.d_head, hp.n_head, n_pos)
         # 2D M-RoPE over half of each head (clip.cpp's constants: theta 10000, no scaling).
         q = ggml_rope_multi(ctx, q, positions, NULL, hp.d_head // 2, sections, GGML_ROPE_TYPE_VISION,
                             32768, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
@@ -87,7 +87,8 @@ cdef ggml_tensor * build_vision_qwen2vl(VitStep * st) except NULL:
         x = vit_norm(st, x, st.w.post_ln_w, st.w.post_ln_b)
     # The merger: each 2 x 2 block's four patches side by side, through a GELU MLP.
     x = ggml_reshape_3d(ctx, x, hp.n_embd * 4, n_pos // 4, 1)
-    x = vit_linear(st, st.w.mm_1_w, st.w.mm_1_b, ggml_gelu(ctx, vit_linear(st, st.w.mm_0_w, st.w.mm_0_b, x)))
+    x = vit_linear(st, NULL, 0, st.w.mm_1_w, st.w.mm_1_b,
+                   ggml_gelu(ctx, vit_linear(st, NULL, 0, st.w.mm_0_w, st.w.mm_0_b, x)))
     if use_windows:   # back from window order to raster order
         x = ggml_reshape_2d(ctx, x, hp.n_embd_out, n_pos // 4)
         x = ggml_get_rows(ctx, x, _named_input(st, GGML_TYPE_I32, n_pos // 4, 0, b"window_idx"))

@@ -10,6 +10,16 @@ DEF VIT_FFN_GELU = 0
 DEF VIT_FFN_GELU_QUICK = 1
 DEF VIT_FFN_SILU = 2
 
+# A layer's products, each with its clamp slot (VitLayerWeights.clamp; VIT_MM_ROLES' order).
+DEF VIT_MM_Q = 0
+DEF VIT_MM_K = 1
+DEF VIT_MM_V = 2
+DEF VIT_MM_O = 3
+DEF VIT_MM_UP = 4
+DEF VIT_MM_GATE = 5
+DEF VIT_MM_DOWN = 6
+DEF VIT_N_MM = 7
+
 
 cdef struct VitLayerWeights:
     # One encoder layer; the order is VIT_LAYER_ROLES'.  Biases and the gate may be NULL.
@@ -31,9 +41,22 @@ cdef struct VitLayerWeights:
     ggml_tensor * gate_b
     ggml_tensor * down_w    # (n_ff, n_embd)
     ggml_tensor * down_b    # (n_embd)
+    ggml_tensor * q_norm    # (d_head) per head, or (n_head * d_head): gemma4v
+    ggml_tensor * k_norm
+    ggml_tensor * attn_post_norm   # (n_embd): gemma4v, the attention's output normed before the residual
+    ggml_tensor * ffn_post_norm    # (n_embd): gemma4v, the same for the FFN
+    ggml_tensor * out_scale        # (1) or (n_embd): gemma4v's layer_scalar, times the layer's output
+    # Gemma 4's clippable linears (clip.cpp's clamp_info_map): for the product VIT_MM_*, its
+    # input clamped to [clamp[4i], clamp[4i+1]] and its output to [clamp[4i+2], clamp[4i+3]],
+    # where bit i of clamped is set.  After the tensors: VIT_LAYER_ROLES index those alone.
+    float clamp[4 * VIT_N_MM]
+    int clamped
 
 VIT_LAYER_ROLES = ("ln1_w", "ln1_b", "q_w", "q_b", "k_w", "k_b", "v_w", "v_b", "o_w", "o_b",
-                   "ln2_w", "ln2_b", "up_w", "up_b", "gate_w", "gate_b", "down_w", "down_b")
+                   "ln2_w", "ln2_b", "up_w", "up_b", "gate_w", "gate_b", "down_w", "down_b",
+                   "q_norm", "k_norm", "attn_post_norm", "ffn_post_norm", "out_scale")
+# The layer's products that may be clipped, in the order of their clamp slots.
+VIT_MM_ROLES = ("q_w", "k_w", "v_w", "o_w", "up_w", "gate_w", "down_w")
 
 
 cdef struct VisionWeights:
@@ -41,21 +64,28 @@ cdef struct VisionWeights:
     # where its projector type has none (elelem.model.projector says which are required).
     ggml_tensor * patch_embd        # (patch, patch, 3, n_embd): the patch convolution
     ggml_tensor * patch_bias        # (n_embd)
-    ggml_tensor * pos_embd          # (n_embd, n_patches): learned positions
+    ggml_tensor * pos_embd          # (n_embd, n_patches): learned positions; gemma4v: (n_embd, pos_size, 2),
+                                    # a table for the column and one for the row
     ggml_tensor * pre_ln_w          # (n_embd)
     ggml_tensor * pre_ln_b
     ggml_tensor * post_ln_w         # (n_embd)
     ggml_tensor * post_ln_b
-    ggml_tensor * mm_input_proj     # gemma3: (n_embd_out, n_embd), used transposed
+    ggml_tensor * mm_input_proj     # gemma3: (n_embd_out, n_embd), used transposed; gemma4v: (n_embd, n_embd_out)
     ggml_tensor * mm_soft_emb_norm  # gemma3: (n_embd)
     ggml_tensor * patch_embd_1      # qwen2vl: (patch, patch, 3, n_embd), the second temporal slice of the kernel
     ggml_tensor * mm_0_w            # qwen2vl: (4 * n_embd, 4 * n_embd), the merger's first linear
     ggml_tensor * mm_0_b            # (4 * n_embd)
     ggml_tensor * mm_1_w            # qwen2vl: (4 * n_embd, n_embd_out), the merger's second linear
     ggml_tensor * mm_1_b            # (n_embd_out)
+    ggml_tensor * std_bias          # gemma4v: (n_embd), subtracted from the pooled tokens
+    ggml_tensor * std_scale         # gemma4v: (n_embd), then multiplied
+    # gemma4v: mm_input_proj's clamps (as VitLayerWeights.clamp), where mm_clamped
+    float mm_clamp[4]
+    bint mm_clamped
 
 VISION_GLOBAL_ROLES = ("patch_embd", "patch_bias", "pos_embd", "pre_ln_w", "pre_ln_b", "post_ln_w", "post_ln_b",
-                       "mm_input_proj", "mm_soft_emb_norm", "patch_embd_1", "mm_0_w", "mm_0_b", "mm_1_w", "mm_1_b")
+                       "mm_input_proj", "mm_soft_emb_norm", "patch_embd_1", "mm_0_w", "mm_0_b", "mm_1_w", "mm_1_b",
+                       "std_bias", "std_scale")
 
 
 cdef struct VisionHParams:
@@ -67,11 +97,16 @@ cdef struct VisionHParams:
     int n_embd_out      # the text model's width: what the projector gives per image token
     int image_size      # the square the encoder was trained at
     int patch_size
-    int n_merge         # gemma3: the side of the pooling window; qwen2vl: of the patch merger (2)
+    int n_merge         # gemma3, gemma4v: the side of the pooling window; qwen2vl: of the patch merger (2)
     int ffn_op          # VIT_FFN_*
     float eps           # LayerNorm's epsilon (and the soft-embedding RMSNorm's)
-    bint norm_rms       # the encoder's norms are RMSNorms (qwen25vl), not LayerNorms
+    bint rms_norm       # the encoder's norms are RMSNorms (clip's NORM_TYPE_RMS: qwen25vl, gemma4v), else LayerNorms
     int n_wa_pattern    # qwen25vl: every n_wa_pattern-th layer attends fully, the others within windows; 0: all fully
+    bint v_norm         # V RMS-normed (no weight) before the attention: gemma4v
+    float kq_scale      # the attention's scale; 0: 1 / sqrt(d_head)
+    float rope_theta    # the 2D RoPE's base, where the builder rotates Q and K
+    bint dynamic_size   # images of any size (multiples of patch_size * n_merge), else image_size square
+    int pos_size        # gemma4v: the rows of each position table: patches a side at most (0: no such table)
 
 
 cdef struct VitStep:
@@ -84,6 +119,8 @@ cdef struct VitStep:
     int ny
     bint flash_attn         # ggml_flash_attn_ext over F16 K and V (clip's CLIP_FLASH_ATTN_TYPE_ENABLED)
     ggml_tensor * inp_raw   # F32 (nx, ny, 3): the normalised pixels, one plane per channel
+    ggml_tensor * pos_x     # I32 (n_patches): each patch's column, where the builder asks (vit_patch_positions)
+    ggml_tensor * pos_y     # I32 (n_patches): its row
 
 
 ctypedef ggml_tensor * (*VisionBuilder)(VitStep * st) except NULL
@@ -106,33 +143,61 @@ def vision_builders():
 
 
 cdef inline ggml_tensor * vit_norm(VitStep * st, ggml_tensor * x, ggml_tensor * w, ggml_tensor * b) noexcept:
-    """LayerNorm (or RMSNorm, norm_rms) over the first dimension with the file's epsilon,
+    """LayerNorm (or RMSNorm, hp.rms_norm) over the first dimension with the file's epsilon,
     then scale and shift (clip_graph::build_norm)."""
-    x = ggml_rms_norm(st.ctx, x, st.hp.eps) if st.hp.norm_rms else ggml_norm(st.ctx, x, st.hp.eps)
+    x = ggml_rms_norm(st.ctx, x, st.hp.eps) if st.hp.rms_norm else ggml_norm(st.ctx, x, st.hp.eps)
     if w != NULL:
         x = ggml_mul(st.ctx, x, w)
     return ggml_add(st.ctx, x, b) if b != NULL else x
 
 
-cdef inline ggml_tensor * vit_linear(VitStep * st, ggml_tensor * w, ggml_tensor * b, ggml_tensor * x) noexcept:
-    x = ggml_mul_mat(st.ctx, w, x)
+cdef inline ggml_tensor * vit_mm(VitStep * st, ggml_tensor * w, ggml_tensor * x, const float * clamp) noexcept:
+    """w x; with clamp (4 floats, or NULL) the input and the output clamped, as
+    clip_graph_gemma4v::build_mm does for Gemma 4's clippable linears."""
+    if clamp == NULL:
+        return ggml_mul_mat(st.ctx, w, x)
+    x = ggml_mul_mat(st.ctx, w, ggml_clamp(st.ctx, x, clamp[0], clamp[1]))
+    return ggml_clamp(st.ctx, x, clamp[2], clamp[3])
+
+
+cdef inline const float * vit_layer_clamp(const VitLayerWeights * lw, int which) noexcept:
+    if lw == NULL or not (lw.clamped & (1 << which)):
+        return NULL
+    return &lw.clamp[4 * which]
+
+
+cdef inline ggml_tensor * vit_linear(VitStep * st, const VitLayerWeights * lw, int which, ggml_tensor * w,
+                                     ggml_tensor * b, ggml_tensor * x) noexcept:
+    """One of a layer's products (VIT_MM_*), clamped where the file says, plus its bias."""
+    x = vit_mm(st, w, x, vit_layer_clamp(lw, which))
     return ggml_add(st.ctx, x, b) if b != NULL else x
 
 
-cdef ggml_tensor * vit_patches(VitStep * st) except NULL:
+cdef ggml_tensor * vit_patches(VitStep * st, bint signed_pixels=False) except NULL:
     """The pixels cut into patches and projected (clip_graph::build_inp):
-    a convolution with the patch as kernel and stride; (n_embd, n_patches)."""
+    a convolution with the patch as kernel and stride; (n_embd, n_patches).
+    signed_pixels: the pixels taken as 2 v - 1 first (gemma4v)."""
     cdef ggml_context * ctx = st.ctx
     cdef int p = st.hp.patch_size
     cdef int n_patches = (st.nx // p) * (st.ny // p)
     st.inp_raw = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, st.nx, st.ny, 3, 1)
     ggml_set_input(st.inp_raw)
-    cdef ggml_tensor * x = ggml_conv_2d(ctx, st.w.patch_embd, st.inp_raw, p, p, 0, 0, 1, 1)
+    cdef ggml_tensor * px = ggml_scale_bias(ctx, st.inp_raw, 2.0, -1.0) if signed_pixels else st.inp_raw
+    cdef ggml_tensor * x = ggml_conv_2d(ctx, st.w.patch_embd, px, p, p, 0, 0, 1, 1)
     x = ggml_reshape_3d(ctx, x, n_patches, st.hp.n_embd, 1)
     x = ggml_cont(ctx, ggml_transpose(ctx, x))
     if st.w.patch_bias != NULL:
         x = ggml_add(ctx, x, st.w.patch_bias)
     return x
+
+
+cdef void vit_patch_positions(VitStep * st) noexcept:
+    """Each patch's column (pos_x) and row (pos_y), inputs set by VisionModel.encode."""
+    cdef int n_patches = (st.nx // st.hp.patch_size) * (st.ny // st.hp.patch_size)
+    st.pos_x = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I32, n_patches)
+    st.pos_y = ggml_new_tensor_1d(st.ctx, GGML_TYPE_I32, n_patches)
+    ggml_set_input(st.pos_x)
+    ggml_set_input(st.pos_y)
 
 
 cdef ggml_tensor * vit_attention(VitStep * st, const VitLayerWeights * lw, ggml_tensor * q, ggml_tensor * k,
@@ -159,37 +224,62 @@ cdef ggml_tensor * vit_attention(VitStep * st, const VitLayerWeights * lw, ggml_
         kq = ggml_soft_max_ext(ctx, ggml_mul_mat(ctx, k, q), mask, kq_scale, 0.0)   # (n_pos, n_pos, n_head)
         out = ggml_permute(ctx, ggml_mul_mat(ctx, v, kq), 0, 2, 1, 3)              # (d_head, n_head, n_pos)
         out = ggml_cont_2d(ctx, out, out.ne[0] * out.ne[1], out.ne[2] * out.ne[3])
-    return vit_linear(st, lw.o_w, lw.o_b, out)
+    return vit_linear(st, lw, VIT_MM_O, lw.o_w, lw.o_b, out)
 
 
 cdef ggml_tensor * vit_ffn(VitStep * st, const VitLayerWeights * lw, ggml_tensor * x) noexcept:
     """clip_graph::build_ffn: up (and gate), the activation, down."""
     cdef ggml_context * ctx = st.ctx
-    cdef ggml_tensor * up = vit_linear(st, lw.up_w, lw.up_b, x)
+    cdef ggml_tensor * up = vit_linear(st, lw, VIT_MM_UP, lw.up_w, lw.up_b, x)
     cdef ggml_tensor * gate
     if lw.gate_w != NULL:
-        gate = vit_linear(st, lw.gate_w, lw.gate_b, x)
+        gate = vit_linear(st, lw, VIT_MM_GATE, lw.gate_w, lw.gate_b, x)
         if st.hp.ffn_op == VIT_FFN_SILU:
             x = ggml_swiglu_split(ctx, gate, up)
-        else:
+        elif st.hp.ffn_op == VIT_FFN_GELU:
             x = ggml_geglu_split(ctx, gate, up)
+        else:
+            x = ggml_geglu_quick_split(ctx, gate, up)
     elif st.hp.ffn_op == VIT_FFN_GELU:
         x = ggml_gelu(ctx, up)
     elif st.hp.ffn_op == VIT_FFN_SILU:
         x = ggml_silu(ctx, up)
     else:
         x = ggml_gelu_quick(ctx, up)
-    return vit_linear(st, lw.down_w, lw.down_b, x)
+    return vit_linear(st, lw, VIT_MM_DOWN, lw.down_w, lw.down_b, x)
+
+
+cdef ggml_tensor * vit_qk_norm(VitStep * st, ggml_tensor * t, ggml_tensor * w) noexcept:
+    """A per-head norm of Q or K, t (d_head, n_head, n_pos) (clip.cpp's norm_per_head), or
+    over the whole row where the weight is that wide."""
+    cdef int64_t d_head = t.ne[0], n_head = t.ne[1], n_pos = t.ne[2]
+    if w.ne[0] == d_head:
+        return vit_norm(st, t, w, NULL)
+    t = vit_norm(st, ggml_reshape_2d(st.ctx, t, d_head * n_head, n_pos), w, NULL)
+    return ggml_reshape_4d(st.ctx, t, d_head, n_head, n_pos, 1)
+
+
+cdef ggml_tensor * vit_rope_2d_neox(VitStep * st, ggml_tensor * t) noexcept:
+    """Gemma 4's 2D RoPE (clip_graph_gemma4v's add_pos): the first half of each head
+    turned by the patch's column, the second half by its row, NeoX ordering in each."""
+    cdef int n_half = <int> (t.ne[0] // 2)
+    t = ggml_rope_ext(st.ctx, t, st.pos_x, NULL, n_half, GGML_ROPE_TYPE_NEOX, 0, st.hp.rope_theta,
+                      1.0, 0.0, 1.0, 0.0, 0.0)
+    t = ggml_rope_ext(st.ctx, t, st.pos_y, NULL, n_half, GGML_ROPE_TYPE_NEOX, 0, st.hp.rope_theta,
+                      1.0, 0.0, 1.0, 0.0, 0.0)
+    return ggml_rope_set_offset(t, n_half)
 
 
 cdef ggml_tensor * vit_encoder(VitStep * st, ggml_tensor * x, ggml_tensor * pos_embd) noexcept:
     """The pre-norm transformer over the patches (clip_graph::build_vit, one image):
-    x (n_embd, n_pos) -> (n_embd, n_pos), learned positions added first."""
+    x (n_embd, n_pos) -> (n_embd, n_pos), learned positions added first.  Where the
+    layers have them: per-head Q/K norms, the 2D RoPE (st.pos_x set), V normed
+    (hp.v_norm), norms after the attention and the FFN, and a scale of the output."""
     cdef ggml_context * ctx = st.ctx
     cdef const VisionHParams * hp = st.hp
     cdef const VitLayerWeights * lw
     cdef int64_t n_pos = x.ne[1]
-    cdef float kq_scale = 1.0 / sqrtf(<float> hp.d_head)
+    cdef float kq_scale = hp.kq_scale if hp.kq_scale != 0.0 else 1.0 / sqrtf(<float> hp.d_head)
     cdef ggml_tensor * cur
     cdef ggml_tensor * q
     cdef ggml_tensor * k
@@ -203,13 +293,28 @@ cdef ggml_tensor * vit_encoder(VitStep * st, ggml_tensor * x, ggml_tensor * pos_
     for il in range(hp.n_layer):
         lw = &st.layers[il]
         cur = vit_norm(st, x, lw.ln1_w, lw.ln1_b)
-        q = ggml_reshape_4d(ctx, vit_linear(st, lw.q_w, lw.q_b, cur), hp.d_head, hp.n_head, n_pos, 1)
-        k = ggml_reshape_4d(ctx, vit_linear(st, lw.k_w, lw.k_b, cur), hp.d_head, hp.n_head, n_pos, 1)
-        v = ggml_reshape_4d(ctx, vit_linear(st, lw.v_w, lw.v_b, cur), hp.d_head, hp.n_head, n_pos, 1)
+        q = ggml_reshape_4d(ctx, vit_linear(st, lw, VIT_MM_Q, lw.q_w, lw.q_b, cur), hp.d_head, hp.n_head, n_pos, 1)
+        k = ggml_reshape_4d(ctx, vit_linear(st, lw, VIT_MM_K, lw.k_w, lw.k_b, cur), hp.d_head, hp.n_head, n_pos, 1)
+        v = ggml_reshape_4d(ctx, vit_linear(st, lw, VIT_MM_V, lw.v_w, lw.v_b, cur), hp.d_head, hp.n_head, n_pos, 1)
+        if lw.q_norm != NULL:
+            q = vit_qk_norm(st, q, lw.q_norm)
+        if lw.k_norm != NULL:
+            k = vit_qk_norm(st, k, lw.k_norm)
+        if st.pos_x != NULL:
+            q = vit_rope_2d_neox(st, q)
+            k = vit_rope_2d_neox(st, k)
+        if hp.v_norm:
+            v = ggml_rms_norm(ctx, v, hp.eps)
         cur = vit_attention(st, lw, q, k, v, kq_scale)
+        if lw.attn_post_norm != NULL:
+            cur = vit_norm(st, cur, lw.attn_post_norm, NULL)
         x = ggml_add(ctx, cur, x)                                   # clip.cpp: cur + residual
         cur = vit_ffn(st, lw, vit_norm(st, x, lw.ln2_w, lw.ln2_b))
+        if lw.ffn_post_norm != NULL:
+            cur = vit_norm(st, cur, lw.ffn_post_norm, NULL)
         x = ggml_add(ctx, x, cur)                                   # ... and residual + cur
+        if lw.out_scale != NULL:
+            x = ggml_mul(ctx, x, lw.out_scale)
     if st.w.post_ln_w != NULL:
         x = vit_norm(st, x, st.w.post_ln_w, st.w.post_ln_b)
     return x

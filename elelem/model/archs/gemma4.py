@@ -36,6 +36,8 @@ ROLES = (
 HPARAMS = (
     HParam("n_embd_per_layer", "int", 0, "per-layer token embeddings' width, 0 for none"),
     HParam("final_logit_softcap", "float", 0.0, "logits = softcap * tanh(logits / softcap); 0: none"),
+    HParam("non_causal_swa_only", "int", 0, "1: a non-causal step (an image) attends both ways in the sliding "
+           "layers only, the global ones stay causal (llama.cpp's LLAMA_NON_CAUSAL_TYPE_SWA_ONLY)"),
 )
 
 # Softmax over the router's logits, the chosen renormalised, GeGLU (llama.cpp's
@@ -83,6 +85,7 @@ def gemma4_hparams(h: dict, key: Key, gguf: Any) -> None:
     if not 0 <= n_pl <= MAX_WIDTH:
         raise ModelShapeError(f"{prefix}embedding_length_per_layer_input = {n_pl} is out of range")
     h["final_logit_softcap"] = cap = float(key("final_logit_softcapping", 0.0))
+    h["non_causal_swa_only"] = 1   # llama.cpp's gemma4 loader sets it, whatever the file says
     if cap < 0:
         raise ModelShapeError(f"{prefix}final_logit_softcapping = {cap} must not be negative")
     dims_swa = int(key("attention.key_length_swa")), int(key("attention.value_length_swa"))
