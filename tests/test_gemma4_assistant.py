@@ -90,37 +90,6 @@ def test_drafter_logits_match_llamacpp_exactly(pair, flash):
         np.testing.assert_array_equal(np.stack(states), _f32(ref["draft_hidden"]))
 
 
-# -- bad files: a clear error before any compute -------------------------------------
-
-@pytest.mark.parametrize("cfg, message", [
-    (ASSISTANT.but(drop=("nextn.pre_projection.weight",)), r"'nextn\.pre_projection\.weight' is missing"),
-    (ASSISTANT.but(drop=("blk.1.layer_output_scale.weight",)), r"'blk\.1\.layer_output_scale\.weight' is missing"),
-    (ASSISTANT.but(cut=(("nextn.post_projection.weight", 0, 32),)), r"nextn\.post_projection\.weight"),
-    (ASSISTANT.but(extra_keys=(("{arch}.nextn_predict_layers", 1),)), r"nextn_predict_layers = 1 must equal"),
-    (ASSISTANT.but(extra_keys=(("{arch}.embedding_length_out", 48),)), r"embedding_length_out = 48"),
-], ids=["no-pre-projection", "no-layer-scale", "post-projection-width", "nextn-count", "same-width"])
-def test_a_broken_drafter_file_is_refused(pair, tmp_path, cfg, message):
-    target, _ = pair
-    path = tmp_path / "broken.gguf"
-    write_assistant(path, cfg)
-    with pytest.raises(ModelShapeError, match=message):
-        elelem.LLM(target, n_threads=1, kv_size=256, draft_model=path)
-
-
-def test_a_drafter_whose_heads_do_not_fit_its_target_is_refused(pair, tmp_path):
-    target, _ = pair
-    path = tmp_path / "wide.gguf"
-    write_assistant(path, ASSISTANT.but(head_dim=64))
-    with pytest.raises(ModelShapeError, match="cannot read its target's layer 5"):
-        elelem.LLM(target, n_threads=1, kv_size=256, draft_model=path)
-
-
-def test_a_drafter_alone_is_not_a_model(pair):
-    _, assistant = pair
-    with pytest.raises(elelem.errors.ElelemError, match="drafter"):
-        elelem.LLM(assistant, n_threads=1, kv_size=256)
-
-
 # -- drafting through the engine (a small vocabulary: no llama.cpp here) ----------------------
 
 SMALL_TARGET = TARGET.but(n_vocab=512, seed=51)
@@ -197,3 +166,34 @@ def test_info_and_metrics_show_the_drafter(engine_pairs):
         stats = llm.engine.drafter_stats()["assistant"]
     drafted = re.search(r'^elelem_draft_tokens_total\{model="tiny",drafter="assistant"\} (\d+)$', text, re.M)
     assert drafted and int(drafted.group(1)) == stats["drafted"] > 0
+
+
+# -- bad files: a clear error before any compute -------------------------------------
+
+@pytest.mark.parametrize("cfg, message", [
+    (SMALL_ASSISTANT.but(drop=("nextn.pre_projection.weight",)), r"'nextn\.pre_projection\.weight' is missing"),
+    (SMALL_ASSISTANT.but(drop=("blk.1.layer_output_scale.weight",)), r"'blk\.1\.layer_output_scale\.weight' is missing"),
+    (SMALL_ASSISTANT.but(cut=(("nextn.post_projection.weight", 0, 32),)), r"nextn\.post_projection\.weight"),
+    (SMALL_ASSISTANT.but(extra_keys=(("{arch}.nextn_predict_layers", 1),)), r"nextn_predict_layers = 1 must equal"),
+    (SMALL_ASSISTANT.but(extra_keys=(("{arch}.embedding_length_out", 48),)), r"embedding_length_out = 48"),
+], ids=["no-pre-projection", "no-layer-scale", "post-projection-width", "nextn-count", "same-width"])
+def test_a_broken_drafter_file_is_refused(engine_pairs, tmp_path, cfg, message):
+    target, _ = engine_pairs["disagree"]
+    path = tmp_path / "broken.gguf"
+    write_assistant(path, cfg)
+    with pytest.raises(ModelShapeError, match=message):
+        elelem.LLM(target, n_threads=1, kv_size=256, draft_model=path)
+
+
+def test_a_drafter_whose_heads_do_not_fit_its_target_is_refused(engine_pairs, tmp_path):
+    target, _ = engine_pairs["disagree"]
+    path = tmp_path / "wide.gguf"
+    write_assistant(path, SMALL_ASSISTANT.but(head_dim=64))
+    with pytest.raises(ModelShapeError, match="cannot read its target's layer 5"):
+        elelem.LLM(target, n_threads=1, kv_size=256, draft_model=path)
+
+
+def test_a_drafter_alone_is_not_a_model(engine_pairs):
+    _, assistant = engine_pairs["disagree"]
+    with pytest.raises(elelem.errors.ElelemError, match="drafter"):
+        elelem.LLM(assistant, n_threads=1, kv_size=256)
