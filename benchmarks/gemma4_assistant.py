@@ -24,6 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "support"))
+sys.path.insert(0, str(REPO))   # this checkout's elelem, not an installed one
 
 
 def pair(layers: int) -> tuple[Path, Path]:
