@@ -147,6 +147,26 @@ def test_greedy_output_with_drafts_is_the_output_without(engine_pairs, kind, fla
         assert stats["acceptance_rate"] < 0.3, stats
 
 
+@pytest.mark.parametrize("flash", [False, True], ids=["flash-off", "flash-on"])
+def test_a_sequence_drafts_over_its_own_cells_only(engine_pairs, flash):
+    """Another sequence's cells in the shared cache change nothing of a
+    sequence's drafts; sequences drafting in one step get their own rows."""
+    target, assistant = engine_pairs["disagree"]
+    rng = np.random.default_rng(11)
+    a, b = rng.integers(1, 512, 13).tolist(), rng.integers(1, 512, 9).tolist()
+    with _open(target, draft_model=assistant, flash_attn=flash) as llm:
+        ctx, drafter = llm.engine.context, llm.engine.mtp._ctx
+        ctx.decode(b, 1, keep_hidden=True)
+        hb = ctx.last_hidden[-1:].copy()
+        alone = drafter.draft_step([7], [1], [len(b)], hb)
+        ctx.decode(a, 0, keep_hidden=True)
+        ha = ctx.last_hidden[-1:].copy()
+        np.testing.assert_array_equal(drafter.draft_step([7], [1], [len(b)], hb), alone)
+        first = drafter.draft_step([5], [0], [len(a)], ha)
+        both = drafter.draft_step([5, 7], [0, 1], [len(a), len(b)], np.concatenate([ha, hb]))
+    np.testing.assert_allclose(both, np.concatenate([first, alone]), rtol=0, atol=1e-4 * np.abs(alone).max())
+
+
 def test_the_drafter_is_chosen_beside_prompt_lookup(engine_pairs):
     target, assistant = engine_pairs["agree"]
     with _open(target, draft_model=assistant) as llm:

@@ -221,7 +221,9 @@ class SpeculativeOptions:
     :param draft_model: a path, a packaged name or an open ``LLM``: a smaller
         model with the same vocabulary (else ``VocabularyMismatchError``)
         that guesses the tokens instead of prompt lookup
-        (:mod:`elelem.engine.draft_model`).
+        (:mod:`elelem.engine.draft_model`); or a drafter file: an MTP head
+        alone (``mtp-*.gguf``), or a Gemma 4 drafter (``gemma4-assistant``,
+        :mod:`elelem.engine.assistant`), drafting as an MTP head does.
     :param mtp: True (default) also drafts with the multi-token-prediction
         head the model's file carries (Qwen3.5/3.6 ``nextn`` layers), per
         request where the draft planner measures that it pays better than
