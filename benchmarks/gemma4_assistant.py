@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Drafting with a Gemma 4 drafter file (gemma4-assistant) on an agreeing synthetic pair: decode tok/s
-of elelem without drafts and with the drafter, alternating in one run.
+"""Drafting with a Gemma 4 drafter file (gemma4-assistant) on synthetic pairs: decode tok/s of elelem
+without drafts and with the drafter, alternating in one run.
 
     python benchmarks/gemma4_assistant.py [--repeats 3] [--threads 1] [--layers 12] [--tokens 128]
 
@@ -8,7 +8,9 @@ The pair (written once to ``$ELELEM_CACHE/bench/`` by tests/support/synthetic_ge
 a gemma4 target (n_embd 512, ``--layers`` layers, sliding ones with every third global, FFN 1536,
 Q8_0, an 8192-token vocabulary) whose layers leave the residual stream alone, so that it predicts
 from the token alone; and a two-layer drafter (n_embd 576) built to predict the same
-(``agreeing_assistant_weights``), so its drafts are confirmed.  Each measurement evaluates a
+(``agreeing_assistant_weights``), so its drafts are confirmed; and the same target with a drafter
+of random weights ("disagree"), whose drafts are refused, so that the planner should turn drafting
+off (its probes aside).  Each measurement evaluates a
 64-token prompt, then times ``--tokens`` greedy tokens (the prompt reused from the cache), and
 checks that both give the same tokens.  llama.cpp is not run: its drafter needs
 common/speculative.cpp, which llama-cpp-python does not bind.
@@ -27,24 +29,27 @@ sys.path.insert(0, str(REPO / "tests" / "support"))
 sys.path.insert(0, str(REPO))   # this checkout's elelem, not an installed one
 
 
-def pair(layers: int) -> tuple[Path, Path]:
+def pair(layers: int, kind: str) -> tuple[Path, Path]:
     from synthetic import TinyConfig, make_weights
     from synthetic_gemma4_assistant import (AssistantConfig, agreeing_assistant_weights, quiet_target,
                                             write_assistant, write_gemma4_target)
 
     cache = Path(os.environ.get("ELELEM_CACHE", Path.home() / ".cache" / "elelem")) / "bench"
     target_path = cache / f"gemma4-quiet-{layers}l-512-q8_0.gguf"
-    assistant_path = cache / f"gemma4-assistant-agree-{layers}l-576-q8_0.gguf"
+    assistant_path = cache / f"gemma4-assistant-{kind}-{layers}l-576-q8_0.gguf"
     if not (target_path.exists() and assistant_path.exists()):
         cache.mkdir(parents=True, exist_ok=True)
         target = TinyConfig(arch="gemma4", n_vocab=8192, n_embd=512, n_layer=layers, n_head=8, n_head_kv=2,
                             head_dim=64, head_dim_swa=64, n_ff=1536, n_swa=256, n_ctx_train=4096,
                             wtype="q8_0", seed=7)
         weights = quiet_target(make_weights(target), layers)
-        write_gemma4_target(target_path, target, weights)
+        if not target_path.exists():
+            write_gemma4_target(target_path, target, weights)
         assistant = AssistantConfig(n_embd=576, n_embd_out=512, n_head=8, n_head_kv=(2, 2), head_dim=64,
                                     head_dim_swa=64, n_ff=1536, n_swa=256, n_vocab=8192, wtype="q8_0", seed=8)
-        write_assistant(assistant_path, assistant.but(weights=agreeing_assistant_weights(assistant, weights)))
+        if kind == "agree":
+            assistant = assistant.but(weights=agreeing_assistant_weights(assistant, weights))
+        write_assistant(assistant_path, assistant)
     return target_path, assistant_path
 
 
@@ -75,21 +80,21 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--tokens", type=int, default=128)
     args = ap.parse_args()
-    target, assistant = pair(args.layers)
-    plain, drafting = [], []
-    for _ in range(args.repeats):
-        rate, want, _ = decode_rate(target, None, args.threads, args.tokens)
-        plain.append(rate)
-        rate, got, stats = decode_rate(target, assistant, args.threads, args.tokens)
-        drafting.append(rate)
-        if got != want:
-            raise SystemExit("drafting changed the greedy tokens")
-    load = os.getloadavg()[0]
-    print(f"decode tok/s, {args.tokens} tokens, {args.threads} thread(s), load average {load:.1f}")
-    print(f"elelem, no drafts:     {statistics.median(plain):8.1f}  ({', '.join(f'{r:.1f}' for r in plain)})")
-    print(f"elelem, the drafter:   {statistics.median(drafting):8.1f}  ({', '.join(f'{r:.1f}' for r in drafting)})")
-    print(f"ratio: {statistics.median(drafting) / statistics.median(plain):.2f}x; drafters: {stats}")
-
+    print(f"decode tok/s, {args.tokens} tokens, {args.threads} thread(s)")
+    for kind in ("agree", "disagree"):
+        target, assistant = pair(args.layers, kind)
+        plain, drafting = [], []
+        for _ in range(args.repeats):
+            rate, want, _ = decode_rate(target, None, args.threads, args.tokens)
+            plain.append(rate)
+            rate, got, stats = decode_rate(target, assistant, args.threads, args.tokens)
+            drafting.append(rate)
+            if got != want:
+                raise SystemExit("drafting changed the greedy tokens")
+        ratio = statistics.median(drafting) / statistics.median(plain)
+        print(f"{kind}: no drafts {statistics.median(plain):.1f} ({', '.join(f'{r:.1f}' for r in plain)}), "
+              f"the drafter {statistics.median(drafting):.1f} ({', '.join(f'{r:.1f}' for r in drafting)}): "
+              f"{ratio:.2f}x; drafters {stats}; load average {os.getloadavg()[0]:.1f}")
 
 if __name__ == "__main__":
     main()

@@ -1066,6 +1066,9 @@ cdef void _check_beside(Model model, Context target) except *:
     if model.hp.n_embd_out != target.model.hp.n_embd or not model.hp.mtp_head:
         raise errors.ModelShapeError(f"this drafter takes hidden states {model.hp.n_embd_out} wide; "
                                      f"its target's are {target.model.hp.n_embd}")
+    if target.n_backends > 1:   # its cells would live on a device this context has no backend for
+        raise errors.InvalidArgumentError("a drafter sharing its target's cache runs beside a model on the "
+                                          "CPU alone, for now")
     if target.cache.hybrid or target.model.hp.n_layer < 2:
         raise errors.ModelShapeError("a drafter sharing its target's cache needs a target of 2 or more "
                                      "attention layers and no recurrent ones")
