@@ -54,6 +54,9 @@ cdef class Context:
     # keep_hidden, (n_tokens, n_embd) float32 in the batch's order: what an
     # MTP head drafts from (elelem.engine.mtp); None otherwise.
     cdef readonly object last_hidden
+    # A drafter's context that shares its target's cache (a Gemma 4 drafter):
+    # the target's context, whose model's token table it embeds with; None otherwise.
+    cdef readonly Context target
 
     def __cinit__(self):
         self.n_backends = 0
@@ -115,6 +118,7 @@ cdef class Context:
                 free(self.graph_meta)  # else a step given up on may still read its graph there
             self.graph_meta = NULL
         self.cache = None
+        self.target = None
         self.closed = True
 
     def close(self):
@@ -236,6 +240,7 @@ cdef class Context:
         st.kv_size = self.cache.kv_size
         st.v_row = self.cache.v_row
         st.flash_attn = self.flash_attn
+        st.target_tok_embd = self.target.model.tok_embd if self.target is not None else NULL
         st.n_lora = 0
         for j in range(self.n_adapters):
             if st.lora_mask & (1 << j):
@@ -554,9 +559,55 @@ cdef class Context:
             out = np.empty((n_outputs, self.model.hp.n_embd if embeddings else self.model.hp.n_vocab), dtype=np.float32)
         ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out), 0, ggml_nbytes(st.logits))
         if keep_hidden:
-            hidden = np.empty((n, self.model.hp.n_embd), dtype=np.float32)
+            hidden = np.empty((n, hidden_width(&self.model.hp)), dtype=np.float32)
             ggml_backend_tensor_get(st.hidden, cnp.PyArray_DATA(hidden), 0, ggml_nbytes(st.hidden))
             self.last_hidden = hidden
+        self.n_evaluated += n
+        return out
+
+    def draft_step(self, tokens, seq_ids, positions, hidden_in):
+        """One step of a drafter that shares its target's cache (``target``):
+        ``tokens[i]``, with the hidden state ``hidden_in[i]`` before it, at
+        position ``positions[i]`` of sequence ``seq_ids[i]``, attends over the
+        cells that sequence holds in the target's cache; nothing is stored.
+        Returns every row's logits; ``last_hidden`` gets every row's hidden
+        state for the next draft (llama.cpp's t_h_nextn)."""
+        self._check_open()
+        if self.target is None:
+            raise errors.InvalidArgumentError("draft_step is for a drafter sharing its target's cache")
+        self.target._check_open()
+        if self.busy or self.target.busy:
+            raise errors.InvalidArgumentError("a step is already running on this context or its target")
+        self.last_hidden = None
+        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] ids = _checked_ids(tokens, self.model.hp.n_vocab)
+        cdef int n = ids.shape[0]
+        if n > self.n_batch:
+            raise errors.InvalidArgumentError(f"a step takes at most n_batch={self.n_batch} tokens, got {n}")
+        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] seqs = _checked_seq_ids(seq_ids, n, self.cache.n_seq_max)
+        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] pos = np.ascontiguousarray(positions, dtype=np.int32)
+        if pos.ndim != 1 or pos.shape[0] != n or pos.min() < 0:
+            raise errors.InvalidArgumentError(f"need one position (>= 0) per token ({n}), got {positions!r}")
+        cdef cnp.ndarray h_in = _checked_hidden(hidden_in, n, &self.model.hp)
+        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] rows = np.arange(n, dtype=np.int32)
+        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] cells = np.zeros(n, dtype=np.int32)  # nothing is stored
+        cdef int n_kv = self.cache.n_kv()
+        cdef bint pair_lone_row = (self.flash_attn and n == 1 and n_kv >= FA_SPLIT_CELLS
+                                   and ((pos[0] + KV_PAD) // KV_PAD) * KV_PAD < FA_SPLIT_CELLS)
+        cdef Step * st
+        self.busy = True
+        try:
+            st = self._graph_for(n, n_kv, n, False, n == 1, &seqs[0], 0, pair_lone_row, NULL, &rows[0],
+                                 False, 0, True, False)
+            _set_inputs(st, self.cache, &ids[0], &seqs[0], &pos[0], &cells[0], &rows[0])
+            _set_input(st.inp_h, cnp.PyArray_DATA(h_in), ggml_nbytes(st.inp_h))
+            self._compute()
+        finally:
+            self.busy = False
+        out = np.empty((n, self.model.hp.n_vocab), dtype=np.float32)
+        ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out), 0, ggml_nbytes(st.logits))
+        hidden = np.empty((n, hidden_width(&self.model.hp)), dtype=np.float32)
+        ggml_backend_tensor_get(st.hidden, cnp.PyArray_DATA(hidden), 0, ggml_nbytes(st.hidden))
+        self.last_hidden = hidden
         self.n_evaluated += n
         return out
 
@@ -883,8 +934,8 @@ cdef cnp.ndarray _checked_hidden(hidden_in, int n, const HParams * hp):
     if hidden_in is None:
         raise errors.InvalidArgumentError("an MTP head needs the hidden state before each token (hidden_in)")
     h = np.ascontiguousarray(hidden_in, dtype=np.float32)
-    if h.shape != (n, hp.n_embd):
-        raise errors.InvalidArgumentError(f"hidden_in must be ({n}, {hp.n_embd}) for {n} tokens, got {h.shape}")
+    if h.shape != (n, hidden_width(hp)):
+        raise errors.InvalidArgumentError(f"hidden_in must be ({n}, {hidden_width(hp)}) for {n} tokens, got {h.shape}")
     return h
 
 
@@ -932,7 +983,7 @@ cdef ggml_type _kv_type(str option, object name, Model model, bint values) excep
 
 def new_context(Model model, object kv_size, object n_batch=512, object n_threads=1, object kv_type="f16",
                 bint flash_attn=False, object n_seq_max=1, object type_v=None, list devices=None,
-                list layer_device=None, list adapters=None):
+                list layer_device=None, list adapters=None, Context beside=None):
     """Backends, scheduler and a KV cache of ``kv_size`` cells shared by up to
     ``n_seq_max`` sequences, over ``model``.  ``kv_type`` is the type of K (and
     of V, unless ``type_v`` says otherwise): f16, f32, q8_0 or q4_0.  A
@@ -942,8 +993,15 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
     with (place_layers): each device gets a backend, ahead of the CPU, and
     each layer's K and V live on its device.  ``adapters`` are LoRA adapters
     for the model (open_adapter) that steps may apply, each sequence at its
-    own scales (Context.set_lora_scales; none at first)."""
+    own scales (Context.set_lora_scales; none at first).
+
+    ``beside``: the context of the target a drafter (a Gemma 4 drafter)
+    drafts for; the new context has no cache of its own but ``beside``'s,
+    which its layers read (Context.draft_step), and the same flash attention."""
     model._check_open()
+    if beside is not None:
+        _check_beside(model, beside)
+        kv_type, type_v, flash_attn = beside.cache.type_k, beside.cache.type_v, beside.flash_attn
     adapters = adapters or []
     if len(adapters) > MAX_ADAPTERS:
         raise errors.InvalidArgumentError(f"{len(adapters)} LoRA adapters: a context takes at most {MAX_ADAPTERS}")
@@ -1000,7 +1058,11 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
     try:
         for il in range(model.hp.n_layer):
             layer_buft[il] = c.bufts[layer_device[il] if layer_device[il] >= 0 else c.n_backends - 1]
-        c.cache = _new_kv_cache(model, cells, seqs, kv, kv_v, not flash_attn, layer_buft, c.rpc_timeout)
+        if beside is None:
+            c.cache = _new_kv_cache(model, cells, seqs, kv, kv_v, not flash_attn, layer_buft, c.rpc_timeout)
+        else:
+            c.cache = beside.cache
+            c.target = beside
     finally:
         free(layer_buft)
     # Graph metadata: a generous node budget per layer, and for a prompt step
@@ -1022,6 +1084,37 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
         raise MemoryError("ggml could not create the backend scheduler")
     c._reserve()
     return c
+
+
+cdef void _check_beside(Model model, Context target) except *:
+    """A drafter's layers read its target's cache as llama.cpp's Gemma 4
+    drafter does (create_memory's share callback): a sliding layer the
+    target's second-to-last layer, which must slide too, a global layer the
+    last, which must not; the head widths and KV head counts the same
+    (llama.cpp views the target's cells with the drafter's own)."""
+    target._check_open()
+    if model.hp.n_embd_out != target.model.hp.n_embd or not model.hp.mtp_head:
+        raise errors.ModelShapeError(f"this drafter takes hidden states {model.hp.n_embd_out} wide; "
+                                     f"its target's are {target.model.hp.n_embd}")
+    if target.n_backends > 1:   # its cells would live on a device this context has no backend for
+        raise errors.InvalidArgumentError("a drafter sharing its target's cache runs beside a model on the "
+                                          "CPU alone, for now")
+    if target.cache.hybrid or target.model.hp.n_layer < 2:
+        raise errors.ModelShapeError("a drafter sharing its target's cache needs a target of 2 or more "
+                                     "attention layers and no recurrent ones")
+    cdef int il, src
+    cdef int n_target = target.model.hp.n_layer
+    for il in range(model.hp.n_layer):
+        src = n_target - 2 if model.swa_layers[il] else n_target - 1
+        if (target.model.swa_layers[src] != 0) != (model.swa_layers[il] != 0) \
+                or target.cache.shapes[src].head_dim_k != model.shapes[il].head_dim_k \
+                or target.cache.shapes[src].head_dim_v != model.shapes[il].head_dim_v \
+                or model.shapes[il].n_head_kv != target.cache.shapes[src].n_head_kv:
+            raise errors.ModelShapeError(
+                f"drafter layer {il} ({'sliding' if model.swa_layers[il] else 'global'}, heads "
+                f"{model.shapes[il].head_dim_k} wide) cannot read its target's layer {src} "
+                f"({'sliding' if target.model.swa_layers[src] else 'global'}, heads "
+                f"{target.cache.shapes[src].head_dim_k} wide, {target.cache.shapes[src].n_head_kv} KV heads)")
 
 
 cdef void _init_device_backends(Context c, list devices) except *:

@@ -108,6 +108,9 @@ cdef class Model:
     cdef ggml_tensor * per_layer_tok_embd    # (n_embd_per_layer * n_layer, n_vocab)
     cdef ggml_tensor * per_layer_model_proj  # (n_embd, n_embd_per_layer * n_layer)
     cdef ggml_tensor * per_layer_proj_norm   # (n_embd_per_layer)
+    # A Gemma 4 drafter's (gemma4-assistant; NULL otherwise):
+    cdef ggml_tensor * nextn_proj_pre   # (2 * n_embd_out, n_embd): target embedding and hidden state -> n_embd
+    cdef ggml_tensor * nextn_proj_post  # (n_embd, n_embd_out): its normed hidden state -> the target's width
     # A reranker's classification head (rank pooling; archspec/rank.py): optional each.
     cdef ggml_tensor * cls              # (n_embd, n_embd): dense layer before tanh, with cls_b (n_embd)
     cdef ggml_tensor * cls_b
@@ -140,6 +143,7 @@ cdef class Model:
         self.tok_embd = self.output_norm = self.output = self.rope_freqs = NULL
         self.pos_embd = self.type_embd = self.tok_norm = self.tok_norm_b = NULL
         self.per_layer_tok_embd = self.per_layer_model_proj = self.per_layer_proj_norm = NULL
+        self.nextn_proj_pre = self.nextn_proj_post = NULL
         self.cls = self.cls_b = self.cls_out = self.cls_out_b = NULL
         self.closed = True
 
@@ -328,6 +332,8 @@ def open_model(path, str builder, dict hparams, dict global_tensors, list layer_
     m.per_layer_tok_embd = _optional_tensor(m, global_tensors, "per_layer_tok_embd")
     m.per_layer_model_proj = _optional_tensor(m, global_tensors, "per_layer_model_proj")
     m.per_layer_proj_norm = _optional_tensor(m, global_tensors, "per_layer_proj_norm")
+    m.nextn_proj_pre = _optional_tensor(m, global_tensors, "nextn_proj_pre")
+    m.nextn_proj_post = _optional_tensor(m, global_tensors, "nextn_proj_post")
     m.cls = _optional_tensor(m, global_tensors, "cls")
     m.cls_b = _optional_tensor(m, global_tensors, "cls_b")
     m.cls_out = _optional_tensor(m, global_tensors, "cls_out")

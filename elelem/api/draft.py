@@ -7,7 +7,9 @@ opened.  It gets a native context of its own, with one sequence per target
 sequence and as many cells as the target's cache (a draft sequence holds
 the same tokens as its target sequence, plus a few drafts).  The MTP head
 (``open_mtp``) is opened the same way, from the model's own file, or from a
-companion ``mtp-*.gguf`` given as the draft model.
+companion ``mtp-*.gguf`` given as the draft model.  A Gemma 4 drafter file
+(``gemma4-assistant``) given as the draft model gets a context that shares
+the target's cache (it keeps no cells of its own).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Optional, Union
 
 from .._core import new_context, open_model
 from ..cpu import amx_types
+from ..engine.assistant import AssistantHead
 from ..engine.draft_model import DraftModel, check_same_vocabulary
 from ..engine.mtp import MTPHead
 from ..errors import ClosedError
@@ -25,10 +28,10 @@ from ..model.mtp import companion_spec, is_companion, mtp_matmul_weights, mtp_sp
 
 
 def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, repack: bool,
-               use_mmap: bool, amx) -> Union[DraftModel, MTPHead]:
+               use_mmap: bool, amx) -> Union[DraftModel, MTPHead, AssistantHead]:
     """A DraftModel for the target whose native context is ``context``; or,
     where ``source`` is a companion MTP file (elelem.model.mtp.is_companion),
-    the MTPHead it holds."""
+    the MTPHead it holds; or, for a Gemma 4 drafter file, its AssistantHead."""
     if hasattr(source, "spec") and hasattr(source, "gguf"):  # an open LLM
         if source.closed:
             raise ClosedError("the draft model's LLM is closed")
@@ -43,6 +46,8 @@ def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, r
             return _open_head(path, gguf, head_spec, context=context, repack=repack, use_mmap=use_mmap, amx=amx)
         spec = model_spec(gguf)
         check_same_vocabulary(target_gguf, target_n_vocab, gguf, spec.hparams["n_vocab"])
+        if spec.arch.name == "gemma4-assistant":
+            return _open_assistant(path, gguf, spec, context=context, repack=repack, use_mmap=use_mmap, amx=amx)
         model = owned = open_model(
             path=path, builder=spec.arch.builder, hparams=spec.hparams, global_tensors=spec.global_tensors,
             layer_tensors=spec.layer_tensors, description=spec.description, matmul_weights=spec.matmul_weights(),
@@ -82,6 +87,23 @@ def _open_head(path, gguf: GGUFFile, head_spec, *, context, repack: bool, use_mm
         model.close()
         raise
     return MTPHead(head_context, owned_model=model, hybrid=context.cache.hybrid)
+
+
+def _open_assistant(path, gguf: GGUFFile, spec, *, context, repack: bool, use_mmap: bool, amx) -> AssistantHead:
+    """A Gemma 4 drafter over the target's ``context``: a native context
+    with the target's batch, threads and sequences, and no cache but the
+    target's (new_context's ``beside`` checks that its layers can read it)."""
+    model = open_model(
+        path=path, builder=spec.arch.builder, hparams=spec.hparams, global_tensors=spec.global_tensors,
+        layer_tensors=spec.layer_tensors, description=spec.description, matmul_weights=spec.matmul_weights(),
+        repack=repack, use_mmap=use_mmap, amx_types=amx_types(amx), shards=gguf.shard_paths)
+    try:
+        native = new_context(model=model, kv_size=context.kv_size, n_batch=context.n_batch,
+                             n_threads=context.n_threads, n_seq_max=context.n_seq_max, beside=context)
+    except BaseException:
+        model.close()
+        raise
+    return AssistantHead(native, owned_model=model)
 
 
 def _context_beside(model, context):

@@ -26,6 +26,7 @@ from .._core import (flash_attn_supported, new_context, open_adapter, open_model
                      place_layers, unsupported_weights)
 from ..cpu import amx_types, widen_after, widen_q5_0
 from ..engine.engine import Engine
+from ..engine.assistant import AssistantHead
 from ..engine.mtp import MTPHead
 from ..errors import ClosedError, ContextLimitError
 from ..gguf.reader import GGUFFile, read_gguf
@@ -203,7 +204,7 @@ class LLM:
                 speculation.draft_model, target_gguf=self.gguf, target_n_vocab=self.spec.hparams["n_vocab"],
                 context=native, repack=weights.repack, use_mmap=weights.use_mmap, amx=weights.amx)
             head = None
-            if isinstance(draft, MTPHead):   # a companion mtp-*.gguf given as the draft model
+            if isinstance(draft, (MTPHead, AssistantHead)):   # a companion mtp-*.gguf or a drafter file
                 head, draft = draft, None
             elif draft is None and speculation.speculative and speculation.mtp:
                 head = open_mtp(self.path, self.gguf, self.spec, context=native, repack=weights.repack,

@@ -71,6 +71,8 @@ def describe(path) -> dict:
         "recurrent_state_bytes": spec.recurrent_state_bytes() if spec else None,
         # what speculative decoding may draft with, besides a draft model given to it
         "drafters": _drafters(spec),
+        # a drafter file's target architecture (a Gemma 4 drafter: gemma4-assistant), else None
+        "drafter_for": "gemma4" if arch == "gemma4-assistant" else None,
         "pooling": POOLING_TYPES.get(meta.get(f"{arch}.pooling_type", 0), meta.get(f"{arch}.pooling_type")),
         "file_size": gguf.total_size,
         "files": len(gguf.shard_paths),
@@ -82,7 +84,7 @@ def _drafters(spec) -> list[str]:
     """The drafters a generation of this model chooses between (engine/step_costs.py plans which runs)."""
     from ..model.mtp import has_mtp
 
-    if spec is None or spec.arch.encoder:
+    if spec is None or spec.arch.encoder or spec.arch.name == "gemma4-assistant":
         return []
     if has_mtp(spec):
         return ["prompt lookup", f"mtp ({spec.hparams['n_layer_nextn']} NextN block"
@@ -137,6 +139,7 @@ def main(args: argparse.Namespace) -> int:
         ("quantization", f"{facts['file_type'] or '-'}; tensors: {types}"),
         ("tensors", str(facts["tensor_count"])),
         ("use", f"embeddings only: an encoder (pooling {facts['pooling']})" if facts["encoder"]
+         else f"a drafter for a {facts['drafter_for']} model (its --draft-model)" if facts["drafter_for"]
          else "text generation and embeddings"),
         *([] if facts["encoder"] else [("chat template", "yes" if facts["chat_template"] else "no (ChatML is used)")]),
         ("file size", f"{facts['file_size'] / 1e6:.1f} MB ({facts['file_size']} bytes)"

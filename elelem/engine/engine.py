@@ -102,7 +102,8 @@ class Engine(PrefixReuse):
         # from prompt lookup, or from ``draft`` (a DraftModel, see draft_model.py).
         self.speculative = speculative
         self.draft = draft
-        # The model's MTP head (an MTPHead, see mtp.py), drafting where it pays
+        # The model's MTP head (an MTPHead, see mtp.py, or a Gemma 4 drafter's
+        # AssistantHead, assistant.py), drafting where it pays
         # better than prompt lookup; None where the model has none.
         self.mtp = mtp
         # The embeddings of the images prompts hold (media.py); the API adds them.

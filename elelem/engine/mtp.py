@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -151,13 +151,27 @@ class MTPHead(DraftContext):
         self._step_cost = seconds if old is None else old + SMOOTHING * (seconds - old)
 
 
+class DraftingHead(Protocol):
+    """What an :class:`MTPDrafter` drafts from: an :class:`MTPHead`, or a
+    drafter file's head (elelem.engine.assistant.AssistantHead)."""
+
+    max_draft: int
+    rollback_cost: float
+
+    def draft(self, seq: int, history: Sequence[int], rows: dict[int, np.ndarray], n: int) -> list[int]: ...
+
+    def relative_cost(self, costs: StepCosts) -> float: ...
+
+    def keep(self, seq: int, n: int) -> None: ...
+
+
 class MTPDrafter:
     """Drafts for one generation from an :class:`MTPHead` (PromptLookup's interface)."""
 
     kind = "mtp"
     wants_hidden = True
 
-    def __init__(self, head: MTPHead, seq: int, history: Sequence[int], costs: StepCosts):
+    def __init__(self, head: DraftingHead, seq: int, history: Sequence[int], costs: StepCosts):
         self.head = head
         self.seq = seq
         self.history = history

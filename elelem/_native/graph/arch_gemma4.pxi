@@ -112,7 +112,8 @@ cdef ggml_tensor * build_gemma4(Model m, KVCache cache, Step * st) except NULL:
             x = ggml_add(ctx, x, norm_rms(st, h, lw.per_layer_post_norm))
         if lw.layer_out_scale != NULL:
             x = ggml_mul(ctx, x, lw.layer_out_scale)
-    x = select_outputs(st, norm_rms(st, x, m.output_norm))
+    st.hidden = norm_rms(st, x, m.output_norm)   # every row's (llama.cpp's h_nextn): what a drafter reads
+    x = select_outputs(st, st.hidden)
     x = output_head(st, m, x)   # (n_vocab, n_outputs), or (n_embd, n_outputs)
     if hp.final_logit_softcap != 0.0 and not st.embeddings:
         x = ggml_scale(ctx, x, <float> 1.0 / hp.final_logit_softcap)

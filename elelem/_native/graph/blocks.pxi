@@ -72,7 +72,8 @@ cdef struct Step:
     # embeddings_nextn unmasked); the builders that support it set hidden.
     bint want_hidden
     ggml_tensor * hidden        # F32 (n_embd, n_tokens) when want_hidden, else NULL
-    ggml_tensor * inp_h         # an MTP head's (HParams.mtp_head) F32 (n_embd, n_tokens): h of the row before each token
+    ggml_tensor * inp_h         # an MTP head's (HParams.mtp_head) F32 (hidden_width, n_tokens): h of the row before each token
+    ggml_tensor * target_tok_embd   # a drafter's that embeds tokens by its target's table (gemma4-assistant), else NULL
     # A prompt step that mixes sequences: the lengths of its runs of one
     # sequence's tokens (n_runs 0 otherwise, and for steps of generated
     # tokens).  Flash attention over FA_TILE_ROWS rows or more and repacked
@@ -148,8 +149,14 @@ cdef void _make_inputs(Step * st) except *:
     st.hidden = NULL
     st.inp_h = NULL
     if st.hp.mtp_head:
-        st.inp_h = ggml_new_tensor_2d(st.ctx, GGML_TYPE_F32, st.hp.n_embd, st.n_tokens)
+        st.inp_h = ggml_new_tensor_2d(st.ctx, GGML_TYPE_F32, hidden_width(st.hp), st.n_tokens)
         ggml_set_input(st.inp_h)
+
+
+cdef inline int hidden_width(const HParams * hp) noexcept:
+    """The width of the hidden states an MTP head or drafter takes and
+    gives: its target's (n_embd_out, a Gemma 4 drafter's), else n_embd."""
+    return hp.n_embd_out if hp.n_embd_out > 0 else hp.n_embd
 
 
 cdef inline void _set_input(ggml_tensor * t, const void * data, size_t size) noexcept:
