@@ -40,7 +40,6 @@ class AssistantHead:
         self._ctx = context
         self._owned_model = owned_model
         self.max_draft = max_draft
-        self.rollback_cost = 0.0       # it keeps nothing to roll back; its target is not hybrid
         self.n_embd = context.model.hparams["n_embd_out"]
         self._lock = threading.Lock()
         self.closed = False
@@ -51,6 +50,10 @@ class AssistantHead:
 
     def drafter(self, seq: int, history: Sequence[int], costs: StepCosts) -> "AssistantDrafter":
         return AssistantDrafter(self, seq, history, costs)
+
+    def rollback_cost(self, costs: StepCosts) -> float:
+        """Nothing: it keeps no cells to roll back, and its target (gemma4) is not hybrid."""
+        return 0.0
 
     def relative_cost(self, costs: StepCosts) -> float:
         """A one-token drafter step against a one-token target step."""

@@ -156,7 +156,8 @@ class DraftingHead(Protocol):
     drafter file's head (elelem.engine.assistant.AssistantHead)."""
 
     max_draft: int
-    rollback_cost: float
+
+    def rollback_cost(self, costs: StepCosts) -> float: ...
 
     def draft(self, seq: int, history: Sequence[int], rows: dict[int, np.ndarray], n: int) -> list[int]: ...
 
