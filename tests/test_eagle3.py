@@ -27,9 +27,13 @@ from synthetic import TinyConfig, write_model
 from synthetic_eagle3 import Eagle3Config, write_eagle3_head
 from vocab_metadata import vocab_writer
 
-# The target: Llama with 8 layers (the converter's default layers for it: 2, 4, 5), SmolLM2's
-# vocabulary so that llama.cpp loads it.
-TARGET = TinyConfig(arch="llama", n_layer=8, n_embd=64, n_head=4, n_head_kv=2, n_vocab=49152, seed=31)
+# The targets: Llama, and the Qwen3.5 hybrid (Gated DeltaNet layers, attention every fourth), with
+# 8 layers (the converter's default layers for them: 2, 4, 5), SmolLM2's vocabulary so that
+# llama.cpp loads them.
+TARGETS = {
+    "llama": TinyConfig(arch="llama", n_layer=8, n_embd=64, n_head=4, n_head_kv=2, n_vocab=49152, seed=31),
+    "qwen35": TinyConfig(arch="qwen35", head_dim=32, n_rot=16, n_layer=8, n_vocab=49152, seed=34),
+}
 HEADS = {
     "d2t": Eagle3Config(seed=32),     # a draft vocabulary of 1024 target ids
     "normed": Eagle3Config(seed=33, n_vocab_draft=49152, norm_before_fc=True, norm_before_residual=True),
@@ -42,21 +46,23 @@ CHAIN = 3        # draft steps after the seed, each from the head's own pre-norm
 def eagle3_files(smollm_path, tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("eagle3")
     vocab = vocab_writer(smollm_path)
-    paths = {"target": folder / "target.gguf"}
-    write_model(paths["target"], TARGET, extra_metadata=vocab)
+    paths = {}
+    for name, cfg in TARGETS.items():
+        paths[name] = folder / f"{name}.gguf"
+        write_model(paths[name], cfg, extra_metadata=vocab)
     for name, cfg in HEADS.items():
         paths[name] = folder / f"eagle3-{name}.gguf"
         write_eagle3_head(paths[name], cfg, extra_metadata=vocab)
     return paths
 
 
-def _reference(files: dict, name: str, flash: bool) -> dict:
+def _reference(files: dict, target: str, name: str, flash: bool) -> dict:
     layers = ",".join(map(str, HEADS[name].target_layers))
-    args = ["--target", str(files["target"]), "--head", str(files[name]), "--layers", layers,
+    args = ["--target", str(files[target]), "--head", str(files[name]), "--layers", layers,
             "--tokens", ",".join(map(str, PROMPT)), "--chain", str(CHAIN), "--out", "{out}/eagle3.json"]
     args += ["--flash-attn"] if flash else []
     live = run_script("make_eagle3_reference.py", args, [str(flash), str(PROMPT), str(CHAIN), layers],
-                      [files["target"], files[name]], ["eagle3.json"])
+                      [files[target], files[name]], ["eagle3.json"])
     if live is None:
         skip_or_fail(Reference.not_built())
     return live["eagle3.json"]
@@ -74,14 +80,14 @@ def _head(llm, path) -> Eagle3Head:
 
 
 @pytest.mark.parametrize("flash", [False, True], ids=["flash-off", "flash-on"])
-@pytest.mark.parametrize("name", list(HEADS))
-def test_head_matches_llamacpp_exactly(eagle3_files, name, flash):
+@pytest.mark.parametrize("target,name", [("llama", "d2t"), ("llama", "normed"), ("qwen35", "d2t")])
+def test_head_matches_llamacpp_exactly(eagle3_files, target, name, flash):
     """The target's layer inputs, g, then the head on the prompt's pairs
     (x[p+1], g[p]) and the seed, and CHAIN steps on its own states: every
     row's logits (mapped through d2t) and pre-norm state bit for bit llama.cpp's."""
-    ref = _reference(eagle3_files, name, flash)
+    ref = _reference(eagle3_files, target, name, flash)
     options = dict(elelem_kernel_options(), flash_attn=flash)
-    with elelem.LLM(eagle3_files["target"], n_threads=2, kv_size=256, speculative=False, **options) as llm:
+    with elelem.LLM(eagle3_files[target], n_threads=2, kv_size=256, speculative=False, **options) as llm:
         head = _head(llm, eagle3_files[name])
         try:
             ctx, hctx = llm.engine.context, head._ctx
@@ -110,16 +116,27 @@ def test_head_matches_llamacpp_exactly(eagle3_files, name, flash):
 
 # -- drafting through the engine (small vocabularies: no llama.cpp here) ------------------
 
-SMALL_TARGET = TinyConfig(arch="llama", n_layer=8, n_embd=64, n_head=4, n_head_kv=2, n_vocab=512, seed=41)
+SMALL_TARGETS = {
+    "llama": TinyConfig(arch="llama", n_layer=8, n_embd=64, n_head=4, n_head_kv=2, n_vocab=512, seed=41),
+    "qwen35": TinyConfig(arch="qwen35", head_dim=32, n_rot=16, n_layer=8, n_vocab=512, seed=43),
+}
 SMALL_HEAD = Eagle3Config(n_vocab=512, n_vocab_draft=128, seed=42)
 
 
 @pytest.fixture(scope="module")
-def small_pair(tmp_path_factory) -> tuple[Path, Path]:
+def small_files(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("eagle3-small")
-    write_model(folder / "target.gguf", SMALL_TARGET)
-    write_eagle3_head(folder / "eagle3.gguf", SMALL_HEAD)
-    return folder / "target.gguf", folder / "eagle3.gguf"
+    paths = {"head": folder / "eagle3.gguf"}
+    write_eagle3_head(paths["head"], SMALL_HEAD)
+    for name, cfg in SMALL_TARGETS.items():
+        paths[name] = folder / f"{name}.gguf"
+        write_model(paths[name], cfg)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def small_pair(small_files) -> tuple[Path, Path]:
+    return small_files["llama"], small_files["head"]
 
 
 def _open(path, **kw):
@@ -135,8 +152,10 @@ def _head_only(llm, monkeypatch):
 
 
 @pytest.mark.parametrize("flash", [False, True], ids=["flash-off", "flash-on"])
-def test_greedy_output_with_eagle3_drafts_is_the_output_without(small_pair, monkeypatch, flash):
-    target, head = small_pair
+@pytest.mark.parametrize("arch", list(SMALL_TARGETS))
+def test_greedy_output_with_eagle3_drafts_is_the_output_without(small_files, monkeypatch, arch, flash):
+    """Refused drafts roll a hybrid target's recurrent state back too."""
+    target, head = small_files[arch], small_files["head"]
     prompt = np.random.default_rng(5).integers(1, 512, 9).tolist()
     with _open(target, speculative=False, flash_attn=flash) as llm:
         plain = llm.generate_tokens(prompt, 50)

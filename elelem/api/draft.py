@@ -92,18 +92,19 @@ def _open_head(path, gguf: GGUFFile, head_spec, *, context, repack: bool, use_mm
     return MTPHead(head_context, owned_model=model, hybrid=context.cache.hybrid)
 
 
-# The target builders that hand over their layers' inputs (keep_layer_input): the
-# pre-norm decoder's, which llama.cpp's EAGLE-3 targets (llama, qwen3, qwen3moe,
-# gpt-oss, minimax-m2: src/models/*.cpp setting t_layer_inp) are built with here.
-EAGLE3_TARGET_BUILDERS = ("decoder",)
+# The target builders that hand over their layers' inputs (keep_layer_input): those
+# of llama.cpp's targets whose graphs set t_layer_inp (src/models/*.cpp): llama, qwen3,
+# qwen3moe, gpt-oss and minimax-m2 (the decoder builder here), qwen35, qwen35moe and
+# qwen3next (the qwen35 builder).
+EAGLE3_TARGET_BUILDERS = ("decoder", "qwen35")
 
 
 def _open_eagle3(path, gguf: GGUFFile, spec, target_spec, *, context, repack: bool, use_mmap: bool,
                  amx) -> Eagle3Head:
     h, t = spec.hparams, target_spec.hparams
     if target_spec.arch.builder not in EAGLE3_TARGET_BUILDERS:
-        raise UnsupportedArchitectureError(f"an EAGLE-3 head drafts for llama-shaped targets here (llama, qwen3, "
-                                           f"qwen3moe, gpt-oss, ...), not {target_spec.arch.name}")
+        raise UnsupportedArchitectureError(f"an EAGLE-3 head drafts for llama, qwen3, qwen3moe, gpt-oss, qwen35, "
+                                           f"qwen3next, ... targets here, not {target_spec.arch.name}")
     if h["n_embd_target"] != t["n_embd"] or any(il >= t["n_layer"] for il in h["target_layers"]):
         raise UnsupportedArchitectureError(
             f"this EAGLE-3 head reads layers {h['target_layers']} of a target of width {h['n_embd_target']}; "
