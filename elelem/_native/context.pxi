@@ -52,11 +52,13 @@ cdef class Context:
     cdef float seq_lora[MAX_SEQ_IDS * MAX_ADAPTERS]
     # The final normed hidden state of every row of the last step run with
     # keep_hidden, (n_tokens, n_embd) float32 in the batch's order: what an
-    # MTP head drafts from (elelem.engine.mtp); None otherwise.
+    # MTP head drafts from (elelem.engine.mtp); None otherwise.  With feature
+    # layers set (set_feature_layers), those layers' inputs instead.
     cdef readonly object last_hidden
     # A drafter's context that shares its target's cache (a Gemma 4 drafter):
     # the target's context, whose model's token table it embeds with; None otherwise.
     cdef readonly Context target
+    cdef readonly tuple feature_layers  # the target layers an EAGLE-3 head reads (Step.feature_layers)
 
     def __cinit__(self):
         self.n_backends = 0
@@ -78,6 +80,7 @@ cdef class Context:
         self.n_adapters = 0
         memset(self.seq_lora, 0, sizeof(self.seq_lora))
         self.last_hidden = None
+        self.feature_layers = ()
 
     def __init__(self, *args, **kwargs):
         raise TypeError("Context objects are made by elelem._core.new_context()")
@@ -212,6 +215,19 @@ cdef class Context:
         if old != NULL:
             _cpu_threadpool_free(old)
 
+    def set_feature_layers(self, layers):
+        """Make ``keep_hidden`` keep the inputs of these layers, concatenated
+        in this order ((n_tokens, len(layers) * n_embd) float32), in place of
+        the final normed state: what an EAGLE-3 head reads (llama.cpp's
+        llama_set_embeddings_layer_inp).  ``()`` turns it off."""
+        self._check_idle()
+        layers = tuple(int(il) for il in layers)
+        if len(layers) > MAX_FEATURE_LAYERS or any(not 0 <= il < self.model.hp.n_layer for il in layers):
+            raise errors.InvalidArgumentError(f"feature layers must be at most {MAX_FEATURE_LAYERS} of the "
+                                              f"model's {self.model.hp.n_layer} layers, got {list(layers)}")
+        self.feature_layers = layers
+        self._drop_graph()
+
     def request_abort(self):
         """Ask a running step to stop (from another thread); it raises KeyboardInterrupt
         and leaves the cache as it was before the step."""
@@ -248,7 +264,13 @@ cdef class Context:
                 st.lora_id[st.n_lora] = j
                 st.n_lora += 1
         _make_inputs(st)
+        if st.want_hidden:
+            st.n_feature_layers = len(self.feature_layers)
+            for j in range(st.n_feature_layers):
+                st.feature_layers[j] = self.feature_layers[j]
         st.logits = _builders[self.model.builder_id](self.model, self.cache, st)
+        if st.n_feature_layers:
+            st.hidden = _concat_features(st)
         if st.rank:
             st.logits = rank_head(st, self.model, st.logits)
         ggml_set_output(st.logits)
@@ -556,10 +578,10 @@ cdef class Context:
         if rank:
             out = np.empty((1, st.logits.ne[0]), dtype=np.float32)
         else:
-            out = np.empty((n_outputs, self.model.hp.n_embd if embeddings else self.model.hp.n_vocab), dtype=np.float32)
+            out = np.empty((n_outputs, st.logits.ne[0]), dtype=np.float32)   # n_embd, n_vocab, or a drafter's vocabulary
         ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out), 0, ggml_nbytes(st.logits))
         if keep_hidden:
-            hidden = np.empty((n, hidden_width(&self.model.hp)), dtype=np.float32)
+            hidden = np.empty((n, st.hidden.ne[0]), dtype=np.float32)
             ggml_backend_tensor_get(st.hidden, cnp.PyArray_DATA(hidden), 0, ggml_nbytes(st.hidden))
             self.last_hidden = hidden
         self.n_evaluated += n
@@ -897,6 +919,17 @@ cdef class Context:
         if status == GGML_STATUS_ABORTED:
             PyErr_CheckSignals()  # raises the pending KeyboardInterrupt, if Ctrl-C was the cause
         _check_status(status, "computing a step")
+
+
+cdef ggml_tensor * _concat_features(Step * st) except NULL:
+    """The recorded inputs of the feature layers, side by side (Step.feature_layers)."""
+    cdef ggml_tensor * out = NULL
+    cdef int k
+    for k in range(st.n_feature_layers):
+        if st.feature_inputs[k] == NULL:
+            raise errors.InvalidArgumentError("this model's graph does not give its layers' inputs")
+        out = st.feature_inputs[k] if out == NULL else ggml_concat(st.ctx, out, st.feature_inputs[k], 0)
+    return out
 
 
 cdef void _check_whole_sequences(KVCache cache, cnp.ndarray seqs) except *:

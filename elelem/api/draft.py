@@ -7,20 +7,25 @@ opened.  It gets a native context of its own, with one sequence per target
 sequence and as many cells as the target's cache (a draft sequence holds
 the same tokens as its target sequence, plus a few drafts).  The MTP head
 (``open_mtp``) is opened the same way, from the model's own file, or from a
-companion ``mtp-*.gguf`` given as the draft model.  A Gemma 4 drafter file
-(``gemma4-assistant``) given as the draft model gets a context that shares
-the target's cache (it keeps no cells of its own).
+companion ``mtp-*.gguf`` given as the draft model; so is an EAGLE-3 head
+(``eagle3`` files, elelem.engine.eagle3), whose target then hands it the
+inputs of the layers it reads.  A Gemma 4 drafter file (``gemma4-assistant``)
+given as the draft model gets a context that shares the target's cache (it
+keeps no cells of its own).
 """
 from __future__ import annotations
 
 from typing import Optional, Union
 
+import numpy as np
+
 from .._core import new_context, open_model
 from ..cpu import amx_types
 from ..engine.assistant import AssistantHead
 from ..engine.draft_model import DraftModel, check_same_vocabulary
+from ..engine.eagle3 import Eagle3Head
 from ..engine.mtp import MTPHead
-from ..errors import ClosedError
+from ..errors import ClosedError, UnsupportedArchitectureError
 from ..gguf.reader import GGUFFile, read_gguf
 from ..model.architectures import model_spec
 from ..model.hub import resolve_model
@@ -28,10 +33,11 @@ from ..model.mtp import companion_spec, is_companion, mtp_matmul_weights, mtp_sp
 
 
 def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, repack: bool,
-               use_mmap: bool, amx) -> Union[DraftModel, MTPHead, AssistantHead]:
+               use_mmap: bool, amx, target_spec=None) -> Union[DraftModel, MTPHead, AssistantHead]:
     """A DraftModel for the target whose native context is ``context``; or,
     where ``source`` is a companion MTP file (elelem.model.mtp.is_companion),
-    the MTPHead it holds; or, for a Gemma 4 drafter file, its AssistantHead."""
+    the MTPHead it holds; for an EAGLE-3 file, its Eagle3Head; for a Gemma 4
+    drafter file, its AssistantHead."""
     if hasattr(source, "spec") and hasattr(source, "gguf"):  # an open LLM
         if source.closed:
             raise ClosedError("the draft model's LLM is closed")
@@ -48,6 +54,9 @@ def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, r
         check_same_vocabulary(target_gguf, target_n_vocab, gguf, spec.hparams["n_vocab"])
         if spec.arch.name == "gemma4-assistant":
             return _open_assistant(path, gguf, spec, context=context, repack=repack, use_mmap=use_mmap, amx=amx)
+        if spec.arch.name == "eagle3":
+            return _open_eagle3(path, gguf, spec, target_spec or model_spec(target_gguf), context=context,
+                                repack=repack, use_mmap=use_mmap, amx=amx)
         model = owned = open_model(
             path=path, builder=spec.arch.builder, hparams=spec.hparams, global_tensors=spec.global_tensors,
             layer_tensors=spec.layer_tensors, description=spec.description, matmul_weights=spec.matmul_weights(),
@@ -104,6 +113,48 @@ def _open_assistant(path, gguf: GGUFFile, spec, *, context, repack: bool, use_mm
         model.close()
         raise
     return AssistantHead(native, owned_model=model)
+
+
+# The target builders that hand over their layers' inputs (keep_layer_input): those
+# of llama.cpp's targets whose graphs set t_layer_inp (src/models/*.cpp): llama, qwen3,
+# qwen3moe, gpt-oss and minimax-m2 (the decoder builder here), qwen35, qwen35moe and
+# qwen3next (the qwen35 builder).
+EAGLE3_TARGET_BUILDERS = ("decoder", "qwen35")
+
+
+def _open_eagle3(path, gguf: GGUFFile, spec, target_spec, *, context, repack: bool, use_mmap: bool,
+                 amx) -> Eagle3Head:
+    h, t = spec.hparams, target_spec.hparams
+    if target_spec.arch.builder not in EAGLE3_TARGET_BUILDERS:
+        raise UnsupportedArchitectureError(f"an EAGLE-3 head drafts for llama, qwen3, qwen3moe, gpt-oss, qwen35, "
+                                           f"qwen3next, ... targets here, not {target_spec.arch.name}")
+    if h["n_embd_target"] != t["n_embd"] or any(il >= t["n_layer"] for il in h["target_layers"]):
+        raise UnsupportedArchitectureError(
+            f"this EAGLE-3 head reads layers {h['target_layers']} of a target of width {h['n_embd_target']}; "
+            f"the model has {t['n_layer']} layers of width {t['n_embd']}")
+    d2t = None
+    if "d2t" in gguf.tensors:
+        info = gguf.tensors["d2t"]
+        if info.shard:
+            raise UnsupportedArchitectureError("this EAGLE-3 head's d2t is in a later file of a split model")
+        d2t = np.fromfile(gguf.shard_paths[info.shard], dtype="<i8", count=info.shape[0],
+                          offset=gguf.data_offset + info.offset)
+        if d2t.min() < 0 or d2t.max() >= t["n_vocab"]:
+            raise UnsupportedArchitectureError("this EAGLE-3 head's d2t maps outside the target's vocabulary")
+    model = open_model(
+        path=path, builder=spec.arch.builder, hparams=h, global_tensors=spec.global_tensors,
+        layer_tensors=spec.layer_tensors, description=spec.description,
+        # its token embeddings are read by rows only (its output is eagle3_output)
+        matmul_weights=[n for n in spec.matmul_weights() if n != spec.global_tensors["tok_embd"]],
+        repack=repack, use_mmap=use_mmap, amx_types=amx_types(amx), shards=gguf.shard_paths)
+    try:
+        head_context = _context_beside(model, context)
+        context.set_feature_layers(h["target_layers"])
+    except BaseException:
+        model.close()
+        raise
+    return Eagle3Head(head_context, owned_model=model, d2t=d2t, n_features=3 * h["n_embd_target"],
+                      hybrid=context.cache.hybrid)
 
 
 def _context_beside(model, context):

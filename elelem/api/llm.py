@@ -28,7 +28,7 @@ from ..cpu import amx_types, widen_after, widen_q5_0
 from ..engine.engine import Engine
 from ..engine.assistant import AssistantHead
 from ..engine.mtp import MTPHead
-from ..errors import ClosedError, ContextLimitError
+from ..errors import ClosedError, ContextLimitError, UnsupportedArchitectureError
 from ..gguf.reader import GGUFFile, read_gguf
 from ..model.adapters import AdapterInfo, read_adapter
 from ..model.architectures import ModelSpec, model_spec
@@ -152,6 +152,9 @@ class LLM:
         self.path = resolve_model(model_path, progress=progress)
         self.gguf: GGUFFile = read_gguf(self.path)
         self.spec: ModelSpec = model_spec(self.gguf)
+        if self.spec.hparams.get("mtp_head"):   # an EAGLE-3 head: it drafts for a target, from that target's states
+            raise UnsupportedArchitectureError(f"{self.path} is a {self.spec.arch.name} drafter head: give it as "
+                                               "the draft_model of the target it drafts for")
         vision, speculation = with_companions(model_path, self.path, vision, speculation, arch=self.spec.arch.name,
                                               progress=progress)
         n_ctx_train = self.spec.hparams["n_ctx_train"]
@@ -202,7 +205,8 @@ class LLM:
                 devices=self.placement.devices, layer_device=self.placement.layer_device, adapters=adapters)
             draft = None if speculation.draft_model is None else open_draft(
                 speculation.draft_model, target_gguf=self.gguf, target_n_vocab=self.spec.hparams["n_vocab"],
-                context=native, repack=weights.repack, use_mmap=weights.use_mmap, amx=weights.amx)
+                context=native, repack=weights.repack, use_mmap=weights.use_mmap, amx=weights.amx,
+                target_spec=self.spec)
             head = None
             if isinstance(draft, (MTPHead, AssistantHead)):   # a companion mtp-*.gguf or a drafter file
                 head, draft = draft, None

@@ -73,6 +73,7 @@ def describe(path) -> dict:
         "drafters": _drafters(spec),
         # a drafter file's target architecture (a Gemma 4 drafter: gemma4-assistant), else None
         "drafter_for": "gemma4" if arch == "gemma4-assistant" else None,
+        "draft_head": _draft_head(spec),
         "pooling": POOLING_TYPES.get(meta.get(f"{arch}.pooling_type", 0), meta.get(f"{arch}.pooling_type")),
         "file_size": gguf.total_size,
         "files": len(gguf.shard_paths),
@@ -84,12 +85,22 @@ def _drafters(spec) -> list[str]:
     """The drafters a generation of this model chooses between (engine/step_costs.py plans which runs)."""
     from ..model.mtp import has_mtp
 
-    if spec is None or spec.arch.encoder or spec.arch.name == "gemma4-assistant":
+    if spec is None or spec.arch.encoder or spec.arch.name == "gemma4-assistant" or spec.hparams.get("mtp_head"):
         return []
     if has_mtp(spec):
         return ["prompt lookup", f"mtp ({spec.hparams['n_layer_nextn']} NextN block"
                                  f"{'s' if spec.hparams['n_layer_nextn'] > 1 else ''} in the file; the first drafts)"]
     return ["prompt lookup"]
+
+
+def _draft_head(spec) -> str | None:
+    """What a drafter head's file drafts from (an EAGLE-3 head is no model of its own)."""
+    if spec is None or spec.arch.name != "eagle3":
+        return None
+    h = spec.hparams
+    vocab = f"{h['n_vocab_draft']} draft ids mapped by d2t" if h["n_vocab_draft"] != h["n_vocab"] else "the target's"
+    return (f"EAGLE-3 head for a target of width {h['n_embd_target']}: reads the inputs of its layers "
+            f"{', '.join(map(str, h['target_layers']))}; vocabulary {vocab}; give it as the target's draft model")
 
 
 def _attention(h: dict) -> str | None:
@@ -134,6 +145,7 @@ def main(args: argparse.Namespace) -> int:
         *_hybrid_rows(facts),
         *([("attention", facts["attention"])] if facts["attention"] else []),
         *([("drafters", ", ".join(facts["drafters"]))] if facts["drafters"] else []),
+        *([("draft head", facts["draft_head"])] if facts["draft_head"] else []),
         ("context length", f"{facts['context_length']} tokens (trained)"),
         ("vocabulary", f"{facts['vocab_size']} tokens ({facts['tokenizer']})"),
         ("quantization", f"{facts['file_type'] or '-'}; tensors: {types}"),

@@ -304,6 +304,7 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
         glob["mm_1_b"] = t.get("mm.2.bias", (h["n_embd_out"],), types=vec)
         if t.shape("v.patch_embd.bias") is not None:
             raise ModelShapeError(f"{gguf.path}: a Qwen-VL patch embedding has no bias (v.patch_embd.bias)")
+        glob["patch_bias"] = glob["pos_embd"] = None
     elif gemma4v:
         # Two position tables, the columns' and the rows' (the converter's position_embedding_table,
         # forced F32); clip_graph_gemma4v reads no patch bias.

@@ -55,9 +55,10 @@ cdef ggml_tensor * build_decoder(Model m, KVCache cache, Step * st) except NULL:
     cdef int il
     for il in range(hp.n_layer):
         lw = &m.layers[il]
+        keep_layer_input(st, il, x)
         h = _decoder_attention(st, m, cache, il, lw, norm_rms(st, x, lw.attn_norm))
         if il == hp.n_layer - 1 and not hp.late_output_rows:
-            if st.want_hidden and st.inp_out_ids != NULL:
+            if st.want_hidden and st.inp_out_ids != NULL and st.n_feature_layers == 0:
                 # Every row's final state too, for an MTP head (llama.cpp's h_nextn,
                 # unmasked): the last FFN once more over all the rows, so that the
                 # output rows keep the numbers of a step that keeps none.
@@ -70,7 +71,7 @@ cdef ggml_tensor * build_decoder(Model m, KVCache cache, Step * st) except NULL:
         h = ffn_layer(st, lw, norm_rms(st, x, lw.ffn_norm))
         x = ggml_add(ctx, h, x)
     if hp.late_output_rows:
-        if st.want_hidden:
+        if st.want_hidden and st.n_feature_layers == 0:
             st.hidden = norm_rms(st, x, m.output_norm)
             return output_head(st, m, select_outputs(st, st.hidden))
         x = select_outputs(st, x)

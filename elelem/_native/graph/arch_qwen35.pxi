@@ -213,6 +213,7 @@ cdef ggml_tensor * build_qwen35(Model m, KVCache cache, Step * st) except NULL:
     cdef int il
     for il in range(hp.n_layer):
         lw = &m.layers[il]
+        keep_layer_input(st, il, x)
         h = norm_rms(st, x, lw.attn_norm)
         if m.recurrent_layers[il]:
             h = _delta_net(st, cache, il, lw, h)
@@ -222,7 +223,7 @@ cdef ggml_tensor * build_qwen35(Model m, KVCache cache, Step * st) except NULL:
         h = ffn_layer(st, lw, norm_rms(st, x, lw.ffn_norm))
         x = ggml_add(ctx, h, x)
     # llama.cpp's qwen35 keeps every row through its last layer.
-    if st.want_hidden:
+    if st.want_hidden and st.n_feature_layers == 0:
         # Every row's normed state, for the MTP head (llama.cpp's h_nextn); the
         # norm is row by row, so the output rows' numbers are the same.
         st.hidden = norm_rms(st, x, m.output_norm)

@@ -15,6 +15,8 @@ DEF MAX_RUNS = 8           # runs of sequences in a prompt step split as above, 
 # A step of generated tokens keeps one-column kernels (or numbers) up to this
 # many rows (graph/matmul.pxi; attention below).
 DEF DECODE_KERNEL_COLUMNS = 8
+# The most target layers a step hands a drafter (EAGLE-3 reads three).
+DEF MAX_FEATURE_LAYERS = 4
 
 
 cdef struct Step:
@@ -74,6 +76,13 @@ cdef struct Step:
     ggml_tensor * hidden        # F32 (n_embd, n_tokens) when want_hidden, else NULL
     ggml_tensor * inp_h         # an MTP head's (HParams.mtp_head) F32 (hidden_width, n_tokens): h of the row before each token
     ggml_tensor * target_tok_embd   # a drafter's that embeds tokens by its target's table (gemma4-assistant), else NULL
+    # EAGLE-3's target: with want_hidden, the hidden rows are instead the inputs of
+    # these layers (llama.cpp's t_layer_inp, llama_set_embeddings_layer_inp),
+    # concatenated in this order: (n_feature_layers * n_embd, n_tokens).  The
+    # builders that support it record each layer's input (keep_layer_input).
+    int n_feature_layers
+    int feature_layers[MAX_FEATURE_LAYERS]
+    ggml_tensor * feature_inputs[MAX_FEATURE_LAYERS]   # F32 (n_embd, n_tokens) each, all rows
     # A prompt step that mixes sequences: the lengths of its runs of one
     # sequence's tokens (n_runs 0 otherwise, and for steps of generated
     # tokens).  Flash attention over FA_TILE_ROWS rows or more and repacked
@@ -157,6 +166,14 @@ cdef inline int hidden_width(const HParams * hp) noexcept:
     """The width of the hidden states an MTP head or drafter takes and
     gives: its target's (n_embd_out, a Gemma 4 drafter's), else n_embd."""
     return hp.n_embd_out if hp.n_embd_out > 0 else hp.n_embd
+
+
+cdef inline void keep_layer_input(Step * st, int il, ggml_tensor * x) noexcept:
+    """Record x, the input of layer il, where the step hands it to a drafter (Step.feature_layers)."""
+    cdef int k
+    for k in range(st.n_feature_layers):
+        if st.feature_layers[k] == il:
+            st.feature_inputs[k] = x
 
 
 cdef inline void _set_input(ggml_tensor * t, const void * data, size_t size) noexcept:

@@ -17,6 +17,12 @@ def _e(h: Mapping[str, Any]) -> int:
     return h["n_embd"]
 
 
+def _attn_in(h: Mapping[str, Any]) -> int:
+    """The width Q, K and V are projected from: n_embd, or what the model
+    says (EAGLE-3: the token's and the target's states side by side)."""
+    return h.get("n_embd_attn_in") or h["n_embd"]
+
+
 def _q(h: Mapping[str, Any]) -> int:
     return h["n_head"] * h["head_dim_k"]
 
@@ -44,10 +50,10 @@ def _embd(doc: str = "(n_embd)"):
 ROLES = (
     Role("attn_norm", "blk.{i}.attn_norm.weight", **_embd()),
     # Q's projection also writes the output gate, head by head, where q_gate (Qwen3.5)
-    Role("wq", "blk.{i}.attn_q.weight", lambda h: (_e(h), 2 * _q(h) if h.get("q_gate") else _q(h)),
+    Role("wq", "blk.{i}.attn_q.weight", lambda h: (_attn_in(h), 2 * _q(h) if h.get("q_gate") else _q(h)),
          "(n_embd, n_head * head_dim_k)", matmul=True),
-    Role("wk", "blk.{i}.attn_k.weight", lambda h: (_e(h), _k(h)), "(n_embd, n_head_kv * head_dim_k)", matmul=True),
-    Role("wv", "blk.{i}.attn_v.weight", lambda h: (_e(h), _v(h)), "(n_embd, n_head_kv * head_dim_v)", matmul=True),
+    Role("wk", "blk.{i}.attn_k.weight", lambda h: (_attn_in(h), _k(h)), "(n_embd, n_head_kv * head_dim_k)", matmul=True),
+    Role("wv", "blk.{i}.attn_v.weight", lambda h: (_attn_in(h), _v(h)), "(n_embd, n_head_kv * head_dim_v)", matmul=True),
     Role("wo", "blk.{i}.attn_output.weight", lambda h: (h["n_head"] * h["head_dim_v"], _e(h)),
          "(n_head * head_dim_v, n_embd)", matmul=True),
     Role("bq", "blk.{i}.attn_q.bias", lambda h: (_q(h),), "optional biases, NULL when absent"),
