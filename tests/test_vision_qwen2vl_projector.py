@@ -120,7 +120,7 @@ def test_the_encoder_refuses_sizes_off_the_grid_and_wrong_inputs(tmp_path):
     spec = read_projector(path)
     vm = core.open_vision_model(str(path), spec.projector_type, spec.hparams, spec.global_tensors,
                                 spec.layer_tensors)
-    with pytest.raises(errors.InvalidArgumentError, match="multiples of 16"):
+    with pytest.raises(errors.InvalidArgumentError, match="a multiple of 16"):
         vm.encode(np.zeros((3, 32, 40), np.float32))
     inputs = encoder_inputs(48, 32, 8, 2)
     with pytest.raises(errors.InvalidArgumentError, match="positions"):
