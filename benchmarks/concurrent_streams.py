@@ -75,6 +75,14 @@ PROMPTS = (
     "Write a Bash script that finds the ten largest files under a directory and prints their sizes in megabytes.",
     "Write a SQL schema for a blog with users, posts and comments, then a query listing each post's comment count.",
     "Write a Go HTTP server with one handler that returns the current time as JSON, and show how to run it.",
+    "Write a Python class for a min-heap priority queue with push, pop and peek, and a short usage example.",
+    "Implement a C++ template function that merges two sorted vectors into one sorted vector, with a test in main.",
+    "Write a TypeScript function that validates an email address with a regular expression, and explain the pattern.",
+    "Write a Python script that counts word frequencies in a text file and prints the twenty most common words.",
+    "Implement a Java method that checks whether a string is a palindrome, ignoring case and punctuation, with tests.",
+    "Write a Rust struct for a 2D vector with add, subtract, dot product and length methods, and unit tests.",
+    "Write a Python decorator that retries a function up to three times on exception, with exponential backoff.",
+    "Write a Kotlin data class for a to-do item and a function that filters a list of them by completion status.",
 )
 
 

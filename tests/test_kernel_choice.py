@@ -43,22 +43,28 @@ CASES = [
     (dict(type="q6_K", n=3, output_runs=True, output_rows=True), "output_runs_as_alone"),
     (dict(type="f32", n=3, output_runs=True, output_rows=True), "output_runs_as_alone"),
     (dict(type="q8_0", n=3, output_runs=True, output_rows=True), "ggml"),   # tinyBLAS: the same numbers at any width
-    # steps of generated tokens: one-token numbers
+    # steps of generated tokens, of any width: one-token numbers
     (dict(type="q8_0", n=4, decode_kernels=True), "small_batch"),
     (dict(type="q8_0", n=4, decode_kernels=True, small_batch_isa=""), "one_column_each"),
-    (dict(type="q8_0", n=12, decode_kernels=True, small_batch_isa=""), "padded"),
-    (dict(type="q8_0", n=16, decode_kernels=True, small_batch_isa=""), "ggml"),
-    (dict(type="q4_K", n=12, decode_kernels=True, small_batch_isa=""), "ggml"),
+    (dict(type="q8_0", n=12, decode_kernels=True, small_batch_isa=""), "one_column_each"),
+    (dict(type="q8_0", n=16, decode_kernels=True, small_batch_isa=""), "one_column_each"),
+    (dict(type="q4_K", n=12, decode_kernels=True, small_batch_isa=""), "one_column_each"),
+    (dict(type="q5_K", n=64, decode_kernels=True), "one_column_each"),
+    (dict(type="q8_0", n=64, decode_kernels=True), "small_batch"),
+    (dict(type="q4_K", n=64, decode_kernels=True, repacked=True, plain=False, small_batch_isa=""),
+     "one_column_each"),
     (dict(type="q4_K", n=4, decode_kernels=True, repacked=True, plain=False), "small_batch_q4_k"),
     (dict(type="q4_K", n=20, decode_kernels=True, repacked=True, plain=False, small_batch_isa="avx2"),
      "small_batch_q4_k"),
     (dict(type="q4_0", n=4, decode_kernels=True, repacked=True, plain=False), "one_column_each"),
     (dict(type="f32", n=4, decode_kernels=True), "one_column_each"),
     (dict(type="f32", n=1, decode_kernels=True), "ggml"),
-    # a LoRA adapter's factor of any float type: one-token numbers too (an F16 weight keeps tinyBLAS)
+    # a float weight, a LoRA adapter's factor or the model's: one-token numbers too
     (dict(type="f16", n=4, decode_kernels=True, adapter=True), "one_column_each"),
     (dict(type="bf16", n=8, decode_kernels=True, adapter=True), "one_column_each"),
-    (dict(type="f16", n=4, decode_kernels=True), "ggml"),
+    (dict(type="f16", n=4, decode_kernels=True), "one_column_each"),
+    (dict(type="bf16", n=20, decode_kernels=True), "one_column_each"),
+    (dict(type="f16", n=4, decode_kernels=True, host=False), "ggml"),
     (dict(type="f16", n=4, adapter=True), "ggml"),
     (dict(type="q8_0", n=4, decode_kernels=True, adapter=True), "small_batch"),
     # weights elsewhere (AMX tiles, a GPU) and columns that are not plain 2-D keep ggml's

@@ -163,7 +163,7 @@ def test_sequences_at_different_scales_share_a_step_exactly(files, model, adapte
         for s, row in enumerate(together):
             np.testing.assert_array_equal(row, alone[s], err_msg=f"prompt {s}")
         bases = [ctx.cache.seq_length_of(s) for s in range(3)]
-        for n in (2, 3, 6, 8):   # up to DECODE_KERNEL_COLUMNS rows: one-token numbers (blocks.pxi)
+        for n in (2, 3, 6, 8, 12, 17):   # generated tokens of any width: one-token numbers (matmul.pxi)
             tokens = rng.integers(0, 49152, n).tolist()
             seqs = [i % 3 for i in range(n)]
             one_each = np.concatenate([ctx.decode([t], [s], True) for t, s in zip(tokens, seqs)])

@@ -494,13 +494,13 @@ cdef class Context:
         or its last (a causal model): ``(1, n_cls_out)`` (blocks.pxi, rank_head).
 
         ``decode_kernels`` says that every token is a generated one (the next
-        token of a stream, or a drafted guess): a step of up to 8 tokens then
-        runs its quantized matmuls with elelem's small-batch kernels where the
-        CPU has AVX2 (kernels/small_batch.h; one token too with AVX-512), else with ggml's
-        kernels of a one-token step -- both faster there than the batch
-        kernels made for prompts, and both rounding as decoding token by
-        token does (graph/blocks.pxi).  A prompt keeps the batch kernels,
-        whose rounding is llama.cpp's for it.
+        token of a stream, or a drafted guess): a step of any width then
+        runs its matmuls with elelem's small-batch kernels where the CPU has
+        AVX2 (kernels/small_batch.h; one token too with AVX-512), else with
+        ggml's kernels of a one-token step, and its attention row by row as
+        one-token steps do -- every row rounding as decoding token by token
+        does (graph/matmul.pxi, graph/blocks.pxi).  A prompt keeps the batch
+        kernels, whose rounding is llama.cpp's for it.
 
         An MTP head (``HParams.mtp_head``) takes ``hidden_in`` besides the
         tokens: ``(n, n_embd)`` float32, the hidden state paired with each
@@ -547,7 +547,7 @@ cdef class Context:
         cdef bint pair_lone_row = (self.flash_attn and n == 1 and n_kv >= FA_SPLIT_CELLS
                                    and ((positions[0] + KV_PAD) // KV_PAD) * KV_PAD < FA_SPLIT_CELLS)
         cdef int split_kv[MAX_SPLIT_ROWS]
-        cdef bint split_rows = (self.flash_attn and decode_kernels and 2 <= n < FA_TILE_ROWS
+        cdef bint split_rows = (self.flash_attn and decode_kernels and 2 <= n <= MAX_SPLIT_ROWS
                                 and _one_token_splits(self.cache, n, used_before, &cells[0], &positions[0], split_kv))
         cdef int lora_mask = self._lora_mask(n, &seqs[0])
         cdef int32_t * positions4 = NULL
@@ -1105,9 +1105,14 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
     # An expert layer adds about 30 nodes and 2 per expert a token uses (graph/experts.pxi).
     cdef size_t moe_nodes = 0
     if model.hp.n_expert > 0:   # ... and about 12 for each group of rows through the experts (graph/experts.pxi)
-        moe_nodes = 32 + 2 * model.hp.n_expert_used + 12 * MAX_EXPERT_GROUPS
+        # (a step of generated tokens: groups of 7 rows; a prompt step: up to MAX_RUNS runs)
+        moe_nodes = 32 + 2 * model.hp.n_expert_used + 12 * max(MAX_RUNS, min(MAX_EXPERT_GROUPS, c.n_batch // 7 + 1))
+    # A step of generated tokens under flash attention: up to FA_ROW_NODES a row
+    # whose one-token step would split its cells (_flash_attention_as_one_token_steps).
+    cdef size_t split_nodes = FA_ROW_NODES * min(c.n_batch, MAX_SPLIT_ROWS) if flash_attn else 0
     c.graph_size = max(<size_t> GGML_DEFAULT_GRAPH_SIZE,
-                       <size_t> model.hp.n_layer * (64 + (5 + 7 * 5) * MAX_RUNS + moe_nodes) + 256 + lora_nodes)
+                       <size_t> model.hp.n_layer * (64 + (5 + 7 * 5) * MAX_RUNS + moe_nodes + split_nodes)
+                       + 256 + lora_nodes)
     c.graph_meta_size = ggml_tensor_overhead() * c.graph_size + ggml_graph_overhead_custom(c.graph_size, False)
     c.graph_meta = malloc(c.graph_meta_size)
     if c.graph_meta == NULL:

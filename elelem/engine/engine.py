@@ -71,8 +71,8 @@ class _Plan:
     tokens: list[int]
     seqs: list[int]
     outputs: list[bool]
-    # Every token is a generated one (no prompt in the step): the core may run
-    # a small step with the kernels of one-token steps (Context.decode).
+    # Every token is a generated one (no prompt in the step): the core gives
+    # each row its one-token step's numbers, at any width (Context.decode).
     generated: bool = False
     # Some request drafts with an MTP head, which reads the step's hidden states.
     keep_hidden: bool = False

@@ -8,12 +8,14 @@ DEF FA_TILE_ROWS = 64
 # ... and with a single query row it splits the cells between its threads
 # from this many cells on (its split-KV path), summing them otherwise.
 DEF FA_SPLIT_CELLS = 512
-# A step of generated tokens below FA_TILE_ROWS rows whose rows' one-token
+# A step of generated tokens (up to this many rows) whose rows' one-token
 # steps would split their cells: Step.split_kv (_flash_attention_as_one_token_steps).
-DEF MAX_SPLIT_ROWS = 64
+DEF MAX_SPLIT_ROWS = 128
+DEF FA_ROW_NODES = 10      # graph nodes of one such row's op (its views, the op, its place in the output)
 DEF MAX_RUNS = 8           # runs of sequences in a prompt step split as above, at most
-# A step of generated tokens keeps one-column kernels (or numbers) up to this
-# many rows (graph/matmul.pxi; attention below).
+# Generated tokens evaluated again (Context._replay) go in steps of this many
+# rows.  (A step of generated tokens of any width keeps every row's one-token
+# numbers: graph/matmul.pxi, attention below, graph/experts.pxi.)
 DEF DECODE_KERNEL_COLUMNS = 8
 # The most target layers a step hands a drafter (EAGLE-3 reads three).
 DEF MAX_FEATURE_LAYERS = 4
@@ -376,7 +378,7 @@ cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, 
     if st.flash_attn:
         values = ggml_view_3d(ctx, vc, head_dim_v, st.n_kv, n_head_kv,
                               vc.nb[1], ggml_row_size(vc.type, head_dim_v), 0)
-        if st.split_rows:
+        if st.split_rows or (st.decode_kernels and st.n_tokens >= FA_TILE_ROWS):
             return _flash_attention_as_one_token_steps(st, q, kc, vc, head_dim_k, head_dim_v, n_head_kv, mask,
                                                        kq_scale, sinks)
         if st.n_runs > 1 and st.n_tokens >= FA_TILE_ROWS:
@@ -388,7 +390,7 @@ cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, 
         return ggml_reshape_2d(ctx, out, head_dim_v * n_head, st.n_tokens)
     values = ggml_view_3d(ctx, vc, st.n_kv, head_dim_v, n_head_kv,
                           cache.kv_size * v_el, cache.kv_size * v_el * head_dim_v, 0)  # (n_kv, head_dim_v, n_head_kv)
-    if st.decode_kernels and 2 <= st.n_tokens <= DECODE_KERNEL_COLUMNS:
+    if st.decode_kernels and st.n_tokens >= 2:
         return _attention_per_token(st, q, keys, values, mask, kq_scale, sinks)
     out = ggml_mul_mat(ctx, keys, q)                                       # (n_kv, n_tokens, n_head)
     out = ggml_soft_max_ext(ctx, out, mask, kq_scale, 0.0)
@@ -438,41 +440,57 @@ cdef ggml_tensor * _flash_attention_as_one_token_steps(Step * st, ggml_tensor * 
                                                       ggml_tensor * mask, float kq_scale,
                                                       ggml_tensor * sinks) noexcept:
     """attention()'s flash attention for a step of generated tokens (drafts
-    being verified, streams) in which some rows, each decoded in a step of
-    its own, would have one query row over FA_SPLIT_CELLS cells or more: ggml
-    then splits the cells between its threads (its split-KV path, in chunks
-    of n_kv / threads, the partial sums reduced after), while a step of
-    several rows sums every row's cells in one pass, and the two round
-    otherwise (0.3-0.5 apart on Qwen2.5-Coder's logits at position 256; a
-    verified draft then parted from the one-token answer).  Each such row
-    takes an op of its own over the n_kv its one-token step would have seen
-    (Step.split_kv); the others take the one-row kernel as a pair (as
-    _flash_attention_lone_row), whose sum skips the masked cells and so does
-    not depend on n_kv.  q: (head_dim_k, n_tokens, n_head), permuted."""
+    being verified, streams), each row with the numbers of its one-token step,
+    where one op for the step would not give them:
+    - a row that, decoded in a step of its own, would have one query row over
+      FA_SPLIT_CELLS cells or more: ggml then splits the cells between its
+      threads (its split-KV path, in chunks of n_kv / threads, the partial
+      sums reduced after), while a step of several rows sums every row's
+      cells in one pass, and the two round otherwise (0.3-0.5 apart on
+      Qwen2.5-Coder's logits at position 256; a verified draft then parted
+      from the one-token answer).  Such a row takes an op of its own over the
+      n_kv its one-token step would have seen (Step.split_kv);
+    - the other rows, in runs between those, take the one-row kernel in
+      groups of at most FA_TILE_ROWS - 1 rows (a step of FA_TILE_ROWS rows or
+      more would take the tiled kernel, which rounds otherwise); a group of
+      one row as a pair with a copy of itself (as _flash_attention_lone_row).
+      The one-row kernel's sum skips the masked cells, so it does not depend
+      on n_kv nor on the group's other rows.
+    q: (head_dim_k, n_tokens, n_head), permuted."""
     cdef ggml_context * ctx = st.ctx
     cdef int64_t n_head = q.ne[2]
     cdef ggml_tensor * out = NULL
     cdef ggml_tensor * part
-    cdef ggml_tensor * row_q
-    cdef ggml_tensor * row_mask
-    cdef int i, cells, rows
-    for i in range(st.n_tokens):
-        cells = st.split_kv[i] if st.split_kv[i] else st.n_kv
-        rows = 1 if st.split_kv[i] else 2
-        row_q = ggml_view_3d(ctx, q, q.ne[0], 1, q.ne[2], q.nb[1], q.nb[2], <size_t> i * q.nb[1])
-        row_mask = ggml_view_2d(ctx, mask, mask.ne[0], 1, mask.nb[1], <size_t> i * mask.nb[1])
-        if rows == 2:
-            row_q = ggml_concat(ctx, row_q, row_q, 1)
-            row_mask = ggml_concat(ctx, row_mask, row_mask, 1)
+    cdef ggml_tensor * rows_q
+    cdef ggml_tensor * rows_mask
+    cdef int i = 0, end, cells, rows
+    while i < st.n_tokens:
+        if st.split_rows and st.split_kv[i]:
+            cells = st.split_kv[i]
+            end = i + 1
+        else:
+            cells = st.n_kv
+            end = i + 1
+            while (end < st.n_tokens and end - i < FA_TILE_ROWS - 1
+                   and not (st.split_rows and st.split_kv[end])):
+                end += 1
+        rows = end - i
+        rows_q = ggml_view_3d(ctx, q, q.ne[0], rows, q.ne[2], q.nb[1], q.nb[2], <size_t> i * q.nb[1])
+        rows_mask = ggml_view_2d(ctx, mask, mask.ne[0], rows, mask.nb[1], <size_t> i * mask.nb[1])
+        if rows == 1 and not (st.split_rows and st.split_kv[i]):
+            rows_q = ggml_concat(ctx, rows_q, rows_q, 1)
+            rows_mask = ggml_concat(ctx, rows_mask, rows_mask, 1)
         part = ggml_flash_attn_ext(
-            ctx, row_q,
+            ctx, rows_q,
             ggml_view_3d(ctx, kc, head_dim_k, cells, n_head_kv, kc.nb[1], ggml_row_size(kc.type, head_dim_k), 0),
             ggml_view_3d(ctx, vc, head_dim_v, cells, n_head_kv, vc.nb[1], ggml_row_size(vc.type, head_dim_v), 0),
-            row_mask, kq_scale, 0.0, 0.0)
+            rows_mask, kq_scale, 0.0, 0.0)
         ggml_flash_attn_ext_add_sinks(part, sinks)
-        part = ggml_view_2d(ctx, ggml_reshape_2d(ctx, part, head_dim_v * n_head, rows), head_dim_v * n_head, 1,
-                            ggml_row_size(part.type, head_dim_v * n_head), 0)
+        part = ggml_reshape_2d(ctx, part, head_dim_v * n_head, rows_q.ne[1])
+        if rows_q.ne[1] != rows:
+            part = ggml_view_2d(ctx, part, part.ne[0], rows, part.nb[1], 0)
         out = part if out == NULL else ggml_concat(ctx, out, part, 1)
+        i = end
     return out
 
 

@@ -31,7 +31,8 @@
 # chose it where ggml's mul_mat_id reads it once a row (kernels/experts.c).
 
 DEF MAX_USED_EXPERTS = 64       # experts a token is routed to, at most (elelem.model.architectures checks)
-DEF MAX_EXPERT_GROUPS = 16      # groups of a step's rows through the experts, at most (else not split)
+DEF MAX_EXPERT_GROUPS = 80      # groups of a step's rows through the experts, at most (else not split):
+                                # 512 generated tokens (n_batch's default) in groups of 7
 
 
 cdef inline bint _tiled_experts(Step * st, const ggml_tensor * w) noexcept:

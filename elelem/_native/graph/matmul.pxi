@@ -13,9 +13,6 @@
 # The measurements behind each choice are in docs/internals.md, "Kernel
 # choice".
 
-DEF PADDED_COLUMNS = 16         # 9-15 columns of a tinyBLAS type run as 16 (its tiles are slower short)
-
-
 ctypedef struct CpuKernels:
     # What the loaded CPU module and this CPU offer (cpu_backend.pxi sets _cpu_kernels).
     bint tinyblas_quantized     # ggml runs quantized matmuls of 2+ columns through llamafile's tinyBLAS
@@ -39,10 +36,9 @@ cdef enum MatmulPath:
     MATMUL_SMALL_BATCH          # elelem's small-batch kernels
     MATMUL_SMALL_BATCH_Q4_K     # elelem's kernel for repacked Q4_K
     MATMUL_ONE_COLUMN_EACH      # ggml's one-column kernel on each column, the weight read once
-    MATMUL_PADDED               # ggml_mul_mat on 16 columns, zeros added, the extra rows dropped
 
 MATMUL_PATH_NAMES = ("ggml", "per_run", "runs_as_alone", "output_runs_as_alone", "small_batch",
-                     "small_batch_q4_k", "one_column_each", "padded")
+                     "small_batch_q4_k", "one_column_each")
 
 
 ctypedef struct MatmulCase:
@@ -155,28 +151,26 @@ cdef int matmul_path(const MatmulCase * c, const CpuKernels * k) noexcept:
         return MATMUL_OUTPUT_RUNS_AS_ALONE
     if _small_batch_takes(c, k):
         return MATMUL_SMALL_BATCH
-    # An F32 weight (a MoE router) in a step of generated tokens: each column
-    # as its one-token step (sgemm rounds otherwise, and may choose another
-    # expert).  So too a LoRA factor of any float type: it is small (rank
-    # rows or columns), and its product joins every row's numbers.
-    if (c.decode_kernels and c.n >= 2 and (c.type == GGML_TYPE_F32 or (c.adapter and _float_type(c.type)))
-            and c.plain and c.x_simple):
+    # A float weight (a MoE router's F32, a LoRA factor, an F16 or BF16 model)
+    # in a step of generated tokens: each column as its one-token step (sgemm
+    # rounds otherwise, and a router may then choose another expert).  F16
+    # and BF16 model weights where the CPU computes them.
+    if (c.decode_kernels and c.n >= 2 and _float_type(c.type) and c.plain and c.x_simple
+            and (c.type == GGML_TYPE_F32 or c.adapter or c.host)):
         return MATMUL_ONE_COLUMN_EACH
     if (c.n == 1 and k.one_column_k_quants and k.small_batch_isa != ELELEM_SMALL_BATCH_NONE and c.x_f32
             and c.x_simple and _repacked_q4_k_case(c)):
         return MATMUL_SMALL_BATCH_Q4_K
     if not c.decode_kernels or not c.x_simple or not (_plain_quantized_case(c) or c.repacked):
         return MATMUL_GGML
-    # A step of generated tokens: one-token numbers, away from tinyBLAS's tiles.
+    # A step of generated tokens, of any width: one-token numbers, away from
+    # tinyBLAS's tiles, ggml's tiled kernel and the repacked gemm (each rounds
+    # otherwise than the one-column kernel a one-token step takes).
     if c.n >= 2 and k.small_batch_isa != ELELEM_SMALL_BATCH_NONE and c.x_f32 and _repacked_q4_k_case(c):
         return MATMUL_SMALL_BATCH_Q4_K
     if c.n < 2:
         return MATMUL_GGML
-    if c.n <= DECODE_KERNEL_COLUMNS:
-        return MATMUL_ONE_COLUMN_EACH
-    if c.n < PADDED_COLUMNS and k.tinyblas_quantized and _tinyblas_type(c.type) and c.plain:
-        return MATMUL_PADDED
-    return MATMUL_GGML
+    return MATMUL_ONE_COLUMN_EACH
 
 
 cdef bint experts_kernel_takes(const MatmulCase * c, const CpuKernels * k) noexcept:
@@ -333,7 +327,6 @@ cdef ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
     """x @ w: (n_in, n) -> (n_out, n), by the kernel matmul_path() chooses."""
     cdef MatmulCase c = matmul_case(st, w, x, x.ne[1])
     cdef int path = matmul_path(&c, &_cpu_kernels)
-    cdef ggml_tensor * y
     if path == MATMUL_PER_RUN:
         return _by_runs(st, w, x, st.run_length, st.n_runs, False)
     if path == MATMUL_RUNS_AS_ALONE:
@@ -347,7 +340,4 @@ cdef ggml_tensor * matmul(Step * st, ggml_tensor * w, ggml_tensor * x) noexcept:
     w = widened_weight(st.widened, w, x)   # one column keeps the smaller Q5_0 weight
     if path == MATMUL_ONE_COLUMN_EACH:
         return _one_column_each(st, w, x)
-    if path == MATMUL_PADDED:
-        y = ggml_mul_mat(st.ctx, w, ggml_pad(st.ctx, x, 0, PADDED_COLUMNS - x.ne[1], 0, 0))
-        return ggml_view_2d(st.ctx, y, y.ne[0], x.ne[1], y.nb[1], 0)
     return ggml_mul_mat(st.ctx, w, x)

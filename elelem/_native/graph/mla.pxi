@@ -79,7 +79,7 @@ cdef ggml_tensor * attention_mla(Step * st, KVCache cache, int il, ggml_tensor *
     q = ggml_permute(ctx, q, 0, 2, 1, 3)   # (row, n_tokens, n_head)
     if st.flash_attn:
         values = ggml_view_3d(ctx, kc, rank, st.n_kv, 1, kc.nb[1], kc.nb[1], 0)
-        if st.split_rows:
+        if st.split_rows or (st.decode_kernels and st.n_tokens >= FA_TILE_ROWS):
             out = _flash_attention_as_one_token_steps(st, q, kc, vc, row, rank, 1, st.inp_mask, kq_scale, NULL)
         elif st.n_runs > 1 and st.n_tokens >= FA_TILE_ROWS:
             out = _flash_attention_per_run(st, q, keys, values, st.inp_mask, kq_scale, NULL)
@@ -93,7 +93,7 @@ cdef ggml_tensor * attention_mla(Step * st, KVCache cache, int il, ggml_tensor *
         # V transposed for a plain mul_mat: copied out of K's rows each step, as llama.cpp
         # does for a V that is a view of K (build_attn_mha's ggml_cont of the transpose)
         values = ggml_cont(ctx, ggml_transpose(ctx, ggml_view_2d(ctx, kc, rank, st.n_kv, kc.nb[1], 0)))
-        if st.decode_kernels and 2 <= st.n_tokens <= DECODE_KERNEL_COLUMNS:
+        if st.decode_kernels and st.n_tokens >= 2:
             out = _attention_per_token(st, q, keys, values, st.inp_mask, kq_scale, NULL)
             out = ggml_permute(ctx, ggml_reshape_3d(ctx, out, rank, n_head, st.n_tokens), 0, 2, 1, 3)
         else:
