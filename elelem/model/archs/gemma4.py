@@ -90,16 +90,7 @@ def gemma4_hparams(h: dict, key: Key, gguf: Any) -> None:
         raise ModelShapeError(f"{prefix}final_logit_softcapping = {cap} must not be negative")
     dims_swa = int(key("attention.key_length_swa")), int(key("attention.value_length_swa"))
     dims_full = h["head_dim_k"], h["head_dim_v"]
-    for name, (k_dim, v_dim) in (("key_length", dims_full), ("key_length_swa", dims_swa)):
-        if k_dim != v_dim:
-            raise ModelShapeError(f"{prefix}attention.{name} = {k_dim} differs from the value length {v_dim}: "
-                                  f"Gemma 4 needs them equal")
-        if not 0 < k_dim <= 4096:
-            raise ModelShapeError(f"{prefix}attention.{name} = {k_dim} is out of range")
-    n_rot_swa = int(key("rope.dimension_count_swa", h["n_rot"]))
-    if not 0 < n_rot_swa <= dims_swa[0] or n_rot_swa % 2:
-        raise ModelShapeError(f"{prefix}rope.dimension_count_swa = {n_rot_swa} must be even and at most "
-                              f"{prefix}attention.key_length_swa = {dims_swa[0]}")
+    n_rot_swa = checked_head_widths(h, key, prefix, dims_swa, "Gemma 4")
     kv_heads = h.pop("layer_n_head_kv", [h["n_head_kv"]] * n)
     for il, heads in enumerate(kv_heads):
         if h["n_head"] % heads:
@@ -169,3 +160,19 @@ ARCH = Architecture("gemma4", "gemma4", "neox", LAYER, activation="gelu", derive
                     global_optional=("output", "rope_freqs", "per_layer_tok_embd", "per_layer_model_proj",
                                      "per_layer_proj_norm"),
                     description="Gemma 4 (E2B, E4B, 31B; 26B-A4B: experts)")
+
+
+def checked_head_widths(h: dict, key: Key, prefix: str, dims_swa: tuple[int, int], model: str) -> int:
+    """The full and the sliding layers' K and V widths, each pair equal and in
+    range; returns the sliding layers' rotated dims (rope.dimension_count_swa)."""
+    for name, (k_dim, v_dim) in (("key_length", (h["head_dim_k"], h["head_dim_v"])), ("key_length_swa", dims_swa)):
+        if k_dim != v_dim:
+            raise ModelShapeError(f"{prefix}attention.{name} = {k_dim} differs from the value length {v_dim}: "
+                                  f"{model} needs them equal")
+        if not 0 < k_dim <= 4096:
+            raise ModelShapeError(f"{prefix}attention.{name} = {k_dim} is out of range")
+    n_rot_swa = int(key("rope.dimension_count_swa", h["n_rot"]))
+    if not 0 < n_rot_swa <= dims_swa[0] or n_rot_swa % 2:
+        raise ModelShapeError(f"{prefix}rope.dimension_count_swa = {n_rot_swa} must be even and at most "
+                              f"{prefix}attention.key_length_swa = {dims_swa[0]}")
+    return n_rot_swa

@@ -19,6 +19,7 @@ from ...errors import ModelShapeError
 from ..archspec.hparams import Key, array
 from ..archspec.roles import NAMES
 from ..archspec.spec import Architecture, HParam, Role
+from .gemma4 import checked_head_widths
 
 GLOBAL_ROLES = (
     Role("nextn_proj_pre", "nextn.pre_projection.weight", lambda h: (2 * h["n_embd_out"], h["n_embd"]),
@@ -64,16 +65,7 @@ def assistant_hparams(h: dict, key: Key, gguf: Any) -> None:
     h["rope_scale_swa"] = 1.0
     dims_swa = int(key("attention.key_length_swa", h["head_dim_k"])), \
         int(key("attention.value_length_swa", h["head_dim_v"]))
-    for name, (k_dim, v_dim) in (("key_length", (h["head_dim_k"], h["head_dim_v"])), ("key_length_swa", dims_swa)):
-        if k_dim != v_dim:
-            raise ModelShapeError(f"{prefix}attention.{name} = {k_dim} differs from the value length {v_dim}: "
-                                  f"a Gemma 4 drafter needs them equal")
-        if not 0 < k_dim <= 4096:
-            raise ModelShapeError(f"{prefix}attention.{name} = {k_dim} is out of range")
-    n_rot_swa = int(key("rope.dimension_count_swa", h["n_rot"]))
-    if not 0 < n_rot_swa <= dims_swa[0] or n_rot_swa % 2:
-        raise ModelShapeError(f"{prefix}rope.dimension_count_swa = {n_rot_swa} must be even and at most "
-                              f"{prefix}attention.key_length_swa = {dims_swa[0]}")
+    n_rot_swa = checked_head_widths(h, key, prefix, dims_swa, "a Gemma 4 drafter")
     kv_heads = h.pop("layer_n_head_kv", [h["n_head_kv"]] * n)
     h["layer_n_head_kv"] = kv_heads
     h["layer_head_dim_k"] = [dims_swa[0] if s else h["head_dim_k"] for s in swa]
