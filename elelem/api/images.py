@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ..engine.media import MediaTable
 from ..errors import InvalidArgumentError
+from ..model.projector import ARCHS_WITH_IMAGES
 from ..vision.images import Image, ImageLimits, load
 from ..vision.projector import Projector
 from ..vision.images import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, b64decode, decode
@@ -28,8 +29,6 @@ log = logging.getLogger("elelem")
 
 #: libmtmd's default media marker (mtmd_default_marker): where an image goes in the rendered text.
 MEDIA_MARKER = "<__media__>"
-#: Text architectures whose graphs take an image's embeddings in place of tokens.
-ARCHS_WITH_IMAGES = ("gemma3", "gemma4", "qwen2vl")
 
 
 def image_source(part: Mapping[str, Any], where: str) -> str | bytes:

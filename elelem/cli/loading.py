@@ -59,7 +59,7 @@ def llm_options(args: argparse.Namespace, *, n_ctx: int | None = None) -> dict:
 
 def draft_model(name: str | None) -> str | None:
     """``--draft-model``: a draft model pulled like ``--model``; ``auto`` as it is (:func:`companions`)."""
-    from ..api.companions import is_auto
+    from ..model.companions import is_auto
     return name if name is None or is_auto(name) else model_path(name)
 
 
@@ -67,7 +67,7 @@ def companions(name: str | None, path: str, options: dict) -> dict:
     """``options`` (``llm_options``) with the companions of the model ``name`` (opened from
     ``path``) found: a Hub model's projector (unless --mmproj or --no-mmproj said otherwise)
     and, with ``--draft auto``, its drafter, each pulled with a bar of its own."""
-    from ..api.companions import drafter_for, is_auto, projector_for
+    from ..model.companions import drafter_for, is_auto, projector_for
     name = DEFAULT_MODEL if name is None else name
     vision, speculation = options["vision"], options["speculation"]
     if vision.mmproj is None and is_hub_reference(name):

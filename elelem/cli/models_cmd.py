@@ -52,7 +52,7 @@ def pull(args: argparse.Namespace) -> int:
 def _pull_companions(args: argparse.Namespace, path: Path) -> None:
     """The projector (unless --no-mmproj; for a model elelem takes images into) and, with
     --drafter, the drafter the repository ships beside the model, as ``run`` fetches them."""
-    from ..api.companions import drafter_for, projector_for
+    from ..model.companions import drafter_for, projector_for
     name = args.name
     if args.mmproj:
         found = fetch_with_progress(f"{name} (projector)", lambda progress: projector_for(

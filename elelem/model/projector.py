@@ -53,6 +53,9 @@ class ProjectorKind:
         return self.non_causal and n_embd_text not in self.causal_text_widths
 
 
+#: Text architectures whose graphs take an image's embeddings in place of tokens.
+ARCHS_WITH_IMAGES = ("gemma3", "gemma4", "qwen2vl")
+
 # The projector types elelem encodes; each has a builder in elelem/_native/graph/vision_<type>.pxi.
 _QWEN = ProjectorKind("<|vision_start|>", "<|vision_end|>", "bicubic", non_causal=False, default_merge=2,
                       dynamic_size=True, mrope=True)

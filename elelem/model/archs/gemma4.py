@@ -11,6 +11,7 @@ from typing import Any, Mapping
 from ...errors import ModelShapeError
 from ..archspec.experts import GATING, expert_hparams
 from ..archspec.hparams import MAX_WIDTH, Key, array, nextn
+from ..archspec.swa import checked_head_widths
 from ..archspec.roles import NAMES
 from ..archspec.spec import Architecture, Experts, HParam, Role
 
@@ -160,19 +161,3 @@ ARCH = Architecture("gemma4", "gemma4", "neox", LAYER, activation="gelu", derive
                     global_optional=("output", "rope_freqs", "per_layer_tok_embd", "per_layer_model_proj",
                                      "per_layer_proj_norm"),
                     description="Gemma 4 (E2B, E4B, 31B; 26B-A4B: experts)")
-
-
-def checked_head_widths(h: dict, key: Key, prefix: str, dims_swa: tuple[int, int], model: str) -> int:
-    """The full and the sliding layers' K and V widths, each pair equal and in
-    range; returns the sliding layers' rotated dims (rope.dimension_count_swa)."""
-    for name, (k_dim, v_dim) in (("key_length", (h["head_dim_k"], h["head_dim_v"])), ("key_length_swa", dims_swa)):
-        if k_dim != v_dim:
-            raise ModelShapeError(f"{prefix}attention.{name} = {k_dim} differs from the value length {v_dim}: "
-                                  f"{model} needs them equal")
-        if not 0 < k_dim <= 4096:
-            raise ModelShapeError(f"{prefix}attention.{name} = {k_dim} is out of range")
-    n_rot_swa = int(key("rope.dimension_count_swa", h["n_rot"]))
-    if not 0 < n_rot_swa <= dims_swa[0] or n_rot_swa % 2:
-        raise ModelShapeError(f"{prefix}rope.dimension_count_swa = {n_rot_swa} must be even and at most "
-                              f"{prefix}attention.key_length_swa = {dims_swa[0]}")
-    return n_rot_swa

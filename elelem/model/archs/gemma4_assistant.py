@@ -19,7 +19,7 @@ from ...errors import ModelShapeError
 from ..archspec.hparams import Key, array
 from ..archspec.roles import NAMES
 from ..archspec.spec import Architecture, HParam, Role
-from .gemma4 import checked_head_widths
+from ..archspec.swa import checked_head_widths
 
 GLOBAL_ROLES = (
     Role("nextn_proj_pre", "nextn.pre_projection.weight", lambda h: (2 * h["n_embd_out"], h["n_embd"]),
