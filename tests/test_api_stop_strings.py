@@ -10,8 +10,13 @@ from elelem.text.stop_strings import StopStringFilter, normalize_stop
 
 
 def expected_output(text: str, stops: tuple[str, ...]) -> str:
-    cuts = [text.find(s) for s in stops if s in text]
-    return text[:min(cuts)] if cuts else text
+    """The text up to the stop string that is complete first as the text grows
+    character by character (at one such character, the one that starts first)."""
+    for end in range(1, len(text) + 1):
+        done = [end - len(s) for s in stops if text[:end].endswith(s)]
+        if done:
+            return text[:min(done)]
+    return text
 
 
 def stream_through(chunks: list[str], stops: tuple[str, ...]) -> list[str]:
@@ -55,6 +60,12 @@ def test_held_text_is_released_when_it_turns_out_not_to_be_a_stop():
 def test_the_earliest_of_several_stops_wins():
     f = StopStringFilter(["world", "lo w"])
     assert f.push("hello world") == "hel"
+
+
+@pytest.mark.parametrize("chunks", [["a<b"], ["a<", "b"], ["a", "<", "b"]])
+def test_the_stop_complete_first_wins_however_the_text_arrives(chunks):
+    """"<" is complete before "a<b", which starts earlier: the cut is the same in one piece or several."""
+    assert "".join(stream_through(chunks, ("<", "a<b"))) == "a"
 
 
 @pytest.mark.parametrize("stop, want", [(None, ()), ("x", ("x",)), (["a", "", "a", "b"], ("a", "b"))])

@@ -1,4 +1,4 @@
-"""Stop strings: cut generated text at the first one, and never leak a part of one.
+"""Stop strings: cut generated text at the first one to complete, and never leak a part of one.
 
 While streaming, text that could be the start of a stop string is held back
 until the next delta shows whether it is (then it is dropped, with everything
@@ -62,8 +62,12 @@ class StopStringFilter:
 
 
 def _first_match(text: str, stops: tuple[str, ...]) -> Optional[int]:
-    found = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(found) if found else None
+    """Where to cut ``text``: at the stop string that is complete first as the
+    text grows (the earliest end; at one end, the earliest start), so that the
+    cut does not depend on how the text arrived in pieces (``"a<b"`` with stop
+    strings ``"<"`` and ``"a<b"`` is cut after ``"a"``, in one piece or two)."""
+    found = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in stops) if i >= 0]
+    return min(found)[1] if found else None
 
 
 def partial_suffix(text: str, tags: Iterable[str]) -> int:
