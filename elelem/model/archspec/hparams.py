@@ -187,7 +187,10 @@ def rope_scaling(gguf: Any, prefix: str, key: Key, n_ctx_train: int) -> dict:
     if factor != 0.0 and not (factor > 0 and math.isfinite(factor)):
         raise ModelShapeError(f"{prefix + name} = {factor} must be a positive number")
     if kind != "none" and factor != 0.0:
-        out["rope_scale"] = float(np.float32(1.0) / np.float32(factor))
+        with np.errstate(over="ignore"):
+            out["rope_scale"] = float(np.float32(1.0) / np.float32(factor))
+        if not (math.isfinite(out["rope_scale"]) and out["rope_scale"] > 0):   # a factor below float32's range
+            raise ModelShapeError(f"{prefix + name} = {factor} is out of float32's range for a RoPE scale")
     if kind == "yarn":
         out["yarn_beta_fast"] = float(key("rope.scaling.yarn_beta_fast", 32.0))
         out["yarn_beta_slow"] = float(key("rope.scaling.yarn_beta_slow", 1.0))
