@@ -1108,8 +1108,11 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
         # (a step of generated tokens: groups of 7 rows; a prompt step: up to MAX_RUNS runs)
         moe_nodes = 32 + 2 * model.hp.n_expert_used + 12 * max(MAX_RUNS, min(MAX_EXPERT_GROUPS, c.n_batch // 7 + 1))
     # A step of generated tokens under flash attention: up to FA_ROW_NODES a row
-    # whose one-token step would split its cells (_flash_attention_as_one_token_steps).
-    cdef size_t split_nodes = FA_ROW_NODES * min(c.n_batch, MAX_SPLIT_ROWS) if flash_attn else 0
+    # whose one-token step would split its cells (_flash_attention_as_one_token_steps),
+    # which only a cache of FA_SPLIT_CELLS cells or more has.  (The scheduler's
+    # context grows with the node budget: about 40 kB a node, in address space.)
+    cdef size_t split_nodes = FA_ROW_NODES * min(c.n_batch, MAX_SPLIT_ROWS) \
+        if flash_attn and c.cache.kv_size >= FA_SPLIT_CELLS else 0
     c.graph_size = max(<size_t> GGML_DEFAULT_GRAPH_SIZE,
                        <size_t> model.hp.n_layer * (64 + (5 + 7 * 5) * MAX_RUNS + moe_nodes + split_nodes)
                        + 256 + lora_nodes)
