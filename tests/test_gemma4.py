@@ -77,6 +77,20 @@ def test_the_layers_are_read_as_llama_cpp_reads_them(tiny_model):
         assert "wk" not in llm.spec.layer_tensors[4] and "ffn_gate_inp" not in llm.spec.layer_tensors[0]
 
 
+def test_a_file_without_the_final_soft_cap_is_capped_at_30_as_llama_cpp_caps_it(tiny_model):
+    """llama.cpp's hparams default final_logit_softcapping to 30 and its gemma4 loader reads the key
+    as optional; 0 written in the file turns the cap off."""
+    logits = {}
+    for name, cap in (("absent", None), ("thirty", 30.0), ("off", 0.0)):
+        path, _ = tiny_model(E2B.but(softcap=cap))
+        with elelem.LLM(path) as llm:
+            assert llm.spec.hparams["final_logit_softcap"] == (30.0 if cap is None else cap)
+            logits[name] = llm.eval(PROMPT)
+    assert np.array_equal(logits["absent"], logits["thirty"])
+    assert not np.array_equal(logits["absent"], logits["off"])
+    assert np.abs(logits["absent"]).max() < 30.0
+
+
 def test_only_the_layers_that_own_k_and_v_get_cache(tiny_model):
     """Shared-K/V layers store nothing: the cache allocates layers 0-2 only,
     K rows of 1x16, 1x16 and 2x32 values; V the same with flash attention,

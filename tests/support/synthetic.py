@@ -97,7 +97,7 @@ class TinyConfig:
     rope_base_swa: float = 10000.0    # rope.freq_base_swa
     n_kv_shared: int = 0              # attention.shared_kv_layers: the last layers reuse earlier K/V
     n_embd_per_layer: int = 0         # embedding_length_per_layer_input: per-layer token embeddings
-    softcap: float = 0.0              # final_logit_softcapping
+    softcap: Optional[float] = 0.0    # final_logit_softcapping (gemma4: 0 none; None: key absent, llama.cpp caps at 30)
     k_eq_v: bool = False              # the global layers have no attn_v: V is K
     double_ffn: bool = False          # the shared-K/V layers' FFN twice as wide (feed_forward_length per layer)
     layer_scale: bool = False         # blk.N.layer_output_scale
@@ -580,7 +580,8 @@ def add_gemma4_keys(writer: gguf.GGUFWriter, cfg: TinyConfig) -> None:
     writer.add_rope_freq_base_swa(cfg.rope_base_swa)
     writer.add_shared_kv_layers(cfg.n_kv_shared)
     writer.add_embedding_length_per_layer_input(cfg.n_embd_per_layer)
-    if cfg.softcap:
+    # Gemma 4's converter always writes the cap (0: none); a file without it is capped at 30.
+    if cfg.softcap is not None:
         writer.add_final_logit_softcapping(cfg.softcap)
 
 
@@ -961,8 +962,9 @@ def reference_logits(weights: dict[str, np.ndarray], cfg: TinyConfig, tokens, dt
     w = {k: v.astype(dtype, copy=False) for k, v in weights.items()}
     x = reference_hidden(weights, cfg, tokens, dtype, ggml_numerics, trace, delta_form, images)
     logits = _matmul(weights, w, ggml_numerics)(x, output_weight_name(w))
-    if cfg.arch == "gemma4" and cfg.softcap:   # Gemma 4's final soft cap
-        logits = cfg.softcap * np.tanh(logits / cfg.softcap)
+    cap = 30.0 if cfg.softcap is None else cfg.softcap   # absent: llama.cpp's default
+    if cfg.arch == "gemma4" and cap:   # Gemma 4's final soft cap
+        logits = cap * np.tanh(logits / cap)
     return logits
 
 

@@ -64,7 +64,7 @@ def gemma4_hparams(h: dict, key: Key, gguf: Any) -> None:
     those of the last earlier layer of its kind (llama.cpp's
     n_layer_kv_from_start and its reuse callback).  Embeddings are scaled by
     sqrt(n_embd), Q.K by 1, and the logits are soft-capped by
-    final_logit_softcapping where given.  Layers with a router (ffn_gate_inp)
+    final_logit_softcapping (30 when absent, as in llama.cpp; 0: no cap).  Layers with a router (ffn_gate_inp)
     add the experts (expert_count ...) to the dense FFN."""
     prefix = "gemma4."
     n_all = h["n_layer"]
@@ -85,7 +85,8 @@ def gemma4_hparams(h: dict, key: Key, gguf: Any) -> None:
     h["n_embd_per_layer"] = n_pl = int(key("embedding_length_per_layer_input"))
     if not 0 <= n_pl <= MAX_WIDTH:
         raise ModelShapeError(f"{prefix}embedding_length_per_layer_input = {n_pl} is out of range")
-    h["final_logit_softcap"] = cap = float(key("final_logit_softcapping", 0.0))
+    # A file without the key is capped at 30, llama.cpp's default (llama_hparams); 0 turns the cap off.
+    h["final_logit_softcap"] = cap = float(key("final_logit_softcapping", 30.0))
     h["non_causal_swa_only"] = 1   # llama.cpp's gemma4 loader sets it, whatever the file says
     if cap < 0:
         raise ModelShapeError(f"{prefix}final_logit_softcapping = {cap} must not be negative")
