@@ -111,9 +111,9 @@ class CountingOpen:
 
 # -- naming and choosing --------------------------------------------------------
 
-def test_models_dir_names_models_by_file_and_skips_parts_and_projectors(tmp_path):
+def test_models_dir_names_models_by_file_and_skips_parts_projectors_and_drafters(tmp_path):
     for name in ("x.gguf", "sub/y.gguf", "big-00001-of-00002.gguf", "big-00002-of-00002.gguf",
-                 "mmproj-x.gguf", "notes.txt"):
+                 "mmproj-x.gguf", "mtp-x.gguf", "sub/eagle3-y.gguf", "DFlash-x.gguf", "notes.txt"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"")
     found = find_models(str(tmp_path))

@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 
 from ..api.options import FIELD_GROUP, build_options, override_options, padded_cells
 from ..errors import InvalidArgumentError
+from ..model.hf_reference import DRAFTERS, PROJECTOR
 
 _SPLIT = re.compile(r"-(\d{5})-of-\d{5}\.gguf$")
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -174,17 +175,21 @@ _PRESET_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {"ctx": ("n_ctx", in
                 "draft-model": ("draft_model", str)}
 
 
+_COMPANIONS = (PROJECTOR, *DRAFTERS)
+
+
 def find_models(directory: str) -> list[str]:
     """The models below ``directory``: every ``.gguf`` file, in path order, but for the
     later parts of split models (``-00002-of-00003.gguf``: the first part opens them
-    all) and vision projectors (``mmproj``), which are no models of their own."""
+    all), vision projectors (``mmproj``) and drafters (``mtp-``, ``eagle3-``...), which
+    are no models of their own but a model's companions, named as llama.cpp's ``-hf`` finds them."""
     root = Path(directory)
     if not root.is_dir():
         raise InvalidArgumentError(f"models_dir: {directory} is not a folder")
     found = []
     for path in sorted(root.rglob("*.gguf")):
         split = _SPLIT.search(path.name)
-        if (split and int(split.group(1)) != 1) or path.name.lower().startswith("mmproj"):
+        if (split and int(split.group(1)) != 1) or path.name.lower().startswith(_COMPANIONS):
             continue
         found.append(str(path))
     return found
