@@ -33,6 +33,9 @@ from vocab_metadata import vocab_writer
 TARGETS = {
     "llama": TinyConfig(arch="llama", n_layer=8, n_embd=64, n_head=4, n_head_kv=2, n_vocab=49152, seed=31),
     "qwen35": TinyConfig(arch="qwen35", head_dim=32, n_rot=16, n_layer=8, n_vocab=49152, seed=34),
+    # Q4_0 matmul weights: the output a borrowing head uses is the target's repacked copy, as in llama.cpp
+    "llama-q4_0": TinyConfig(arch="llama", n_layer=8, n_embd=64, n_head=4, n_head_kv=2, n_vocab=49152, seed=37,
+                             wtype="q4_0"),
 }
 HEADS = {
     "d2t": Eagle3Config(seed=32),     # a draft vocabulary of 1024 target ids
@@ -86,7 +89,7 @@ def _head(llm, path) -> Eagle3Head:
 @pytest.mark.parametrize("flash", [False, True], ids=["flash-off", "flash-on"])
 @pytest.mark.parametrize("target,name", [("llama", "d2t"), ("llama", "normed"), ("qwen35", "d2t"),
                                          ("llama", "no-embd"), ("llama", "no-embd-no-output"),
-                                         ("qwen35", "no-embd-no-output")])
+                                         ("qwen35", "no-embd-no-output"), ("llama-q4_0", "no-embd-no-output")])
 def test_head_matches_llamacpp_exactly(eagle3_files, target, name, flash):
     """The target's layer inputs, g, then the head on the prompt's pairs
     (x[p+1], g[p]) and the seed, and CHAIN steps on its own states: every
