@@ -33,10 +33,17 @@ from vocab_metadata import vocab_writer
 TARGETS = {
     "llama": TinyConfig(arch="llama", n_layer=8, n_embd=64, n_head=4, n_head_kv=2, n_vocab=49152, seed=31),
     "qwen35": TinyConfig(arch="qwen35", head_dim=32, n_rot=16, n_layer=8, n_vocab=49152, seed=34),
+    # Q4_0 matmul weights: the output a borrowing head uses is the target's repacked copy, as in llama.cpp
+    "llama-q4_0": TinyConfig(arch="llama", n_layer=8, n_embd=64, n_head=4, n_head_kv=2, n_vocab=49152, seed=37,
+                             wtype="q4_0"),
 }
 HEADS = {
     "d2t": Eagle3Config(seed=32),     # a draft vocabulary of 1024 target ids
     "normed": Eagle3Config(seed=33, n_vocab_draft=49152, norm_before_fc=True, norm_before_residual=True),
+    # Llama 3.1's layout: no token table (the target's), its own output over a draft vocabulary
+    "no-embd": Eagle3Config(seed=35, drop=("token_embd.weight",)),
+    # neither a token table nor an output: the target's both, over the whole vocabulary
+    "no-embd-no-output": Eagle3Config(seed=36, n_vocab_draft=49152, drop=("token_embd.weight", "output.weight")),
 }
 PROMPT = [1, 5, 9, 20, 33, 7, 2, 11, 300, 4000, 17, 23]
 CHAIN = 3        # draft steps after the seed, each from the head's own pre-norm state
@@ -80,7 +87,9 @@ def _head(llm, path) -> Eagle3Head:
 
 
 @pytest.mark.parametrize("flash", [False, True], ids=["flash-off", "flash-on"])
-@pytest.mark.parametrize("target,name", [("llama", "d2t"), ("llama", "normed"), ("qwen35", "d2t")])
+@pytest.mark.parametrize("target,name", [("llama", "d2t"), ("llama", "normed"), ("qwen35", "d2t"),
+                                         ("llama", "no-embd"), ("llama", "no-embd-no-output"),
+                                         ("qwen35", "no-embd-no-output"), ("llama-q4_0", "no-embd-no-output")])
 def test_head_matches_llamacpp_exactly(eagle3_files, target, name, flash):
     """The target's layer inputs, g, then the head on the prompt's pairs
     (x[p+1], g[p]) and the seed, and CHAIN steps on its own states: every
@@ -121,13 +130,16 @@ SMALL_TARGETS = {
     "qwen35": TinyConfig(arch="qwen35", head_dim=32, n_rot=16, n_layer=8, n_vocab=512, seed=43),
 }
 SMALL_HEAD = Eagle3Config(n_vocab=512, n_vocab_draft=128, seed=42)
+# no token table and no output: the target's both (the vocabulary's size from eagle3.vocab_size)
+BORROWING_HEAD = SMALL_HEAD.but(n_vocab_draft=512, seed=44, drop=("token_embd.weight", "output.weight"))
 
 
 @pytest.fixture(scope="module")
 def small_files(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("eagle3-small")
-    paths = {"head": folder / "eagle3.gguf"}
+    paths = {"head": folder / "eagle3.gguf", "borrowing": folder / "eagle3-borrowing.gguf"}
     write_eagle3_head(paths["head"], SMALL_HEAD)
+    write_eagle3_head(paths["borrowing"], BORROWING_HEAD)
     for name, cfg in SMALL_TARGETS.items():
         paths[name] = folder / f"{name}.gguf"
         write_model(paths[name], cfg)
@@ -152,10 +164,12 @@ def _head_only(llm, monkeypatch):
 
 
 @pytest.mark.parametrize("flash", [False, True], ids=["flash-off", "flash-on"])
-@pytest.mark.parametrize("arch", list(SMALL_TARGETS))
-def test_greedy_output_with_eagle3_drafts_is_the_output_without(small_files, monkeypatch, arch, flash):
-    """Refused drafts roll a hybrid target's recurrent state back too."""
-    target, head = small_files[arch], small_files["head"]
+@pytest.mark.parametrize("arch,kind", [("llama", "head"), ("qwen35", "head"), ("llama", "borrowing"),
+                                       ("qwen35", "borrowing")])
+def test_greedy_output_with_eagle3_drafts_is_the_output_without(small_files, monkeypatch, arch, kind, flash):
+    """Refused drafts roll a hybrid target's recurrent state back too; a head
+    borrowing the target's token table and output drafts as well."""
+    target, head = small_files[arch], small_files[kind]
     prompt = np.random.default_rng(5).integers(1, 512, 9).tolist()
     with _open(target, speculative=False, flash_attn=flash) as llm:
         plain = llm.generate_tokens(prompt, 50)
@@ -175,7 +189,7 @@ def test_info_and_metrics_show_the_head(small_pair, monkeypatch):
     target, head = small_pair
     facts = describe(head)
     assert facts["architecture"] == "eagle3" and facts["supported"]
-    assert "layers 2, 4, 5" in facts["draft_head"]
+    assert "layers 2, 4, 5" in facts["draft_head"] and "uses the target's" not in facts["draft_head"]
     with _open(target, draft_model=str(head)) as llm:
         _head_only(llm, monkeypatch)
         llm.generate_tokens([1, 2, 3], 30)
@@ -206,10 +220,14 @@ def test_heads_that_do_not_fit_are_refused(small_pair, tmp_path):
     write_eagle3_head(unnormed, SMALL_HEAD.but(norm_before_fc=True, drop=("enc.output_norm.weight",)))
     with pytest.raises(elelem.errors.ModelShapeError, match="enc.output_norm"):
         _open(target, draft_model=str(unnormed))
-    no_output = tmp_path / "no-output.gguf"
+    no_output = tmp_path / "no-output.gguf"   # its d2t maps 128 ids, the target's output has 512
     write_eagle3_head(no_output, SMALL_HEAD.but(drop=("output.weight",)))
-    with pytest.raises(elelem.errors.ModelShapeError, match="output.weight"):
+    with pytest.raises(elelem.errors.ModelShapeError, match=r"d2t must be I64 \(512\)"):
         _open(target, draft_model=str(no_output))
+    narrow = tmp_path / "narrow.gguf"         # the target's token table is 64 wide
+    write_eagle3_head(narrow, BORROWING_HEAD.but(n_embd=32, n_ff=64))
+    with pytest.raises(elelem.errors.ModelShapeError, match="token_embd.weight of its own and its target's is 64"):
+        _open(target, draft_model=str(narrow))
     no_d2t = tmp_path / "no-d2t.gguf"
     write_eagle3_head(no_d2t, SMALL_HEAD.but(drop=("d2t",)))
     with pytest.raises(elelem.errors.ModelShapeError, match="d2t"):
@@ -228,3 +246,21 @@ def test_fusing_checks_its_rows(small_pair):
             eagle3_fuse(llm.engine.context, np.zeros((1, 3 * 64), np.float32))
         with pytest.raises(elelem.errors.InvalidArgumentError, match="feature layers"):
             llm.engine.context.set_feature_layers([2, 4, 8])
+
+
+def test_a_borrowing_head_shares_the_targets_tensors_and_closes_with_it(small_files):
+    """The head's model points at the target's tensors (no copy: its own file
+    has none) and keeps the target's model; with that closed, the head refuses
+    to run rather than read unmapped weights."""
+    assert "uses the target's token table and output" in describe(small_files["borrowing"])["draft_head"]
+    with _open(small_files["llama"], speculative=False) as llm:
+        head = _head(llm, small_files["borrowing"])
+        try:
+            assert head._ctx.model.lender is llm._model
+            assert not head._ctx.model.is_closed
+            llm._model.close()
+            assert head._ctx.model.is_closed
+            with pytest.raises(elelem.errors.ClosedError, match="whose weights this drafter uses"):
+                head._ctx.decode([1, 2], 0, True, hidden_in=np.zeros((2, 64), np.float32))
+        finally:
+            head.close()

@@ -116,6 +116,9 @@ cdef class Model:
     cdef ggml_tensor * cls_b
     cdef ggml_tensor * cls_out          # (n_embd, n_cls_out): projection to the labels, with cls_out_b (n_cls_out)
     cdef ggml_tensor * cls_out_b
+    # A drafter's target whose token table or output it uses in place of its own
+    # (lent_weights.pxi); kept alive by this reference, and its closing closes this one.
+    cdef readonly Model lender
     cdef readonly object path
     cdef readonly dict hparams
     cdef readonly str description
@@ -199,7 +202,7 @@ cdef class Model:
 
     @property
     def is_closed(self):
-        return self.closed
+        return self.closed or (self.lender is not None and self.lender.closed)
 
     @property
     def n_widened(self):
@@ -214,6 +217,8 @@ cdef class Model:
     cdef inline void _check_open(self) except *:
         if self.closed:
             raise errors.ClosedError("this model is closed")
+        if self.lender is not None and self.lender.closed:
+            raise errors.ClosedError("the model whose weights this drafter uses is closed")
 
     @property
     def n_vocab(self):
@@ -312,12 +317,13 @@ def open_model(path, str builder, dict hparams, dict global_tensors, list layer_
         m.n_files = ifile + 1  # so that _release frees what this file has got, should it fail
         _open_weight_file(m.files, ifile, shard_path, use_mmap, len(paths) > 1)
     if repack and matmul_weights:
-        _repack_weights(m, matmul_weights, None if global_tensors.get("output") else global_tensors["tok_embd"],
+        _repack_weights(m, matmul_weights, None if global_tensors.get("output") else global_tensors.get("tok_embd"),
                         None if amx_types is None else frozenset(amx_types))
     if widen_q5_0 and matmul_weights:
-        _widen_weights(m, matmul_weights, None if global_tensors.get("output") else global_tensors["tok_embd"])
+        _widen_weights(m, matmul_weights, None if global_tensors.get("output") else global_tensors.get("tok_embd"))
 
-    m.tok_embd = m._tensor(global_tensors["tok_embd"], True)
+    # a drafter's may be missing: it then embeds by its target's (borrow_target_weights)
+    m.tok_embd = _optional_tensor(m, global_tensors, "tok_embd")
     on = global_tensors.get("output_norm")   # an encoder has none
     m.output_norm = m._tensor(on, True) if on else NULL
     m.output = m._tensor(global_tensors.get("output") or TIED_OUTPUT_NAME.decode(), False)

@@ -15,11 +15,12 @@ keeps no cells of its own).
 """
 from __future__ import annotations
 
+import logging
 from typing import Optional, Union
 
 import numpy as np
 
-from .._core import new_context, open_model
+from .._core import borrow_target_weights, new_context, open_model
 from ..cpu import amx_types
 from ..engine.assistant import AssistantHead
 from ..engine.draft_model import DraftModel, check_same_vocabulary
@@ -30,6 +31,8 @@ from ..gguf.reader import GGUFFile, read_gguf
 from ..model.architectures import model_spec
 from ..model.hub import resolve_model
 from ..model.mtp import companion_spec, is_companion, mtp_matmul_weights, mtp_spec
+
+log = logging.getLogger("elelem")
 
 
 def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, repack: bool,
@@ -148,6 +151,10 @@ def _open_eagle3(path, gguf: GGUFFile, spec, target_spec, *, context, repack: bo
         matmul_weights=[n for n in spec.matmul_weights() if n != spec.global_tensors["tok_embd"]],
         repack=repack, use_mmap=use_mmap, amx_types=amx_types(amx), shards=gguf.shard_paths)
     try:
+        # a head without a token table or output of its own uses the target's, shared
+        borrowed = borrow_target_weights(model, context.model)
+        if borrowed:
+            log.info("the EAGLE-3 head uses its target's %s", " and ".join(borrowed))
         head_context = _context_beside(model, context)
         context.set_feature_layers(h["target_layers"])
     except BaseException:

@@ -99,8 +99,12 @@ def _draft_head(spec) -> str | None:
         return None
     h = spec.hparams
     vocab = f"{h['n_vocab_draft']} draft ids mapped by d2t" if h["n_vocab_draft"] != h["n_vocab"] else "the target's"
+    own = {"token table": spec.global_tensors.get("tok_embd"), "output": spec.layer_tensors[0].get("eagle3_output")}
+    borrowed = [what for what, name in own.items() if not name]
+    uses = f"; uses the target's {' and '.join(borrowed)}" if borrowed else ""
     return (f"EAGLE-3 head for a target of width {h['n_embd_target']}: reads the inputs of its layers "
-            f"{', '.join(map(str, h['target_layers']))}; vocabulary {vocab}; give it as the target's draft model")
+            f"{', '.join(map(str, h['target_layers']))}; vocabulary {vocab}{uses}; give it as the target's "
+            f"draft model")
 
 
 def _attention(h: dict) -> str | None:

@@ -136,16 +136,30 @@ def model_spec(gguf: GGUFFile) -> ModelSpec:
     return ModelSpec(arch, hparams, *tensors)
 
 
+def _n_vocab(gguf: GGUFFile, arch: Architecture, key) -> int:
+    """The vocabulary's size: the token table's rows; for a drafter that
+    embeds by its target's table (token_embd optional: an EAGLE-3 head), the
+    tokenizer's tokens, as llama.cpp's vocab.n_tokens(), or where the file has
+    no tokenizer its ``vocab_size`` key."""
+    embd = gguf.tensors.get(archs.global_roles()["tok_embd"].gguf)
+    if embd is None and "tok_embd" in arch.global_optional:
+        tokens = gguf.get("tokenizer.ggml.tokens")
+        n = len(tokens) if tokens is not None else key("vocab_size", None)
+        if not isinstance(n, int) or not 0 < n < 2**31:
+            raise ModelShapeError(f"this file has no token_embd.weight and no vocabulary size ({n!r})")
+        return n
+    if embd is None or len(embd.shape) != 2:
+        raise ModelShapeError("tensor 'token_embd.weight' is missing or not 2-D")
+    return int(embd.shape[1])
+
+
 def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
     """The hyperparameters every decoder has, then the architecture's own
     (its ``derive``), checked against their declarations."""
     prefix = arch.name + "."
     key = key_reader(gguf, prefix)
-    embd = gguf.tensors.get(archs.global_roles()["tok_embd"].gguf)
-    if embd is None or len(embd.shape) != 2:
-        raise ModelShapeError("tensor 'token_embd.weight' is missing or not 2-D")
     h: dict[str, Any] = {
-        "n_vocab": int(embd.shape[1]),
+        "n_vocab": _n_vocab(gguf, arch, key),
         "n_embd": int(key("embedding_length")),
         "n_layer": int(key("block_count")),
         "n_ctx_train": int(key("context_length")),

@@ -12,6 +12,9 @@ cdef ggml_tensor * build_eagle3(Model m, KVCache cache, Step * st) except NULL:
     cdef ggml_context * ctx = st.ctx
     cdef LayerWeights * lw = &m.layers[0]
     cdef ggml_tensor * g = st.inp_h                    # (n_embd, n_tokens)
+    if m.tok_embd == NULL or lw.eagle3_output == NULL:   # a head without them takes its target's first
+        raise errors.ModelShapeError("this EAGLE-3 head has no token_embd or output of its own: "
+                                     "borrow_target_weights lends it its target's")
     cdef ggml_tensor * e = norm_rms(st, ggml_get_rows(ctx, m.tok_embd, st.inp_tokens), lw.attn_norm)
     cdef ggml_tensor * g_norm = norm_rms(st, g, lw.attn_norm_2)
     # Q, K and V project the token's and g's norms side by side (2 * n_embd)

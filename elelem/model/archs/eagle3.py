@@ -15,9 +15,13 @@ over a draft vocabulary (``d2t`` maps each draft id to the target's).  A
 chained draft step takes the head's own pre-norm state as its ``g``.
 
 elelem runs the file as its own model beside the target (elelem.engine.eagle3);
-the graph builder is ``_native/graph/arch_eagle3.pxi``.  Files that borrow the
-target's token embeddings or output (no ``token_embd``/``output`` of their
-own; llama.cpp then reads the target's through ``ctx_other``) are refused.
+the graph builder is ``_native/graph/arch_eagle3.pxi``.  A file may lack
+``token_embd`` or ``output`` (Llama 3.1's heads have no token table): the
+head then uses the target's own tensors, shared, not copied (llama.cpp reads
+them through ``ctx_other``; here ``_core.borrow_target_weights``), and its
+vocabulary's size is the tokenizer's.  Without an output of its own its
+logits are the target's output's, over the whole vocabulary (a ``d2t``
+there must map all of it, as llama.cpp's d2t scatter requires).
 """
 from __future__ import annotations
 
@@ -77,10 +81,10 @@ def _eagle3(h: dict, key: Callable[[str, Any], Any], gguf) -> None:
         raise ModelShapeError(f"an EAGLE-3 head has one layer, this file has {h['n_layer']}")
     h["n_embd_attn_in"] = 2 * h["n_embd"]
     out = gguf.tensors.get("output.weight")
-    if out is None or len(out.shape) != 2:
-        raise ModelShapeError("this EAGLE-3 file has no output.weight of its own (one that borrows the "
-                              "target's output is not supported)")
-    h["n_vocab_draft"] = int(out.shape[1])
+    if out is not None and len(out.shape) != 2:
+        raise ModelShapeError(f"output.weight must be 2-D, got {list(out.shape)}")
+    # without an output of its own, the target's: over the whole vocabulary
+    h["n_vocab_draft"] = int(out.shape[1]) if out is not None else h["n_vocab"]
     d2t = gguf.tensors.get("d2t")
     if d2t is not None and (d2t.type_name != "I64" or d2t.shape != (h["n_vocab_draft"],)):
         raise ModelShapeError(f"d2t must be I64 ({h['n_vocab_draft']}), got {d2t.type_name} {list(d2t.shape)}")
@@ -92,6 +96,7 @@ def _eagle3(h: dict, key: Callable[[str, Any], Any], gguf) -> None:
 
 ARCH = Architecture("eagle3", "eagle3", "normal",
                     ("attn_norm", "attn_norm_2", "wq", "wk", "wv", "wo", "ffn_norm", "ffn_gate", "ffn_up",
-                     "ffn_down", "eagle3_fc", "eagle3_output"),
-                    optional=("eagle3_fc_norm",), global_optional=("rope_freqs",), derive=_eagle3,
+                     "ffn_down", "eagle3_fc"),
+                    optional=("eagle3_fc_norm", "eagle3_output"), global_required=("output_norm",),
+                    global_optional=("tok_embd", "rope_freqs"), derive=_eagle3,
                     description="EAGLE-3 drafter (a one-layer head over a target's hidden states)")
