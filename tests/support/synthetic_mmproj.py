@@ -489,3 +489,70 @@ def pixtral_vit_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: 
         if r + 1 < n_rows:
             out.append(w["v.token_embd.img_break"][None, :].astype(np.float64))
     return np.concatenate(out)
+
+
+def rope_2d_neox_halves(x: np.ndarray, cols: np.ndarray, rows: np.ndarray, base: float) -> np.ndarray:
+    """clip_graph_gemma4v's 2D RoPE over (n_pos, n_head, d): the first half of each head a
+    NeoX RoPE of width d/2 by the patch's column (pairs (i, i + d/4), angle
+    col * base^(-2i / (d/2))), the second half the same by its row (ggml_rope_set_offset)."""
+    d = x.shape[-1]
+    half, quarter = d // 2, d // 4
+    freqs = base ** (-2.0 * np.arange(quarter) / half)
+
+    def neox(v, pos):
+        ang = (pos[:, None] * freqs)[:, None, :]
+        a, b = v[..., :quarter], v[..., quarter:]
+        return np.concatenate([a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)], axis=-1)
+
+    return np.concatenate([neox(x[..., :half], cols), neox(x[..., half:], rows)], axis=-1)
+
+
+def gemma4v_vit_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: np.ndarray,
+                          clamps: bool = True) -> np.ndarray:
+    """The gemma4v projector's output for ``pixels`` (3, H, W), float64 but for the F16
+    activations of F16 matmuls (the patch kernel's im2col too): (n_tokens, n_embd_out).
+    Every product whose weight has bounds in the file (``X.input_min`` ... ``X.output_max``)
+    takes its input and its output clamped (Gemma4ClippableLinear); ``clamps=False``
+    leaves them out (to show that they bind)."""
+    p, e, wt, k = cfg.patch_size, cfg.n_embd, cfg.wtype, cfg.n_merge
+    _, h, wd = pixels.shape
+    ph, pw = h // p, wd // p
+    n = ph * pw
+    big = 3.4028234663852886e38
+
+    def linear(x, stem):
+        lo_in, hi_in, lo_out, hi_out = (float(w[f"{stem}.{s}"][0]) if clamps and f"{stem}.{s}" in w else d
+                                        for s, d in (("input_min", -big), ("input_max", big),
+                                                     ("output_min", -big), ("output_max", big)))
+        return np.clip(_linear(np.clip(x, lo_in, hi_in), w[stem + ".weight"], wt), lo_out, hi_out)
+
+    def rms(v, weight=None):
+        v = v / np.sqrt((v * v).mean(axis=-1, keepdims=True) + cfg.eps)
+        return v if weight is None else v * weight
+
+    px = 2.0 * pixels.astype(np.float64) - 1.0
+    cols_ = px.reshape(3, ph, p, pw, p).transpose(1, 3, 0, 2, 4).reshape(n, 3 * p * p)
+    x = numerics.matmul(cols_, w["v.patch_embd.weight"].reshape(e, -1), wt)
+    col, row = np.arange(n) % pw, np.arange(n) // pw
+    x = x + w["v.position_embd.weight"][0][col] + w["v.position_embd.weight"][1][row]
+    hd = e // cfg.n_head
+    for i in range(cfg.n_layer):
+        b = f"v.blk.{i}."
+        t = rms(x, w[b + "ln1.weight"])
+        q, kk, v = (linear(t, b + f"attn_{c}").reshape(n, cfg.n_head, hd) for c in "qkv")
+        q, kk = rms(q, w[b + "attn_q_norm.weight"]), rms(kk, w[b + "attn_k_norm.weight"])
+        q, kk = (rope_2d_neox_halves(m, col, row, 100.0) for m in (q, kk))
+        v = rms(v)
+        q, kk, v = (m.transpose(1, 0, 2) for m in (q, kk, v))
+        a = q @ kk.transpose(0, 2, 1)                                   # attention scale 1
+        a = np.exp(a - a.max(axis=-1, keepdims=True))
+        a /= a.sum(axis=-1, keepdims=True)
+        o = linear((a @ v).transpose(1, 0, 2).reshape(n, e), b + "attn_out")
+        x = x + rms(o, w[b + "attn_post_norm.weight"])
+        t = rms(x, w[b + "ln2.weight"])
+        gate, up = linear(t, b + "ffn_gate"), linear(t, b + "ffn_up")
+        t = linear(gate / (1.0 + np.exp(-1.702 * gate)) * up, b + "ffn_down")
+        x = (x + rms(t, w[b + "ffn_post_norm.weight"])) * w[b + "out_scale.weight"]
+    x = x.reshape(ph // k, k, pw // k, k, e).mean(axis=(1, 3)).reshape(-1, e) * np.sqrt(e)
+    x = (x - w["v.std_bias"]) * w["v.std_scale"]
+    return linear(rms(x), "mm.input_projection")
