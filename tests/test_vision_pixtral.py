@@ -5,7 +5,8 @@ Synthetic pixtral projectors (tests/support/synthetic_mmproj.py, the converter's
 LlavaVisionModel layout): pixtral-12b's (no patch merger, adapter biases) and
 Mistral Small 3.1's (a 2 x 2 patch merger after an RMSNorm, no biases), each with
 its [IMG_BREAK] embedding; over a synthetic mistral3 text model whose attention
-temperature grows with the position (so an image's positions count), carrying
+temperature grows with the position (so an image's positions count), and a llama
+one (Pixtral 12B's and Mistral Small 3.1's text as converted), carrying
 SmolLM2's vocabulary ("[IMG_END]" is then plain text, tokenized alike on both
 sides).  Images as raw RGB pixels (libmtmd's mtmd_bitmap_init takes pixels) of
 odd sizes, one pixel (scaled up to 8 tokens), extreme aspect ratios and one past
@@ -36,6 +37,9 @@ PIXTRAL = TinyProjector(projector_type="pixtral", n_embd=32, n_head=4, n_ff=48, 
 PROJ = {"pixtral": PIXTRAL, "pixtral-merge": PIXTRAL.but(n_merge=2, mm_bias=False, seed=4)}
 TEXT = TinyConfig(arch="mistral3", n_vocab=49152, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_layer=2,
                   tied=True, yarn=4.0, yarn_orig_ctx=16, yarn_log_mul=0.5, attn_temp=0.3, seed=9)
+# Pixtral 12B's and Mistral Small 3.1's text models are converted as llama.
+TEXTS = {"mistral3": TEXT, "llama": TinyConfig(arch="llama", n_vocab=49152, n_embd=64, n_head=4, n_head_kv=2,
+                                                n_layer=2, tied=True, seed=10)}
 # Odd sizes, a huge aspect ratio each way, one pixel, and one past 1024 tokens (unmerged).
 SIZES = [(37, 23), (5, 300), (300, 7), (1, 1), (150, 200)]
 PROMPT = "<|im_start|>user\nWhat is in<__media__> this picture?<|im_end|>\n<|im_start|>assistant\n"
@@ -64,30 +68,32 @@ def _floats(b64: str) -> np.ndarray:
 def files(smollm_path, tmp_path_factory):
     assert vocab_size(smollm_path) == TEXT.n_vocab
     tmp = tmp_path_factory.mktemp("vision_pixtral")
-    write_model(tmp / "text.gguf", TEXT, extra_metadata=vocab_writer(smollm_path))
+    for arch, cfg in TEXTS.items():
+        write_model(tmp / f"{arch}.gguf", cfg, extra_metadata=vocab_writer(smollm_path))
     for name, cfg in PROJ.items():
         write_projector(tmp / f"{name}.gguf", cfg)
     images = []
     for h, w in SIZES:
         np.save(tmp / f"image_{h}x{w}.npy", _pixels(h, w))
         images.append(tmp / f"image_{h}x{w}.npy")
-    return tmp / "text.gguf", tmp, images
+    return tmp, images
 
 
-@pytest.fixture(scope="module", params=[("pixtral", "on"), ("pixtral", "off"), ("pixtral-merge", "on"),
-                                        ("pixtral-merge", "off")], ids=lambda p: f"{p[0]}-fa-{p[1]}")
+@pytest.fixture(scope="module", params=[("pixtral", "on", "mistral3"), ("pixtral", "off", "mistral3"),
+                                        ("pixtral-merge", "on", "mistral3"), ("pixtral-merge", "off", "mistral3"),
+                                        ("pixtral", "on", "llama")], ids=lambda p: f"{p[0]}-fa-{p[1]}-{p[2]}")
 def reference(request, llamacpp, files):
-    model, tmp, images = files
-    name, flash = request.param
-    return name, flash, llamacpp.vision(model, tmp / f"{name}.gguf", images, PROMPTS, flash)
+    tmp, images = files
+    name, flash, arch = request.param
+    return name, flash, arch, llamacpp.vision(tmp / f"{arch}.gguf", tmp / f"{name}.gguf", images, PROMPTS, flash)
 
 
 @pytest.mark.real_model
 def test_image_embeddings_equal_libmtmds(files, reference):
     from elelem.vision import Image, Projector
 
-    name, flash, ref = reference
-    _, tmp, images = files
+    name, flash, _, ref = reference
+    tmp, images = files
     merge = PROJ[name].n_merge
     with Projector(tmp / f"{name}.gguf", n_threads=THREADS, flash_attn=flash == "on") as projector:
         for path, record in zip(images, ref["images"]):
@@ -119,11 +125,11 @@ def _prompt_ids(llm, record, images) -> list[int]:
     return ids
 
 
-def _open(files, name, flash):
+def _open(files, name, flash, arch):
     import elelem
 
-    model, tmp, _ = files
-    llm = elelem.LLM(model, mmproj=tmp / f"{name}.gguf", n_ctx=1024, kv_type="f16", n_threads=THREADS,
+    tmp, _ = files
+    llm = elelem.LLM(tmp / f"{arch}.gguf", mmproj=tmp / f"{name}.gguf", n_ctx=1024, kv_type="f16", n_threads=THREADS,
                      speculative=False, **elelem_kernel_options())
     llm.images.projector.flash_attn = flash == "on"
     return llm
@@ -134,9 +140,9 @@ def test_logits_and_greedy_tokens_after_images_equal_llamacpps(files, reference)
     """One image and two (the second's positions after the first's): the last logits bit
     for bit, causal within the image; the greedy path after one; the same through chat()
     with the image as a data URL ("[IMG_END]" after the image, nothing before it)."""
-    name, flash, ref = reference
-    _, _, images = files
-    with _open(files, name, flash) as llm:
+    name, flash, arch, ref = reference
+    _, images = files
+    with _open(files, name, flash, arch) as llm:
         assert not llm.engine.media.bidirectional
         for record in ref["prompts"]:
             llm.reset()

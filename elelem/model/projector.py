@@ -54,7 +54,7 @@ class ProjectorKind:
 
 
 #: Text architectures whose graphs take an image's embeddings in place of tokens.
-ARCHS_WITH_IMAGES = ("gemma3", "gemma4", "qwen2vl", "mistral3")
+ARCHS_WITH_IMAGES = ("gemma3", "gemma4", "qwen2vl", "mistral3", "llama")   # llama: Pixtral 12B, Mistral Small 3.1
 
 # The projector types elelem encodes; each has a builder in elelem/_native/graph/vision_<type>.pxi.
 _QWEN = ProjectorKind("<|vision_start|>", "<|vision_end|>", "bicubic", non_causal=False, default_merge=2,
