@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
-"""Image encoding time, elelem against libmtmd (llama-cpp-python's), on a Gemma-3- or Qwen2.5-VL-shaped projector.
+"""Image encoding time, elelem against libmtmd (llama-cpp-python's), on a Gemma-3-, Qwen2.5-VL- or Mistral-Small-3.1-shaped projector.
 
     python benchmarks/vision.py --llama-python "$(python scripts/reference_llamacpp.py --check)" \
-        [--projector gemma3|qwen25vl] [--layers N] [--repeats 3] [--threads 2] [--flash-attn on|off]
+        [--projector gemma3|qwen25vl|pixtral] [--layers N] [--repeats 3] [--threads 2] [--flash-attn on|off]
+
+``--projector pixtral``: Mistral Small 3.1's encoder shapes (width 1024, 16 heads, gated SiLU FFN
+4096, 24 layers, 14 x 14 patches, the 2 x 2 patch merger), F16; the 1024 x 768 image is sized to
+1036 x 756 (3996 patches, 999 tokens and 26 [IMG_BREAK] rows); the adapter projects to a 256-wide
+synthetic mistral3 text model.
 
 ``--projector qwen25vl``: Qwen2.5-VL's encoder shapes (width 1280, 16 heads, gated FFN 3420, 32
 layers of which every 8th attends fully and the others within 112-pixel windows, 14 x 14 patches
@@ -95,7 +100,7 @@ def screenshot() -> np.ndarray:
     return px
 
 
-FULL_LAYERS = {"gemma3": 27, "qwen25vl": 32}
+FULL_LAYERS = {"gemma3": 27, "qwen25vl": 32, "pixtral": 24}
 
 
 def files(projector: str, layers: int, cache: Path) -> tuple[Path, Path]:
@@ -104,10 +109,13 @@ def files(projector: str, layers: int, cache: Path) -> tuple[Path, Path]:
     from vocab_metadata import vocab_writer
 
     cache.mkdir(parents=True, exist_ok=True)
-    arch = "qwen2vl" if projector == "qwen25vl" else "gemma3"
+    arch = {"qwen25vl": "qwen2vl", "pixtral": "mistral3"}.get(projector, "gemma3")
     mmproj, text = cache / f"{projector}-vision-{layers}l-f16.gguf", cache / f"{arch}-text-256.gguf"
     if not mmproj.exists():
-        if projector == "qwen25vl":
+        if projector == "pixtral":
+            cfg = TinyProjector(projector_type="pixtral", n_embd=1024, n_head=16, n_ff=4096, n_layer=layers,
+                                image_size=1540, patch_size=14, n_merge=2, n_embd_out=256, eps=1e-5, mm_bias=False)
+        elif projector == "qwen25vl":
             cfg = TinyProjector(projector_type="qwen2.5vl_merger", n_embd=1280, n_head=16, n_ff=3420,
                                 n_layer=layers, image_size=560, patch_size=14, n_wa_pattern=8, n_embd_out=256)
         else:

@@ -172,3 +172,51 @@ def test_logits_and_greedy_tokens_after_an_image_equal_llamacpps(files, referenc
         llm.reset()
         text = llm.chat(messages, max_tokens=len(record["greedy"]), temperature=0)
         assert text == llm.detokenize(greedy).decode("utf-8", "replace")
+
+
+# Smaller than any Gemma 4 image (70 tokens at least): libmtmd decodes the image in pieces
+# of this many rows (mtmd_helper_decode_image_chunk), each a step attending both ways within
+# itself and to every cell before it, but not to the pieces after it.
+SMALL_BATCH = 32
+
+
+@pytest.fixture(scope="module", params=["on", "off"])
+def small_batch_reference(request, llamacpp, files, prompt):
+    model, mmproj, images = files
+    return request.param, llamacpp.vision(model, mmproj, images[:1], [prompt], request.param, n_batch=SMALL_BATCH)
+
+
+@pytest.mark.real_model
+def test_an_image_longer_than_n_batch_is_evaluated_in_pieces_as_llamacpp_does(files, small_batch_reference):
+    """An image of 70 rows with n_batch 32 on both sides (llama.cpp's n_ubatch too, which a
+    non-causal piece needs): the rows evaluated 32, 32 and 6 at a time, as
+    mtmd_helper_eval_chunks cuts them; the last logits bit for bit and the greedy path."""
+    import elelem
+    from elelem.vision import Image
+
+    flash, ref = small_batch_reference
+    model, mmproj, images = files
+    assert ref["header"]["n_batch"] == SMALL_BATCH
+    record = ref["prompts"][0]
+    with elelem.LLM(model, mmproj=mmproj, n_ctx=512, n_batch=SMALL_BATCH, kv_type="f16", n_threads=THREADS,
+                    speculative=False, **elelem_kernel_options()) as llm:
+        llm.images.projector.flash_attn = flash == "on"
+        embedded = llm.images.projector.encode(Image.from_pixels(np.load(images[0])))
+        assert embedded.n_tokens > 2 * SMALL_BATCH
+        ids = []
+        for chunk in record["chunks"]:
+            if "text" in chunk:
+                ids += chunk["text"]
+            else:
+                assert chunk["image"] == embedded.n_tokens
+                ids += llm.engine.media.add(embedded.digest, embedded.embeddings)
+        before = llm.engine.media.images_evaluated
+        logits = llm.prefill(ids)
+        assert llm.engine.media.images_evaluated - before == -(-embedded.n_tokens // SMALL_BATCH)
+        diff = np.abs(logits.astype(np.float64) - _floats(record["logits"]))
+        assert diff.max() == 0.0, f"max |diff| {diff.max():.3g}"
+        greedy = record["greedy"]
+        ends = [i for i, t in enumerate(greedy) if t in llm.eos_ids]
+        greedy = greedy[:ends[0]] if ends else greedy
+        llm.reset()
+        assert llm.generate_tokens(ids, len(record["greedy"])) == greedy

@@ -23,7 +23,7 @@ short builder per architecture in arch_*.pxi, each registering itself.
 from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint8_t, uint32_t, uintptr_t, uint64_t, INT64_MAX
 from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset, memcpy, memcmp, strcmp, strlen
-from libc.math cimport INFINITY, log, floorf, sqrtf
+from libc.math cimport INFINITY, log, floorf, powf, sqrtf
 from posix.fcntl cimport open as c_open, O_RDONLY
 from posix.types cimport off_t
 from posix.unistd cimport close as c_close, pread

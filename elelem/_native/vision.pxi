@@ -77,7 +77,10 @@ cdef class VisionModel:
     def n_output_tokens(self, int nx, int ny):
         """How many embeddings an image of nx x ny (preprocessed) pixels gives."""
         cdef int side_x = nx // self.hp.patch_size, side_y = ny // self.hp.patch_size
-        return (side_x // self.hp.n_merge) * (side_y // self.hp.n_merge)
+        cdef int cols = side_x // self.hp.n_merge, rows = side_y // self.hp.n_merge
+        if self.w.img_break != NULL:   # pixtral: an [IMG_BREAK] after each row but the last
+            return cols * rows + rows - 1
+        return cols * rows
 
     def request_abort(self):
         """Stop the encoding under way (from another thread): it raises KeyboardInterrupt."""
@@ -257,6 +260,7 @@ def open_vision_model(path, str projector_type, dict hparams, dict global_tensor
     vm.hp.rope_theta = hparams.get("rope_theta", 0.0)
     vm.hp.dynamic_size = hparams.get("dynamic_size", False)
     vm.hp.pos_size = hparams.get("pos_size", 0)
+    vm.hp.rope_2d_interleaved = hparams.get("rope_2d_interleaved", False)
     clamps = clamps or {}
     if len(layer_tensors) != vm.hp.n_layer:
         raise errors.ModelShapeError(f"{len(layer_tensors)} layer tensor tables for {vm.hp.n_layer} layers")

@@ -16,7 +16,10 @@ The engine evaluates a run of one image's ids as a step of its own, as
 libmtmd does (mtmd_helper_eval_chunk_single): an image is never split
 between steps that hold other tokens, and a reused prefix never ends inside
 one (:func:`outside_images`), since an image's rows attend to each other
-both ways where the model wants it (``bidirectional``).
+both ways where the model wants it (``bidirectional``).  An image longer
+than n_batch is evaluated n_batch rows at a time from its start, as
+mtmd_helper_decode_image_chunk cuts it: each piece attends both ways within
+itself and to every cell before it, not to the pieces after it.
 
 An image may carry its grid of embeddings (columns, rows): a text model with
 multi-section RoPE (Qwen2-VL) places its rows in 2D, and the step hands the

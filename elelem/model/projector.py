@@ -54,7 +54,7 @@ class ProjectorKind:
 
 
 #: Text architectures whose graphs take an image's embeddings in place of tokens.
-ARCHS_WITH_IMAGES = ("gemma3", "gemma4", "qwen2vl")
+ARCHS_WITH_IMAGES = ("gemma3", "gemma4", "qwen2vl", "mistral3", "llama")   # llama: Pixtral 12B, Mistral Small 3.1
 
 # The projector types elelem encodes; each has a builder in elelem/_native/graph/vision_<type>.pxi.
 _QWEN = ProjectorKind("<|vision_start|>", "<|vision_end|>", "bicubic", non_causal=False, default_merge=2,
@@ -65,6 +65,10 @@ KINDS: dict[str, ProjectorKind] = {
     "qwen2.5vl_merger": _QWEN,         # Qwen2.5-VL (and Qwen2.5-Omni's vision half, "qwen2.5o")
     "gemma4v": ProjectorKind("<|image>", "<image|>", "bicubic", non_causal=True, default_merge=3,
                              causal_text_widths=(1536, 2560), image_tokens=(70, 1120)),
+    # No text before the image: its rows end with [IMG_BREAK] (the projector's own embedding)
+    # but the last, and [IMG_END] follows it (mtmd.cpp); pixtral-12b merges no patches.
+    "pixtral": ProjectorKind("", "[IMG_END]", "bicubic", non_causal=False, default_merge=1,
+                             image_tokens=(8, 1024)),
 }
 QWEN_TYPES = ("qwen2vl_merger", "qwen2.5vl_merger")
 # clip.cpp's set_limit_image_tokens(8, 4096) for the Qwen-VL types: merged tokens per image.
@@ -190,7 +194,7 @@ def _read_hparams(gguf: GGUFFile, kind: ProjectorKind, ptype: str) -> dict[str, 
                                 field=p + "attention.layer_norm_epsilon")
     image_size = _u32(gguf, p + "image_size", high=MAX_IMAGE_SIZE)
     patch_size = _u32(gguf, p + "patch_size", high=MAX_IMAGE_SIZE)
-    merge_key = p + ("spatial_merge_size" if ptype in QWEN_TYPES else "projector.scale_factor")
+    merge_key = p + ("spatial_merge_size" if ptype in QWEN_TYPES + ("pixtral",) else "projector.scale_factor")
     n_merge = _u32_optional(gguf, merge_key, high=MAX_IMAGE_SIZE) or kind.default_merge
     if ptype in QWEN_TYPES and n_merge != 2:
         # clip.cpp's qwen2vl graph merges 2 x 2 blocks whatever the key says (clip_graph_qwen2vl::build).
@@ -245,6 +249,9 @@ def _qwen_n_ff(gguf: GGUFFile, n_embd: int) -> int:
 _TYPE_HPARAMS: dict[str, dict[str, Any]] = {
     # clip_graph_gemma4v: RMSNorms, V normed, attention scale 1, a 2D RoPE of base 100.
     "gemma4v": {"norm": "rms", "v_norm": True, "kq_scale": 1.0, "rope_theta": 100.0, "dynamic_size": True},
+    # clip_graph_pixtral: RMSNorms, a 2D RoPE of base 10000 with interleaved frequencies
+    # (clip.cpp sets the base whatever the file's rope.freq_base says).
+    "pixtral": {"norm": "rms", "rope_theta": 10000.0, "rope_2d_interleaved": True, "dynamic_size": True},
 }
 
 
@@ -321,6 +328,8 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
         glob["mm_input_proj"] = t.get("mm.input_projection.weight", (n_embd, h["n_embd_out"]))
         glob["std_bias"] = t.get("v.std_bias", (n_embd,), required=False, types=vec)
         glob["std_scale"] = t.get("v.std_scale", (n_embd,), required=False, types=vec)
+    elif ptype == "pixtral":
+        glob.update(_pixtral_tensors(t, h))
     layers = []
     for il in range(h["n_layer"]):
         b = f"v.blk.{il}."
@@ -360,6 +369,29 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
             })
         layers.append(layer)
     return glob, layers
+
+
+def _pixtral_tensors(t: _Tensors, h: dict[str, Any]) -> dict[str, Optional[str]]:
+    """LlavaVisionModel's layout (conversion/llava.py): the adapter's two linears as mm.1 and
+    mm.2 (biases optional), the [IMG_BREAK] row of the text model's embeddings, and for
+    Mistral Small 3.1 the merger's RMSNorm and projection.  A merge window wider than one
+    patch needs the merger, and the merger a window (clip.cpp would assert or give fewer
+    embeddings than it counts)."""
+    n_embd, n_out, k = h["n_embd"], h["n_embd_out"], h["n_merge"]
+    if k < 2 and t.shape("mm.patch_merger.weight") is not None:
+        raise ModelShapeError(f"{t.gguf.path}: tensor 'mm.patch_merger.weight' merges patches, but "
+                              f"clip.vision.spatial_merge_size is {k}")
+    merger = t.get("mm.patch_merger.weight", (n_embd * k * k, n_embd), required=k > 1)
+    return {
+        "patch_bias": t.get("v.patch_embd.bias", (n_embd,), required=False, types=_NORM_TYPES),
+        "mm_input_norm": t.get("mm.input_norm.weight", (n_embd,), required=merger is not None, types=_NORM_TYPES),
+        "mm_patch_merger": merger,
+        "mm_0_w": t.get("mm.1.weight", (n_embd, n_out)),
+        "mm_0_b": t.get("mm.1.bias", (n_out,), required=False, types=_NORM_TYPES),
+        "mm_1_w": t.get("mm.2.weight", (n_out, n_out)),
+        "mm_1_b": t.get("mm.2.bias", (n_out,), required=False, types=_NORM_TYPES),
+        "img_break": t.get("v.token_embd.img_break", (n_out,), types=_NORM_TYPES),
+    }
 
 
 def _scale(t: _Tensors, name: str, n_embd: int) -> Optional[str]:

@@ -224,12 +224,16 @@ class Reference:
         return self._per_model("make_embedding_fixtures.py", "embeddings", name, model_path,
                                [FIXTURES / "make_greedy_fixtures.py", FIXTURES / "per_model_fixture.py"])
 
-    def vision(self, model: Path, mmproj: Path, images: list[Path], prompts: list[str], flash_attn: str) -> dict:
+    def vision(self, model: Path, mmproj: Path, images: list[Path], prompts: list[str], flash_attn: str,
+               n_batch: int = 512) -> dict:
         """make_vision_fixtures.py's output: libmtmd's embeddings of ``images`` (.npy pixels)
-        and the logits after each prompt, for the projector ``mmproj`` over ``model``.
+        and the logits after each prompt, for the projector ``mmproj`` over ``model``, the
+        context's n_batch (and n_ubatch) ``n_batch``.
         Live only: no stored fixture (the inputs are made by the test)."""
         def make():
             options = ["--flash-attn", flash_attn, *[a for p in prompts for a in ("--prompt", p)]]
+            if n_batch != 512:
+                options += ["--n-batch", str(n_batch)]
             live = run_script("make_vision_fixtures.py",
                               ["--out", "{out}/vision.json", "--model", str(model), "--mmproj", str(mmproj),
                                "--images", *[str(p) for p in images], *options],
@@ -238,7 +242,7 @@ class Reference:
                 skip_or_fail(self.not_built() + " (libmtmd is needed for the image comparisons)")
             return live["vision.json"]
 
-        return self._once(f"vision:{model}:{mmproj}:{flash_attn}", make)
+        return self._once(f"vision:{model}:{mmproj}:{flash_attn}:{n_batch}", make)
 
     def wordpiece(self) -> dict:
         """make_wpm_fixtures.py's output: llama.cpp's ids and text for the vocabularies of tests/support/wpm_vocabs.py."""

@@ -46,6 +46,7 @@ class TinyProjector:
     # ((weight stem, suffix, value), ...): e.g. ("v.blk.0.ffn_down", "output_max", 0.5)
     pos_size: int = 64
     clamps: tuple = ()
+    mm_bias: bool = True              # pixtral: the adapter's linears have biases (pixtral-12b; Mistral Small 3.1's none)
 
     @property
     def side(self) -> int:
@@ -63,6 +64,8 @@ def make_weights(cfg: TinyProjector) -> dict[str, np.ndarray]:
     """name -> float32 weights in numpy order (the reverse of ggml's)."""
     if cfg.projector_type == "gemma4v":
         return _gemma4v_weights(cfg)
+    if cfg.projector_type == "pixtral":
+        return _pixtral_weights(cfg)
     rng = np.random.default_rng(cfg.seed)
     e, f = cfg.n_embd, cfg.n_ff
 
@@ -171,9 +174,49 @@ def _gemma4v_weights(cfg: TinyProjector) -> dict[str, np.ndarray]:
     return w
 
 
+def _pixtral_weights(cfg: TinyProjector) -> dict[str, np.ndarray]:
+    """LlavaVisionModel's pixtral layout: a patch kernel without bias, ln_pre as v.pre_ln,
+    RMSNorm weights without biases, Q/K/V/O and the gated FFN without biases, the adapter
+    as mm.1 / mm.2, the [IMG_BREAK] row of the text embeddings, and where n_merge > 1
+    (Mistral Small 3.1) the merger's norm and its (n_embd, n_embd * k * k) projection."""
+    rng = np.random.default_rng(cfg.seed)
+    e, f, p, n_out, k = cfg.n_embd, cfg.n_ff, cfg.patch_size, cfg.n_embd_out, cfg.n_merge
+
+    def mat(n_out_, n_in):
+        return (rng.standard_normal((n_out_, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32)
+
+    w = {
+        "v.patch_embd.weight": (rng.standard_normal((e, 3, p, p)) / np.sqrt(3 * p * p)).astype(np.float32),
+        "v.pre_ln.weight": norm(e),
+    }
+    for i in range(cfg.n_layer):
+        b = f"v.blk.{i}."
+        w.update({
+            b + "ln1.weight": norm(e),
+            b + "attn_q.weight": mat(e, e), b + "attn_k.weight": mat(e, e), b + "attn_v.weight": mat(e, e),
+            b + "attn_out.weight": mat(e, e),
+            b + "ln2.weight": norm(e),
+            b + "ffn_gate.weight": mat(f, e), b + "ffn_up.weight": mat(f, e), b + "ffn_down.weight": mat(e, f),
+        })
+    if k > 1:
+        w["mm.input_norm.weight"] = norm(e)
+        w["mm.patch_merger.weight"] = mat(e, e * k * k)
+    w["mm.1.weight"], w["mm.2.weight"] = mat(n_out, e), mat(n_out, n_out)
+    if cfg.mm_bias:
+        w["mm.1.bias"] = (rng.standard_normal(n_out) * 0.1).astype(np.float32)
+        w["mm.2.bias"] = (rng.standard_normal(n_out) * 0.1).astype(np.float32)
+    w["v.token_embd.img_break"] = (rng.standard_normal(n_out) * 0.5).astype(np.float32)
+    return w
+
+
 def tensor_type(cfg: TinyProjector, name: str, arr: np.ndarray) -> str:
     """Gemma3VisionModel.tensor_force_quant: the input projection F16, the embeddings
     (patch and position) F32; other matmul weights the output type, vectors F32."""
+    if cfg.projector_type == "pixtral":
+        return "f32" if arr.ndim < 2 else cfg.wtype
     if cfg.projector_type == "gemma4v":
         # MmprojModel.tensor_force_quant: the patch kernel the output type; the position tables F32.
         return "f32" if arr.ndim < 2 or name == "v.position_embd.weight" else cfg.wtype
@@ -229,6 +272,16 @@ def write_projector(path: Path, cfg: TinyProjector = TinyProjector()) -> dict[st
         keys["clip.vision.projector_type"] = "gemma4v"
         if cfg.n_merge != 3:
             keys["clip.vision.projector.scale_factor"] = cfg.n_merge
+    elif cfg.projector_type == "pixtral":
+        # LlavaVisionModel.set_gguf_parameters: SiLU, Mistral's mean and std, the RoPE base
+        # (clip.cpp takes 10000 whatever it says), spatial_merge_size only where patches merge.
+        del keys["clip.use_gelu"]
+        keys["clip.use_silu"] = True
+        keys["clip.rope.freq_base"] = 10000.0
+        keys["clip.vision.image_mean"] = [0.48145466, 0.4578275, 0.40821073]
+        keys["clip.vision.image_std"] = [0.26862954, 0.26130258, 0.27577711]
+        if cfg.n_merge > 1:
+            keys["clip.vision.spatial_merge_size"] = cfg.n_merge
     elif cfg.n_merge != 4:
         keys["clip.vision.projector.scale_factor"] = cfg.n_merge
     keys.update(dict(cfg.keys))
@@ -366,3 +419,140 @@ def qwen_vit_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: np.
     x = numerics.gelu_f16_table(_linear(x, w["mm.0.weight"], wt) + w["mm.0.bias"])
     x = _linear(x, w["mm.2.weight"], wt) + w["mm.2.bias"]
     return x[inputs["window_idx"]] if windows else x
+
+
+def rope_2d_interleaved(x: np.ndarray, rows: np.ndarray, cols: np.ndarray, base: float = 10000.0) -> np.ndarray:
+    """clip.cpp's build_rope_2d with interleave_freq over (n_pos, n_head, d): adjacent pairs;
+    the first d/4 pairs turn with the patch's row at angles row * base^(-4i/d), the next d/4
+    with its column at col * base^(-(4i+2)/d) (a half-width RoPE's frequencies, the
+    second half's shifted by base^(-2/d): each half takes every other of the head's own)."""
+    d = x.shape[-1]
+    i = np.arange(d // 4)
+    angles = np.concatenate([rows[:, None] * base ** (-4.0 * i / d), cols[:, None] * base ** (-(4.0 * i + 2) / d)],
+                            axis=1)[:, None, :]                        # (n_pos, 1, d/2)
+    a, b = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = a * np.cos(angles) - b * np.sin(angles)
+    out[..., 1::2] = a * np.sin(angles) + b * np.cos(angles)
+    return out
+
+
+def merge_patches(x: np.ndarray, side_x: int, side_y: int, k: int) -> np.ndarray:
+    """torch's unfold of the (side_y, side_x) grid of x (n_pos, e) in k x k blocks, stride k
+    (Mistral3PatchMerger): one row per block, blocks row-major, each row ordered
+    (channel, block row, block column): (n_pos / k^2, e * k * k)."""
+    e = x.shape[-1]
+    g = x.reshape(side_y // k, k, side_x // k, k, e)                # (by, kh, bx, kw, e)
+    return g.transpose(0, 2, 4, 1, 3).reshape(-1, e * k * k)
+
+
+def pixtral_vit_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: np.ndarray) -> np.ndarray:
+    """The pixtral projector's output for ``pixels`` (3, H, W), float64 but for the F16
+    activations of F16 matmuls (the patch kernel's im2col too) and the GELU table:
+    (n_tokens + rows - 1, n_embd_out), an [IMG_BREAK] row after each row of tokens but the last."""
+    p, e, wt, k = cfg.patch_size, cfg.n_embd, cfg.wtype, cfg.n_merge
+    _, h, wd = pixels.shape
+    ph, pw = h // p, wd // p
+    cols = pixels.astype(np.float64).reshape(3, ph, p, pw, p).transpose(1, 3, 0, 2, 4).reshape(ph * pw, 3 * p * p)
+    x = numerics.matmul(cols, w["v.patch_embd.weight"].reshape(e, -1), wt)
+    n = x.shape[0]
+    pos = np.arange(n)
+    rows_pos, cols_pos = pos // pw, pos % pw
+
+    def rms(v, weight):
+        return v / np.sqrt((v * v).mean(axis=-1, keepdims=True) + cfg.eps) * weight
+
+    x = rms(x, w["v.pre_ln.weight"])
+    hd = e // cfg.n_head
+    for i in range(cfg.n_layer):
+        b = f"v.blk.{i}."
+        t = rms(x, w[b + "ln1.weight"])
+        q, kk, v = (_linear(t, w[b + f"attn_{c}.weight"], wt).reshape(n, cfg.n_head, hd) for c in "qkv")
+        q, kk = (rope_2d_interleaved(m, rows_pos, cols_pos) for m in (q, kk))
+        q, kk, v = (m.transpose(1, 0, 2) for m in (q, kk, v))
+        a = q @ kk.transpose(0, 2, 1) / np.sqrt(hd)
+        a = np.exp(a - a.max(axis=-1, keepdims=True))
+        a /= a.sum(axis=-1, keepdims=True)
+        x = x + _linear((a @ v).transpose(1, 0, 2).reshape(n, e), w[b + "attn_out.weight"], wt)
+        t = rms(x, w[b + "ln2.weight"])
+        gate, up = _linear(t, w[b + "ffn_gate.weight"], wt), _linear(t, w[b + "ffn_up.weight"], wt)
+        x = x + _linear(gate / (1.0 + np.exp(-gate)) * up, w[b + "ffn_down.weight"], wt)
+    if k > 1:
+        x = merge_patches(rms(x, w["mm.input_norm.weight"]), pw, ph, k)
+        x = _linear(x, w["mm.patch_merger.weight"], wt)
+    x = _linear(x, w["mm.1.weight"], wt) + w.get("mm.1.bias", 0.0)
+    x = _linear(numerics.gelu_f16_table(x), w["mm.2.weight"], wt) + w.get("mm.2.bias", 0.0)
+    n_cols, n_rows = pw // k, ph // k
+    out = []
+    for r in range(n_rows):
+        out.append(x[r * n_cols:(r + 1) * n_cols])
+        if r + 1 < n_rows:
+            out.append(w["v.token_embd.img_break"][None, :].astype(np.float64))
+    return np.concatenate(out)
+
+
+def rope_2d_neox_halves(x: np.ndarray, cols: np.ndarray, rows: np.ndarray, base: float) -> np.ndarray:
+    """clip_graph_gemma4v's 2D RoPE over (n_pos, n_head, d): the first half of each head a
+    NeoX RoPE of width d/2 by the patch's column (pairs (i, i + d/4), angle
+    col * base^(-2i / (d/2))), the second half the same by its row (ggml_rope_set_offset)."""
+    d = x.shape[-1]
+    half, quarter = d // 2, d // 4
+    freqs = base ** (-2.0 * np.arange(quarter) / half)
+
+    def neox(v, pos):
+        ang = (pos[:, None] * freqs)[:, None, :]
+        a, b = v[..., :quarter], v[..., quarter:]
+        return np.concatenate([a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)], axis=-1)
+
+    return np.concatenate([neox(x[..., :half], cols), neox(x[..., half:], rows)], axis=-1)
+
+
+def gemma4v_vit_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: np.ndarray,
+                          clamps: bool = True) -> np.ndarray:
+    """The gemma4v projector's output for ``pixels`` (3, H, W), float64 but for the F16
+    activations of F16 matmuls (the patch kernel's im2col too): (n_tokens, n_embd_out).
+    Every product whose weight has bounds in the file (``X.input_min`` ... ``X.output_max``)
+    takes its input and its output clamped (Gemma4ClippableLinear); ``clamps=False``
+    leaves them out (to show that they bind)."""
+    p, e, wt, k = cfg.patch_size, cfg.n_embd, cfg.wtype, cfg.n_merge
+    _, h, wd = pixels.shape
+    ph, pw = h // p, wd // p
+    n = ph * pw
+    big = 3.4028234663852886e38
+
+    def linear(x, stem):
+        lo_in, hi_in, lo_out, hi_out = (float(w[f"{stem}.{s}"][0]) if clamps and f"{stem}.{s}" in w else d
+                                        for s, d in (("input_min", -big), ("input_max", big),
+                                                     ("output_min", -big), ("output_max", big)))
+        return np.clip(_linear(np.clip(x, lo_in, hi_in), w[stem + ".weight"], wt), lo_out, hi_out)
+
+    def rms(v, weight=None):
+        v = v / np.sqrt((v * v).mean(axis=-1, keepdims=True) + cfg.eps)
+        return v if weight is None else v * weight
+
+    px = 2.0 * pixels.astype(np.float64) - 1.0
+    cols_ = px.reshape(3, ph, p, pw, p).transpose(1, 3, 0, 2, 4).reshape(n, 3 * p * p)
+    x = numerics.matmul(cols_, w["v.patch_embd.weight"].reshape(e, -1), wt)
+    col, row = np.arange(n) % pw, np.arange(n) // pw
+    x = x + w["v.position_embd.weight"][0][col] + w["v.position_embd.weight"][1][row]
+    hd = e // cfg.n_head
+    for i in range(cfg.n_layer):
+        b = f"v.blk.{i}."
+        t = rms(x, w[b + "ln1.weight"])
+        q, kk, v = (linear(t, b + f"attn_{c}").reshape(n, cfg.n_head, hd) for c in "qkv")
+        q, kk = rms(q, w[b + "attn_q_norm.weight"]), rms(kk, w[b + "attn_k_norm.weight"])
+        q, kk = (rope_2d_neox_halves(m, col, row, 100.0) for m in (q, kk))
+        v = rms(v)
+        q, kk, v = (m.transpose(1, 0, 2) for m in (q, kk, v))
+        a = q @ kk.transpose(0, 2, 1)                                   # attention scale 1
+        a = np.exp(a - a.max(axis=-1, keepdims=True))
+        a /= a.sum(axis=-1, keepdims=True)
+        o = linear((a @ v).transpose(1, 0, 2).reshape(n, e), b + "attn_out")
+        x = x + rms(o, w[b + "attn_post_norm.weight"])
+        t = rms(x, w[b + "ln2.weight"])
+        gate, up = linear(t, b + "ffn_gate"), linear(t, b + "ffn_up")
+        t = linear(gate / (1.0 + np.exp(-1.702 * gate)) * up, b + "ffn_down")
+        x = (x + rms(t, w[b + "ffn_post_norm.weight"])) * w[b + "out_scale.weight"]
+    x = x.reshape(ph // k, k, pw // k, k, e).mean(axis=(1, 3)).reshape(-1, e) * np.sqrt(e)
+    x = (x - w["v.std_bias"]) * w["v.std_scale"]
+    return linear(rms(x), "mm.input_projection")

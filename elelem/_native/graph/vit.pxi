@@ -79,13 +79,16 @@ cdef struct VisionWeights:
     ggml_tensor * mm_1_b            # (n_embd_out)
     ggml_tensor * std_bias          # gemma4v: (n_embd), subtracted from the pooled tokens
     ggml_tensor * std_scale         # gemma4v: (n_embd), then multiplied
+    ggml_tensor * mm_input_norm     # pixtral: (n_embd), the RMSNorm before the patch merger
+    ggml_tensor * mm_patch_merger   # pixtral: (n_merge * n_merge * n_embd, n_embd), Mistral Small 3.1's merger
+    ggml_tensor * img_break         # pixtral: (n_embd_out), the [IMG_BREAK] token's embedding
     # gemma4v: mm_input_proj's clamps (as VitLayerWeights.clamp), where mm_clamped
     float mm_clamp[4]
     bint mm_clamped
 
 VISION_GLOBAL_ROLES = ("patch_embd", "patch_bias", "pos_embd", "pre_ln_w", "pre_ln_b", "post_ln_w", "post_ln_b",
                        "mm_input_proj", "mm_soft_emb_norm", "patch_embd_1", "mm_0_w", "mm_0_b", "mm_1_w", "mm_1_b",
-                       "std_bias", "std_scale")
+                       "std_bias", "std_scale", "mm_input_norm", "mm_patch_merger", "img_break")
 
 
 cdef struct VisionHParams:
@@ -107,6 +110,7 @@ cdef struct VisionHParams:
     float rope_theta    # the 2D RoPE's base, where the builder rotates Q and K
     bint dynamic_size   # images of any size (multiples of patch_size * n_merge), else image_size square
     int pos_size        # gemma4v: the rows of each position table: patches a side at most (0: no such table)
+    bint rope_2d_interleaved   # pixtral: the 2D RoPE's halves by row then column, frequencies interleaved
 
 
 cdef struct VitStep:
@@ -270,6 +274,22 @@ cdef ggml_tensor * vit_rope_2d_neox(VitStep * st, ggml_tensor * t) noexcept:
     return ggml_rope_set_offset(t, n_half)
 
 
+cdef ggml_tensor * vit_rope_2d_interleaved(VitStep * st, ggml_tensor * t) noexcept:
+    """Pixtral's 2D RoPE (clip_graph::build_rope_2d with interleave_freq): the first half
+    of each head turned by the patch's row, the second half by its column, adjacent pairs.
+    The head's frequencies alternate between the halves: the first takes the even ones
+    (a half-width RoPE's own), the second the odd ones, through a frequency scale of
+    theta^(-2 / d_head)."""
+    cdef int n_dim = <int> t.ne[0]
+    cdef int n_half = n_dim // 2
+    cdef float exponent = <float> -2.0
+    exponent = exponent / <float> n_dim      # in float, as clip.cpp's (float) -2 / n_dim
+    cdef float odd = powf(st.hp.rope_theta, exponent)
+    t = ggml_rope_ext(st.ctx, t, st.pos_y, NULL, n_half, 0, 0, st.hp.rope_theta, 1.0, 0.0, 1.0, 0.0, 0.0)
+    t = ggml_rope_ext(st.ctx, t, st.pos_x, NULL, n_half, 0, 0, st.hp.rope_theta, odd, 0.0, 1.0, 0.0, 0.0)
+    return ggml_rope_set_offset(t, n_half)
+
+
 cdef ggml_tensor * vit_encoder(VitStep * st, ggml_tensor * x, ggml_tensor * pos_embd) noexcept:
     """The pre-norm transformer over the patches (clip_graph::build_vit, one image):
     x (n_embd, n_pos) -> (n_embd, n_pos), learned positions added first.  Where the
@@ -300,7 +320,10 @@ cdef ggml_tensor * vit_encoder(VitStep * st, ggml_tensor * x, ggml_tensor * pos_
             q = vit_qk_norm(st, q, lw.q_norm)
         if lw.k_norm != NULL:
             k = vit_qk_norm(st, k, lw.k_norm)
-        if st.pos_x != NULL:
+        if st.pos_x != NULL and hp.rope_2d_interleaved:
+            q = vit_rope_2d_interleaved(st, q)
+            k = vit_rope_2d_interleaved(st, k)
+        elif st.pos_x != NULL:
             q = vit_rope_2d_neox(st, q)
             k = vit_rope_2d_neox(st, k)
         if hp.v_norm:
