@@ -126,7 +126,8 @@ def test_the_digest_covers_decoded_arrays_and_every_tokenizer_key(tmp_path):
 
 # -- the same ids from a real vocabulary -----------------------------------------------------------
 
-TEXTS = ["Hello, world!", "def reverse(s):\n    return s[::-1]\n", "héllo wörld 😀 — ünïcödé", "  spaces\t\ttabs\n\n"]
+TEXTS = ["Hello, world!", "def reverse(s):\n    return s[::-1]\n", "héllo wörld 😀 — ünïcödé",
+         "  spaces\t\ttabs\n\n<|im_start|>user<|im_end|>"]
 
 
 @pytest.mark.parametrize("which", ["qwen_path", "smollm_path"])
