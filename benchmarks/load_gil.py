@@ -50,17 +50,33 @@ def percentile(values: list, q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def requests(llm, count: int, no_end: dict) -> list[tuple[float, float, float, float]]:
-    """``count`` 8-token completions: (wall, cpu, runqueue, blocked) seconds each."""
+def requests(llm, count: int, no_end: dict, spans: list | None = None) -> list[tuple[float, float, float, float]]:
+    """``count`` 8-token completions: (wall, cpu, runqueue, blocked) seconds each; with
+    ``spans``, each request's (start, end, blocked) is appended there too."""
     tid = threading.get_native_id()
     out = []
     for i in range(count):
         t0, (c0, q0) = time.perf_counter(), schedstat(tid)
         llm.create_completion(f"Question {i}: how does binary search work?", max_tokens=8, temperature=0,
                               logit_bias=no_end)
-        wall, (c1, q1) = time.perf_counter() - t0, schedstat(tid)
+        t1, (c1, q1) = time.perf_counter(), schedstat(tid)
+        wall = t1 - t0
         out.append((wall, c1 - c0, q1 - q0, wall - (c1 - c0) - (q1 - q0)))
+        if spans is not None:
+            spans.append((t0, t1, out[-1][3]))
     return out
+
+
+def blamed(spans: list, phases: list, at_least: float = 0.02) -> dict[str, int]:
+    """For each request blocked ``at_least`` seconds: the load's phases its time overlapped."""
+    counts: dict[str, int] = {}
+    for t0, t1, blocked in spans:
+        if blocked < at_least:
+            continue
+        names = sorted({name for name, p0, p1 in phases if p0 < t1 and p1 > t0}) or ["none"]
+        key = " + ".join(names)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def main() -> None:
@@ -82,14 +98,17 @@ def main() -> None:
 
     stop, loads = threading.Event(), []
 
+    phases: list[tuple[str, float, float]] = []  # what the load thread did when: (name, start, end)
+
     def load_once() -> tuple[float, float]:
         with load_window():
-            c0 = time.thread_time()
+            c0, t0 = time.thread_time(), time.perf_counter()
             other = elelem.LLM(third, n_ctx=512, n_threads=args.threads)
-            c1 = time.thread_time()
+            c1, t1 = time.thread_time(), time.perf_counter()
             other.tokenizer, other.chat_template  # as the server's ServedModel.open
-            c2 = time.thread_time()
-        other.close()
+            c2, t2 = time.thread_time(), time.perf_counter()
+        other.close()  # as the pool's unload, in the load's thread, outside the load window
+        phases.extend([("LLM()", t0, t1), ("tokenizer", t1, t2), ("close", t2, time.perf_counter())])
         return c1 - c0, c2 - c1
 
     def load_in_turn() -> None:
@@ -99,7 +118,8 @@ def main() -> None:
     loader.start()
     while not loads:
         time.sleep(0.01)
-    loading = requests(llm, args.requests, no_end)
+    spans: list = []
+    loading = requests(llm, args.requests, no_end, spans)
     stop.set()
     loader.join()
     llm.close()
@@ -119,6 +139,8 @@ def main() -> None:
                   else f"{'-':>9} {'-':>6}")
         print(f"{name:>14} | {qp50:9.1f} {qp99:7.1f} | {bp50:11.1f} {bp99:7.1f} | {ratios} | "
               f"{bp50 - qp50:+9.1f} {bp99 - qp99:+7.1f}")
+    print(f"requests blocked 20 ms or more beside loads, by the load's phases they overlapped: "
+          f"{blamed(spans, phases) or 'none'}")
     if loads:
         print(f"the load thread's CPU per load: LLM() {statistics.median(l[0] for l in loads) * 1000:.0f} ms, "
               f"tokenizer and chat template {statistics.median(l[1] for l in loads) * 1000:.0f} ms "

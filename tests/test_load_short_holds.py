@@ -6,6 +6,10 @@ these are the pieces of that load that ran in Python holding the GIL.
 """
 from __future__ import annotations
 
+import sys
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -153,3 +157,62 @@ def test_a_real_vocabulary_reads_and_tokenizes_as_string_by_string(request, whic
         assert ids == reference.encode(text, special=True)
         assert tokenizer.decode(ids) == reference.decode(ids)
     assert np.array_equal(np.array(tokenizer._vocab.attrs), np.array(reference._vocab.attrs))
+
+
+# -- closing a model beside running threads ------------------------------------------------------
+
+def _schedstat(tid: int) -> tuple[float, float]:
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        cpu, wait, _ = f.read().split()
+    return int(cpu) / 1e9, int(wait) / 1e9
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread scheduler accounting is Linux's")
+def test_closing_a_model_lets_other_threads_run_python_meanwhile(qwen_path):
+    """Unmapping a model and freeing its repacked weights is done without the GIL: a thread
+    running Python beside the close gets on with it.  (The pool unloads a model in a thread at
+    the lowest priority, where a hold of the GIL stretched to a second on a busy machine.)
+
+    The measure is the spinning thread's progress per CPU second it got, during the close
+    against before it: waiting for the GIL it still wakes every switch interval, on the CPU
+    and counting nothing, so its progress per CPU second drops to near 0."""
+    import elelem
+    spins, done, ready = [0], threading.Event(), threading.Event()
+    native: list[int] = []
+
+    def spin() -> None:
+        native.append(threading.get_native_id())
+        ready.set()
+        while not done.is_set():
+            spins[0] += 1
+
+    def progress(tid: int, work) -> tuple[int, float]:
+        n0, (c0, _) = spins[0], _schedstat(tid)
+        work()
+        n1, (c1, _) = spins[0], _schedstat(tid)
+        return n1 - n0, c1 - c0
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(0.0002)
+    try:
+        for _ in range(3):  # until the spinning thread got 2 ms of CPU during the close
+            llm = elelem.LLM(qwen_path, n_ctx=256, n_threads=1, use_mmap=False)  # the weights in memory, to free
+            done.clear()
+            ready.clear()
+            worker = threading.Thread(target=spin)
+            worker.start()
+            ready.wait()
+            try:
+                base_spins, base_cpu = progress(native[-1], lambda: time.sleep(0.05))
+                close_spins, close_cpu = progress(native[-1], llm._model.close)
+            finally:
+                done.set()
+                worker.join()
+                llm.close()
+            if close_cpu > 0.002 and base_cpu > 0.002:
+                break
+    finally:
+        sys.setswitchinterval(previous)
+    assert close_cpu > 0.002 and base_cpu > 0.002, "the close was too quick to tell"
+    rate = (close_spins / close_cpu) / (base_spins / base_cpu)
+    assert rate > 0.5, f"beside the close, {rate:.2f} of the Python work per CPU second ({close_cpu * 1000:.1f} ms)"
