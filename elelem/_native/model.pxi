@@ -179,6 +179,7 @@ cdef class Model:
         self.widened_ctx = NULL
         self.files = NULL
         self.n_files = 0
+        self.closed = True  # before the GIL is let go: from here on no call starts on these weights
         with nogil:
             _free_weight_memory(repack_buf, repack_ctx, widened_buf, widened_ctx, files, n_files)
         free(self.widened.narrow)
