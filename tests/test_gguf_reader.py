@@ -24,6 +24,7 @@ from elelem.errors import (
     GGUFTruncatedError,
     ModelNotFoundError,
 )
+from elelem.gguf import tokenizer_metadata
 from elelem.gguf.reader import (
     GGML_TYPES,
     GGUFFile,
@@ -768,9 +769,14 @@ def test_tokenizer_validation_is_fast_on_a_qwen_sized_vocab(tmp_path):
     assert len(tokens) == 151_936 and len(merges) > 150_000
     gguf_file = tokenizer_file(tmp_path, tokens=tokens, merges=merges, token_types=[1] * len(tokens),
                                extra=[("tokenizer.ggml.eos_token_id", UINT32, 151_935)])
-    best = min(_timed(validate_tokenizer_metadata, gguf_file) for _ in range(3))
+    best = min(_timed(_validate_afresh, gguf_file) for _ in range(3))
     # The target is under 0.1 s on an idle core; the bound leaves room for a busy CI machine.
     assert best < 0.5, f"validate_tokenizer_metadata took {best:.3f} s"
+
+
+def _validate_afresh(gguf_file: GGUFFile) -> None:
+    tokenizer_metadata._passed.clear()  # the checks themselves, not the digest of a file that passed
+    validate_tokenizer_metadata(gguf_file)
 
 
 def _timed(fn, *args) -> float:

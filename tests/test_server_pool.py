@@ -363,6 +363,28 @@ def test_a_model_that_fails_to_load_fails_its_requests_only(models_dir, tmp_path
         served.stop()
 
 
+def test_a_model_loaded_again_does_not_check_its_tokenizer_again(models_dir, monkeypatch):
+    """The tokenizer checks ran once for a's metadata; unloaded and loaded again, a skips them
+    (tokenizer_metadata keeps the digests that passed), so the load's Python work beside the
+    running models is less."""
+    from elelem.gguf import tokenizer_metadata
+    monkeypatch.setattr(tokenizer_metadata, "_passed", type(tokenizer_metadata._passed)())
+    checked: list[str] = []
+    real = tokenizer_metadata._validate
+    monkeypatch.setattr(tokenizer_metadata, "_validate", lambda gguf: (checked.append(gguf.path.stem), real(gguf)))
+    served = Served(config(models_dir, max_loaded=1))
+    try:
+        assert served.chat("a").status_code == 200
+        assert checked == ["a"]
+        assert served.chat("b").status_code == 200
+        after_b = list(checked)  # b's tokenizer is checked unless it is a's, byte for byte
+        assert served.chat("a").status_code == 200
+        assert not served.model("b").loaded and served.model("a").loaded  # a was unloaded and loaded again
+        assert checked == after_b
+    finally:
+        served.stop()
+
+
 def test_load_and_unload_endpoints_behind_the_key(models_dir):
     served = Served(config(models_dir))
     try:

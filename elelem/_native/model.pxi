@@ -158,30 +158,34 @@ cdef class Model:
 
     cdef void _release(self) noexcept:
         cdef int i
+        cdef ggml_backend_buffer_t repack_buf[MAX_EXTRA_BUFTS]
+        cdef ggml_context * repack_ctx[MAX_EXTRA_BUFTS]
+        cdef ggml_backend_buffer_t widened_buf = self.widened_buf
+        cdef ggml_context * widened_ctx = self.widened_ctx
+        cdef WeightFile * files = self.files
+        cdef int n_files = self.n_files
         _release_device_weights(self)
+        # Taken from the object first, so a second close (or __dealloc__) finds nothing to free,
+        # then freed without the GIL: unmapping the file and freeing the repacked copies is tens
+        # of ms of the kernel's time for a 0.5B model, and a server unloads a model beside the
+        # ones answering, at the lowest priority (server/quiet_load.py), where a hold of the GIL
+        # stretched to a second on a busy machine and every other thread waited.
         for i in range(MAX_EXTRA_BUFTS):
-            if self.repack_buf[i] != NULL:
-                ggml_backend_buffer_free(self.repack_buf[i])
-                self.repack_buf[i] = NULL
-            if self.repack_ctx[i] != NULL:
-                ggml_free(self.repack_ctx[i])
-                self.repack_ctx[i] = NULL
-        if self.widened_buf != NULL:
-            ggml_backend_buffer_free(self.widened_buf)
-            self.widened_buf = NULL
-        if self.widened_ctx != NULL:
-            ggml_free(self.widened_ctx)
-            self.widened_ctx = NULL
+            repack_buf[i] = self.repack_buf[i]
+            repack_ctx[i] = self.repack_ctx[i]
+            self.repack_buf[i] = NULL
+            self.repack_ctx[i] = NULL
+        self.widened_buf = NULL
+        self.widened_ctx = NULL
+        self.files = NULL
+        self.n_files = 0
+        self.closed = True  # before the GIL is let go: from here on no call starts on these weights
+        with nogil:
+            _free_weight_memory(repack_buf, repack_ctx, widened_buf, widened_ctx, files, n_files)
         free(self.widened.narrow)
         free(self.widened.wide)
         memset(&self.widened, 0, sizeof(WidenedWeights))
         self.widen_pending = 0
-        if self.files != NULL:
-            for i in range(self.n_files):
-                _release_file(&self.files[i])
-            free(self.files)
-            self.files = NULL
-        self.n_files = 0
         if self.layers != NULL:
             free(self.layers)
             self.layers = NULL
@@ -433,7 +437,27 @@ cdef inline ggml_tensor * _file_tensor(Model m, const char * name) noexcept:
     return NULL
 
 
-cdef void _release_file(WeightFile * f) noexcept:
+cdef void _free_weight_memory(ggml_backend_buffer_t * repack_buf, ggml_context ** repack_ctx,
+                              ggml_backend_buffer_t widened_buf, ggml_context * widened_ctx,
+                              WeightFile * files, int n_files) noexcept nogil:
+    """A closed model's repacked and widened copies and its mapped files (Model._release)."""
+    cdef int i
+    for i in range(MAX_EXTRA_BUFTS):
+        if repack_buf[i] != NULL:
+            ggml_backend_buffer_free(repack_buf[i])
+        if repack_ctx[i] != NULL:
+            ggml_free(repack_ctx[i])
+    if widened_buf != NULL:
+        ggml_backend_buffer_free(widened_buf)
+    if widened_ctx != NULL:
+        ggml_free(widened_ctx)
+    if files != NULL:
+        for i in range(n_files):
+            _release_file(&files[i])
+        free(files)
+
+
+cdef void _release_file(WeightFile * f) noexcept nogil:
     if f.buf != NULL:
         ggml_backend_buffer_free(f.buf)
         f.buf = NULL

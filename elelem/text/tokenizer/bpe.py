@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Mapping, Optional, Sequence
 
+from ...gguf.short_holds import dict_in_slices
 from .cache import BoundedCache
 from .merge import merge
 from .pretokenize import PreTokenizer
@@ -68,7 +69,7 @@ class ByteLevelBPE:
         if self._ranks is None:
             n = len(self._merges)
             # Reversed, so that the first of duplicate rules wins, as in llama.cpp.
-            self._ranks = dict(zip(reversed(self._merges), range(n - 1, -1, -1)))
+            self._ranks = dict_in_slices(zip(reversed(self._merges), range(n - 1, -1, -1)))
             self._merges = ()  # no longer needed
         return self._ranks
 
@@ -131,7 +132,7 @@ class SentencePieceStyleBPE:
         + right`` finds exactly the rule llama.cpp parsed into that pair."""
         if self._ranks is None:
             n = len(self._merges)
-            self._ranks = dict(zip(reversed(self._merges), range(n - 1, -1, -1)))
+            self._ranks = dict_in_slices(zip(reversed(self._merges), range(n - 1, -1, -1)))
             self._merges = ()
         return self._ranks
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import operator
+from itertools import compress, repeat
+from operator import and_
 from typing import Any, Iterable, Mapping, Optional, Union
 
 from ...errors import GGUFError, InvalidArgumentError, InvalidTokenError
@@ -38,8 +40,10 @@ class Tokenizer:
         # Unigram, as SentencePiece BPE, reads invalid UTF-8 byte by byte (Unigram.normalize).
         self._raw_bytes = self._spm or isinstance(model, Unigram)
         attrs = vocab.attrs
-        cached = [(vocab.tokens[i], i) for i in range(vocab.n_vocab)
-                  if attrs[i] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]
+        # compress/map: a C loop over the vocabulary, not bytecode per token (see vocab.load_vocab)
+        special_mask = ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN
+        special = compress(range(vocab.n_vocab), map(and_, attrs, repeat(special_mask)))
+        cached = [(vocab.tokens[i], i) for i in special]
         # User-defined tokens are cut out of the text even with special=False
         # (llama.cpp, after Hugging Face tokenizers); control and unknown ones
         # only when parsing special tokens.

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from ...errors import GGUFError
+from ...gguf.short_holds import dict_in_slices
 
 log = logging.getLogger("elelem")
 
@@ -126,7 +128,11 @@ def load_vocab(meta: Mapping[str, Any], *, pre_add_bos: bool = False, pre_has_bo
     raw_tokens = meta.get(_KEY + "tokens")
     if raw_tokens is None or len(raw_tokens) == 0:
         raise GGUFError("GGUF has no tokenizer.ggml.tokens")
-    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(_as_list(raw_tokens))]
+    # The vocabulary's per-token steps are C loops (list, all, map), not bytecode per token:
+    # a server builds this beside the models it is running, which wait for the GIL meanwhile.
+    tokens = _as_list(raw_tokens)
+    if not all(tokens):
+        tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
     if any(not isinstance(t, str) for t in tokens[:1]):
         raise GGUFError("tokenizer.ggml.tokens must be a list of strings")
     n = len(tokens)
@@ -138,18 +144,17 @@ def load_vocab(meta: Mapping[str, Any], *, pre_add_bos: bool = False, pre_has_bo
         types = _as_list(raw_types)
         if len(types) < n:
             raise GGUFError(f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
-        get = _TYPE_TO_ATTR.get
-        attrs = [get(t, ATTR_UNDEFINED) for t in types[:n]]
+        attrs = list(map(_TYPE_TO_ATTR.get, types[:n], repeat(ATTR_UNDEFINED)))
 
     raw_scores = meta.get(_KEY + "scores")
     scores = None
     if raw_scores is not None:
-        scores = [float(s) for s in _as_list(raw_scores)[:n]]
+        scores = list(map(float, _as_list(raw_scores)[:n]))
         if len(scores) < n:
             raise GGUFError(f"tokenizer.ggml.scores has {len(scores)} entries for {n} tokens")
 
     # A later duplicate wins, as in llama.cpp's token_to_id map.
-    token_to_id = dict(zip(tokens, range(n)))
+    token_to_id = dict_in_slices(zip(tokens, range(n)))
 
     spm = model == "llama"
     if spm:
