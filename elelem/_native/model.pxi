@@ -116,6 +116,9 @@ cdef class Model:
     cdef ggml_tensor * cls_b
     cdef ggml_tensor * cls_out          # (n_embd, n_cls_out): projection to the labels, with cls_out_b (n_cls_out)
     cdef ggml_tensor * cls_out_b
+    # A drafter's model that reads its target's token table and output (DFlash
+    # files without their own, as llama.cpp's ctx_other): the target, kept alive.
+    cdef readonly Model borrowed_from
     cdef readonly object path
     cdef readonly dict hparams
     cdef readonly str description
@@ -200,6 +203,28 @@ cdef class Model:
     @property
     def is_closed(self):
         return self.closed
+
+    def borrow_target_tensors(self, Model target):
+        """Take ``target``'s token table and output where this model has none
+        of its own (a DFlash drafter: llama.cpp's graph reads the target's
+        through ctx_other).  The drafter's steps read them in place; the
+        target must stay open while this model is used (it is kept alive)."""
+        if self.closed or target.closed:
+            raise errors.ClosedError("borrowing tensors of a closed model")
+        if self.tok_embd != NULL and self.output != NULL:
+            return
+        if target.tok_embd == NULL or target.output == NULL:
+            raise errors.ModelShapeError("the target has no token table or output to lend")
+        if target.tok_embd.ne[0] != self.hp.n_embd or target.output.ne[0] != self.hp.n_embd \
+                or target.output.ne[1] < self.hp.n_vocab:
+            raise errors.ModelShapeError(
+                f"the drafter has no token table or output of its own and the target's are "
+                f"{target.tok_embd.ne[0]} wide, the drafter {self.hp.n_embd}")
+        if self.tok_embd == NULL:
+            self.tok_embd = target.tok_embd
+        if self.output == NULL:
+            self.output = target.output
+        self.borrowed_from = target
 
     @property
     def n_widened(self):
@@ -317,7 +342,8 @@ def open_model(path, str builder, dict hparams, dict global_tensors, list layer_
     if widen_q5_0 and matmul_weights:
         _widen_weights(m, matmul_weights, None if global_tensors.get("output") else global_tensors["tok_embd"])
 
-    m.tok_embd = m._tensor(global_tensors["tok_embd"], True)
+    te = global_tensors.get("tok_embd")   # a DFlash drafter may have none: borrow_target_tensors
+    m.tok_embd = m._tensor(te, True) if te else NULL
     on = global_tensors.get("output_norm")   # an encoder has none
     m.output_norm = m._tensor(on, True) if on else NULL
     m.output = m._tensor(global_tensors.get("output") or TIED_OUTPUT_NAME.decode(), False)

@@ -142,10 +142,14 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
     prefix = arch.name + "."
     key = key_reader(gguf, prefix)
     embd = gguf.tensors.get(archs.global_roles()["tok_embd"].gguf)
-    if embd is None or len(embd.shape) != 2:
+    if embd is None and "tok_embd" not in arch.global_required:
+        n_vocab = _vocabulary_size(gguf)   # a drafter that embeds by its target's table (dflash)
+    elif embd is None or len(embd.shape) != 2:
         raise ModelShapeError("tensor 'token_embd.weight' is missing or not 2-D")
+    else:
+        n_vocab = int(embd.shape[1])
     h: dict[str, Any] = {
-        "n_vocab": int(embd.shape[1]),
+        "n_vocab": n_vocab,
         "n_embd": int(key("embedding_length")),
         "n_layer": int(key("block_count")),
         "n_ctx_train": int(key("context_length")),
@@ -248,6 +252,14 @@ def _check_shape(gguf: GGUFFile, role: Role, name: str, h: Mapping[str, Any]) ->
         got = got[:-1]
     if got != want:
         raise ModelShapeError(f"tensor {name!r} ({role.name}) has shape {list(got)}, expected {list(want)}")
+
+
+def _vocabulary_size(gguf: GGUFFile) -> int:
+    """The vocabulary's size from its tokens, for a file without token embeddings."""
+    tokens = gguf.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, (str, bytes, int, float)) or not hasattr(tokens, "__len__") or not len(tokens):
+        raise ModelShapeError("the file has neither token_embd.weight nor tokenizer.ggml.tokens to size its vocabulary")
+    return len(tokens)
 
 
 def _tensor_tables(gguf: GGUFFile, arch: Architecture, h: dict[str, Any]):
