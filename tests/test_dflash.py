@@ -108,7 +108,6 @@ def test_block_matches_llamacpp_exactly(dflash_files, name, flash):
             causal = head._ctx.decode(ref["block"], [0] * cfg.block_size, True)
             head._ctx.seq_rm(0, len(PROMPT))
             assert not np.array_equal(causal[0], block[0])
-            np.testing.assert_array_equal(causal[-1], block[-1])   # the last row sees the same cells either way
         finally:
             head.close()
 

@@ -233,6 +233,20 @@ def test_draft_auto_finds_a_dflash_drafter_beside_a_local_file(tmp_path):
         assert isinstance(llm.engine.mtp, DFlashHead)
 
 
+def test_draft_auto_finds_an_eagle3_head_beside_a_local_file(tmp_path):
+    """No mtp- or dflash- file: the EAGLE-3 head, llama.cpp's last choice."""
+    from elelem.engine.eagle3 import Eagle3Head
+    from synthetic_eagle3 import Eagle3Config, write_eagle3_head
+    blobs = dflash_files(tmp_path / "made")
+    (tmp_path / "Llama-Q4_K_M.gguf").write_bytes(blobs["llama"])
+    write_eagle3_head(tmp_path / "eagle3-Llama-Q8_0.gguf", Eagle3Config(n_vocab=512, n_vocab_draft=128, seed=73))
+    with _open(tmp_path / "Llama-Q4_K_M.gguf", draft_model="auto") as llm:
+        assert isinstance(llm.engine.mtp, Eagle3Head)
+    (tmp_path / "dflash-Llama-Q8_0.gguf").write_bytes(blobs["dflash"])
+    with _open(tmp_path / "Llama-Q4_K_M.gguf", draft_model="auto") as llm:
+        assert type(llm.engine.mtp).__name__ == "DFlashHead"
+
+
 def test_draft_auto_without_a_drafter_says_so(files, models, standin, cache, tmp_path):
     standin.add(tiny_repo(models))
     with pytest.raises(ModelNotFoundError, match=r"its Hugging Face repository ships no drafter .*mtp-\*\.gguf, "

@@ -220,6 +220,11 @@ cdef class Model:
             raise errors.ModelShapeError(
                 f"the drafter has no token table or output of its own and the target's are "
                 f"{target.tok_embd.ne[0]} wide, the drafter {self.hp.n_embd}")
+        if (target.tok_embd.buffer != NULL and not ggml_backend_buffer_is_host(target.tok_embd.buffer)) or \
+                (target.output.buffer != NULL and not ggml_backend_buffer_is_host(target.output.buffer)):
+            # the drafter's context runs on the CPU alone (api/draft.py, _context_beside)
+            raise errors.UnsupportedArchitectureError("the drafter borrows the target's token table and output, "
+                                                      "and the target keeps them on a GPU: keep the output on the CPU")
         if self.tok_embd == NULL:
             self.tok_embd = target.tok_embd
         if self.output == NULL:
