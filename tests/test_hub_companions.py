@@ -1,6 +1,7 @@
 """The files that come with a model (elelem.api.companions): a Hub repository's vision projector
 (``mmproj-*``), pulled with its model as llama.cpp's ``-hf`` pulls it, and its drafter
-(``mtp-*``) with ``draft_model="auto"``; a local file's drafter from its folder.
+(``mtp-*``, ``dflash-*``, ``eagle3-*``, in llama.cpp's order) with ``draft_model="auto"``; a local
+file's drafter from its folder.
 
 The choice of file is checked against the cases of llama.cpp's own test of it
 (tests/test-model-resolution.cpp, on the same repository listings); the pulls run against the
@@ -197,9 +198,59 @@ def test_draft_auto_drafts_with_the_repositorys_mtp_head(files, standin, cache):
     assert fetched(standin, files) == ["mtp", "qwen"]       # the Q8_0 head, not the BF16 one
 
 
+def dflash_files(tmp_path) -> dict[str, bytes]:
+    """A bare llama target and a DFlash drafter for it (its own token table and output)."""
+    from synthetic_dflash import DFlashConfig, write_dflash
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    write_model(tmp_path / "llama.gguf", TinyConfig(arch="llama", n_layer=8, n_vocab=512, seed=71))
+    write_dflash(tmp_path / "dflash.gguf", DFlashConfig(n_vocab=512, own=True, seed=72, block_size=4))
+    return {p.stem: p.read_bytes() for p in tmp_path.glob("*.gguf")}
+
+
+def test_draft_auto_drafts_with_the_repositorys_dflash_drafter(standin, cache, tmp_path):
+    """A repository with a DFlash drafter and an EAGLE-3 head: the DFlash one, as llama.cpp's
+    -hf prefers it (common/arg.cpp), in the model's quant."""
+    from elelem.engine.dflash import DFlashHead
+    blobs = dflash_files(tmp_path)
+    standin.add(Repo("org/llama", {"Llama-Q8_0.gguf": blobs["llama"], "dflash-Llama-Q8_0.gguf": blobs["dflash"],
+                                   "dflash-Llama-BF16.gguf": b"not the quant asked for",
+                                   "eagle3-Llama-Q8_0.gguf": b"not the drafter llama.cpp prefers"},
+                     commit=COMMIT_A))
+    with _open("hf://org/llama:Q8_0", speculative=False) as llm:
+        plain = llm.generate_tokens([5, 9, 11, 2], 24)
+    with _open("hf://org/llama:Q8_0", draft_model="auto") as llm:
+        assert isinstance(llm.engine.mtp, DFlashHead) and llm.engine.draft is None
+        assert llm.generate_tokens([5, 9, 11, 2], 24) == plain
+    assert fetched(standin, blobs) == ["dflash", "llama"]
+
+
+def test_draft_auto_finds_a_dflash_drafter_beside_a_local_file(tmp_path):
+    from elelem.engine.dflash import DFlashHead
+    blobs = dflash_files(tmp_path / "made")
+    (tmp_path / "Llama-Q4_K_M.gguf").write_bytes(blobs["llama"])
+    (tmp_path / "dflash-Llama-Q8_0.gguf").write_bytes(blobs["dflash"])
+    with _open(tmp_path / "Llama-Q4_K_M.gguf", draft_model="auto") as llm:
+        assert isinstance(llm.engine.mtp, DFlashHead)
+
+
+def test_draft_auto_finds_an_eagle3_head_beside_a_local_file(tmp_path):
+    """No mtp- or dflash- file: the EAGLE-3 head, llama.cpp's last choice."""
+    from elelem.engine.eagle3 import Eagle3Head
+    from synthetic_eagle3 import Eagle3Config, write_eagle3_head
+    blobs = dflash_files(tmp_path / "made")
+    (tmp_path / "Llama-Q4_K_M.gguf").write_bytes(blobs["llama"])
+    write_eagle3_head(tmp_path / "eagle3-Llama-Q8_0.gguf", Eagle3Config(n_vocab=512, n_vocab_draft=128, seed=73))
+    with _open(tmp_path / "Llama-Q4_K_M.gguf", draft_model="auto") as llm:
+        assert isinstance(llm.engine.mtp, Eagle3Head)
+    (tmp_path / "dflash-Llama-Q8_0.gguf").write_bytes(blobs["dflash"])
+    with _open(tmp_path / "Llama-Q4_K_M.gguf", draft_model="auto") as llm:
+        assert type(llm.engine.mtp).__name__ == "DFlashHead"
+
+
 def test_draft_auto_without_a_drafter_says_so(files, models, standin, cache, tmp_path):
     standin.add(tiny_repo(models))
-    with pytest.raises(ModelNotFoundError, match=r"its Hugging Face repository ships no drafter .*mtp-\*\.gguf"):
+    with pytest.raises(ModelNotFoundError, match=r"its Hugging Face repository ships no drafter .*mtp-\*\.gguf, "
+                                                 r"dflash-\*\.gguf, eagle3-\*\.gguf"):
         _open("hf://org/tiny", draft_model="auto")
     (tmp_path / "Tiny-Q4_K_M.gguf").write_bytes(models["a"])
     with pytest.raises(ModelNotFoundError, match=f"{tmp_path} holds no drafter"):

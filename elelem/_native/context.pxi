@@ -377,15 +377,19 @@ cdef class Context:
     # -- a step ----------------------------------------------------------------
 
     def decode(self, tokens, seq_ids, outputs=None, bint embeddings=False, bint decode_kernels=False,
-               bint rank=False, hidden_in=None, bint keep_hidden=False):
-        """Evaluate one batch (see :meth:`_decode`).  A hybrid model's
+               bint rank=False, hidden_in=None, bint keep_hidden=False, bint causal=True):
+        """Evaluate one batch (see :meth:`_decode`).  Without ``causal`` the
+        batch's rows see each other both ways (a DFlash drafter's block).  A hybrid model's
         recurrent layers take a step as sequences of one token count, one
         after the other: the batch is arranged so, run as one step when its
         sequences have the same count and as one step per count otherwise,
         and the rows come back in the batch's order (``last_hidden`` too)."""
         self.last_hidden = None
         if not self.cache.hybrid:
-            return self._decode(tokens, seq_ids, outputs, embeddings, decode_kernels, 0, rank, hidden_in, keep_hidden)
+            return self._decode(tokens, seq_ids, outputs, embeddings, decode_kernels, 0, rank, hidden_in, keep_hidden,
+                                causal=causal)
+        if not causal:
+            raise errors.InvalidArgumentError("a hybrid model's steps are causal")
         if rank:
             raise errors.InvalidArgumentError("rank pooling is not supported for a hybrid model")
         if hidden_in is not None:
@@ -459,8 +463,9 @@ cdef class Context:
             raise errors.InvalidArgumentError("this model takes no embeddings in place of tokens")
         x = np.ascontiguousarray(embd, dtype=np.float32)
         marks = np.asarray(ids)
-        if x.ndim != 2 or x.shape[1] != self.model.hp.n_embd or x.shape[0] == 0:
-            raise errors.InvalidArgumentError(f"embeddings must be (n, {self.model.hp.n_embd}) float32, got "
+        cdef int width = embd_input_width(&self.model.hp)
+        if x.ndim != 2 or x.shape[1] != width or x.shape[0] == 0:
+            raise errors.InvalidArgumentError(f"embeddings must be (n, {width}) float32, got "
                                               f"{tuple(np.shape(embd))}")
         if marks.ndim != 1 or marks.shape[0] != x.shape[0] or marks.dtype.kind not in "iu" or marks.max() >= 0:
             raise errors.InvalidTokenError("embedding rows need one negative integer id each")
@@ -565,7 +570,7 @@ cdef class Context:
             if h_in is not None:
                 _set_input(st.inp_h, cnp.PyArray_DATA(h_in), ggml_nbytes(st.inp_h))
             if embd is not None:
-                _set_input(st.inp_embd, cnp.PyArray_DATA(embd), <size_t> n * self.model.hp.n_embd * sizeof(float))
+                _set_input(st.inp_embd, cnp.PyArray_DATA(embd), ggml_nbytes(st.inp_embd))
             self._compute()
         except BaseException:
             self.cache.unplace(n, &seqs[0], &cells[0])

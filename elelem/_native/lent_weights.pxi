@@ -1,14 +1,16 @@
 # A drafter that uses its target's token table or output in place of its own
-# (EAGLE-3 heads without token_embd or output: Llama 3.1's).  llama.cpp's
-# eagle3 graph reads them from the target's model through ctx_other
-# (src/models/eagle3.cpp: model_other->tok_embd, model_other->output); here the
+# (EAGLE-3 heads without token_embd or output: Llama 3.1's; DFlash drafters).
+# llama.cpp's eagle3 and dflash graphs read them from the target's model through
+# ctx_other (src/models/eagle3.cpp, dflash.cpp: model_other->tok_embd,
+# model_other->output); here the
 # head's model points at the target's tensors, which stay where the target
 # keeps them (its mapping, or its repacked copy of the output): nothing is
 # copied, and the products are the target's own.
 
 def borrow_target_weights(Model head, Model target):
-    """Point ``head``'s missing token table (``tok_embd``) and EAGLE-3 output
-    (``eagle3_output``) at ``target``'s, which must be as wide as the head;
+    """Point ``head``'s missing token table (``tok_embd``) and output (an EAGLE-3
+    head's ``eagle3_output``, another drafter's ``output``) at ``target``'s, which
+    must be as wide as the head;
     ``head`` then keeps ``target`` alive and is closed with it.  Returns the
     roles borrowed.  A context over ``head`` is made after this call (its
     graph reads them)."""
@@ -28,6 +30,13 @@ def borrow_target_weights(Model head, Model target):
             raise errors.ModelShapeError(f"the target's output has {target.output.ne[1]} rows, the drafter's "
                                          f"vocabulary {head.hp.n_vocab}")
         lw.eagle3_output = target.output
+        borrowed.append("output")
+    elif lw.eagle3_fc == NULL and head.output == NULL:
+        _check_lendable(head, target, target.output, "output")
+        if target.output.ne[1] < head.hp.n_vocab:
+            raise errors.ModelShapeError(f"the target's output has {target.output.ne[1]} rows, fewer than the "
+                                         f"drafter's vocabulary {head.hp.n_vocab}")
+        head.output = target.output
         borrowed.append("output")
     if borrowed:
         head.lender = target

@@ -8,8 +8,9 @@ sequence and as many cells as the target's cache (a draft sequence holds
 the same tokens as its target sequence, plus a few drafts).  The MTP head
 (``open_mtp``) is opened the same way, from the model's own file, or from a
 companion ``mtp-*.gguf`` given as the draft model; so is an EAGLE-3 head
-(``eagle3`` files, elelem.engine.eagle3), whose target then hands it the
-inputs of the layers it reads.  A Gemma 4 drafter file (``gemma4-assistant``)
+(``eagle3`` files, elelem.engine.eagle3) and a DFlash drafter (``dflash``
+files, elelem.engine.dflash), whose target then hands them the inputs of
+the layers they read.  A Gemma 4 drafter file (``gemma4-assistant``)
 given as the draft model gets a context that shares the target's cache (it
 keeps no cells of its own).
 """
@@ -23,6 +24,7 @@ import numpy as np
 from .._core import borrow_target_weights, new_context, open_model
 from ..cpu import amx_types
 from ..engine.assistant import AssistantHead
+from ..engine.dflash import DFlashHead
 from ..engine.draft_model import DraftModel, check_same_vocabulary
 from ..engine.eagle3 import Eagle3Head
 from ..engine.mtp import MTPHead
@@ -39,8 +41,8 @@ def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, r
                use_mmap: bool, amx, target_spec=None) -> Union[DraftModel, MTPHead, AssistantHead]:
     """A DraftModel for the target whose native context is ``context``; or,
     where ``source`` is a companion MTP file (elelem.model.mtp.is_companion),
-    the MTPHead it holds; for an EAGLE-3 file, its Eagle3Head; for a Gemma 4
-    drafter file, its AssistantHead."""
+    the MTPHead it holds; for an EAGLE-3 file, its Eagle3Head; for a DFlash
+    file, its DFlashHead; for a Gemma 4 drafter file, its AssistantHead."""
     if hasattr(source, "spec") and hasattr(source, "gguf"):  # an open LLM
         if source.closed:
             raise ClosedError("the draft model's LLM is closed")
@@ -57,6 +59,9 @@ def open_draft(source, *, target_gguf: GGUFFile, target_n_vocab: int, context, r
         check_same_vocabulary(target_gguf, target_n_vocab, gguf, spec.hparams["n_vocab"])
         if spec.arch.name == "gemma4-assistant":
             return _open_assistant(path, gguf, spec, context=context, repack=repack, use_mmap=use_mmap, amx=amx)
+        if spec.arch.name == "dflash":
+            return _open_dflash(path, gguf, spec, target_spec or model_spec(target_gguf), context=context,
+                                repack=repack, use_mmap=use_mmap, amx=amx)
         if spec.arch.name == "eagle3":
             return _open_eagle3(path, gguf, spec, target_spec or model_spec(target_gguf), context=context,
                                 repack=repack, use_mmap=use_mmap, amx=amx)
@@ -162,6 +167,38 @@ def _open_eagle3(path, gguf: GGUFFile, spec, target_spec, *, context, repack: bo
         raise
     return Eagle3Head(head_context, owned_model=model, d2t=d2t, n_features=3 * h["n_embd_target"],
                       hybrid=context.cache.hybrid)
+
+
+def _open_dflash(path, gguf: GGUFFile, spec, target_spec, *, context, repack: bool, use_mmap: bool,
+                 amx) -> DFlashHead:
+    """A DFlash drafter beside the target's ``context``: its own cache (the
+    injected target features), the target's token table and output where
+    the file has none (llama.cpp's ctx_other), and the target handing over
+    the inputs of the layers it reads."""
+    h, t = spec.hparams, target_spec.hparams
+    if target_spec.arch.builder not in EAGLE3_TARGET_BUILDERS:
+        raise UnsupportedArchitectureError(f"a DFlash drafter drafts for llama, qwen3, qwen3moe, gpt-oss, qwen35, "
+                                           f"qwen3next, ... targets here, not {target_spec.arch.name}")
+    if h["n_embd_target"] != t["n_embd"] or any(il >= t["n_layer"] for il in h["target_layers"]):
+        raise UnsupportedArchitectureError(
+            f"this DFlash drafter reads layers {h['target_layers']} of a target of width {h['n_embd_target']}; "
+            f"the model has {t['n_layer']} layers of width {t['n_embd']}")
+    borrowed = [role for role in ("tok_embd", "output") if spec.global_tensors.get(role) is None]
+    model = open_model(
+        path=path, builder=spec.arch.builder, hparams=h, global_tensors=spec.global_tensors,
+        layer_tensors=spec.layer_tensors, description=spec.description,
+        matmul_weights=spec.matmul_weights(),
+        repack=repack, use_mmap=use_mmap, amx_types=amx_types(amx), shards=gguf.shard_paths)
+    try:
+        if borrowed:
+            borrow_target_weights(model, context.model)
+        head_context = _context_beside(model, context)
+        context.set_feature_layers(h["target_layers"])
+    except BaseException:
+        model.close()
+        raise
+    return DFlashHead(head_context, owned_model=model, block_size=h["block_size"], mask_token=h["mask_token"],
+                      n_features=h["n_embd_inp"], hybrid=context.cache.hybrid)
 
 
 def _context_beside(model, context):

@@ -152,7 +152,8 @@ class LLM:
         self.path = resolve_model(model_path, progress=progress)
         self.gguf: GGUFFile = read_gguf(self.path)
         self.spec: ModelSpec = model_spec(self.gguf)
-        if self.spec.hparams.get("mtp_head"):   # an EAGLE-3 head: it drafts for a target, from that target's states
+        # an EAGLE-3 head or a DFlash drafter: it drafts for a target, from that target's states
+        if self.spec.hparams.get("mtp_head") or self.spec.arch.name == "dflash":
             raise UnsupportedArchitectureError(f"{self.path} is a {self.spec.arch.name} drafter head: give it as "
                                                "the draft_model of the target it drafts for")
         vision, speculation = with_companions(model_path, self.path, vision, speculation, arch=self.spec.arch.name,

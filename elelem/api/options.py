@@ -222,12 +222,14 @@ class SpeculativeOptions:
         model with the same vocabulary (else ``VocabularyMismatchError``)
         that guesses the tokens instead of prompt lookup
         (:mod:`elelem.engine.draft_model`); or a drafter file: an MTP head
-        alone (``mtp-*.gguf``), or a Gemma 4 drafter (``gemma4-assistant``,
-        :mod:`elelem.engine.assistant`), drafting as an MTP head does.
-        ``"auto"``: the model's own companion drafter -- for a model from
-        the Hugging Face Hub, the ``mtp-*.gguf`` its repository ships
-        (pulled beside it, as llama.cpp's ``--spec-type draft-mtp`` picks
-        it); for a local file, one in its folder -- and
+        alone (``mtp-*.gguf``), an EAGLE-3 head, a DFlash drafter
+        (:mod:`elelem.engine.dflash`) or a Gemma 4 drafter
+        (``gemma4-assistant``, :mod:`elelem.engine.assistant`), drafting as
+        an MTP head does.  ``"auto"``: the model's own companion drafter --
+        for a model from the Hugging Face Hub, the ``mtp-*.gguf`` its
+        repository ships, else its ``dflash-*.gguf``, else its
+        ``eagle3-*.gguf`` (pulled beside it, as llama.cpp's ``-hf`` picks
+        them); for a local file, one in its folder -- and
         ``ModelNotFoundError`` where there is none
         (:mod:`elelem.api.companions`).
     :param mtp: True (default) also drafts with the multi-token-prediction

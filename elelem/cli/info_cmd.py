@@ -85,7 +85,8 @@ def _drafters(spec) -> list[str]:
     """The drafters a generation of this model chooses between (engine/step_costs.py plans which runs)."""
     from ..model.mtp import has_mtp
 
-    if spec is None or spec.arch.encoder or spec.arch.name == "gemma4-assistant" or spec.hparams.get("mtp_head"):
+    if spec is None or spec.arch.encoder or spec.arch.name in ("gemma4-assistant", "dflash") \
+            or spec.hparams.get("mtp_head"):
         return []
     if has_mtp(spec):
         return ["prompt lookup", f"mtp ({spec.hparams['n_layer_nextn']} NextN block"
@@ -94,10 +95,15 @@ def _drafters(spec) -> list[str]:
 
 
 def _draft_head(spec) -> str | None:
-    """What a drafter head's file drafts from (an EAGLE-3 head is no model of its own)."""
-    if spec is None or spec.arch.name != "eagle3":
+    """What a drafter head's file drafts from (an EAGLE-3 head or a DFlash drafter is no model of its own)."""
+    if spec is None or spec.arch.name not in ("eagle3", "dflash"):
         return None
     h = spec.hparams
+    if spec.arch.name == "dflash":
+        tables = "its own" if spec.global_tensors.get("tok_embd") else "the target's (borrowed)"
+        return (f"DFlash drafter for a target of width {h['n_embd_target']}: reads the inputs of its layers "
+                f"{', '.join(map(str, h['target_layers']))}; drafts blocks of {h['block_size']} (mask token "
+                f"{h['mask_token']}); token table and output {tables}; give it as the target's draft model")
     vocab = f"{h['n_vocab_draft']} draft ids mapped by d2t" if h["n_vocab_draft"] != h["n_vocab"] else "the target's"
     own = {"token table": spec.global_tensors.get("tok_embd"), "output": spec.layer_tensors[0].get("eagle3_output")}
     borrowed = [what for what, name in own.items() if not name]

@@ -66,9 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
                                   "(Qwen3.5/3.6; used where the draft planner finds that it pays)")
     speculation.add_argument("--draft-model", "--draft", default=None, metavar="M",
                              help="draft with this smaller model of the same vocabulary (a .gguf path, a known "
-                                  "name or hf://...) instead of prompt lookup, or with a companion MTP head "
-                                  "(mtp-*.gguf); 'auto': the model's own companion, from its Hugging Face "
-                                  "repository or its folder")
+                                  "name or hf://...) instead of prompt lookup, or with a drafter file (an "
+                                  "mtp-*.gguf head, a DFlash or EAGLE-3 drafter, a Gemma 4 drafter); 'auto': "
+                                  "the model's own companion (mtp-*, else dflash-*, else eagle3-*), from its "
+                                  "Hugging Face repository or its folder")
 
     caching = argparse.ArgumentParser(add_help=False)
     caching.add_argument("--prompt-cache", default=None, metavar="DIR",
@@ -231,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("--no-mmproj", dest="mmproj", action="store_false",
                       help="not the projector (mmproj-*.gguf) the repository ships for the model's images")
     pull.add_argument("--drafter", action="store_true",
-                      help="also the drafter the repository ships (mtp-*.gguf), which --draft auto uses")
+                      help="also the drafter the repository ships (mtp-*.gguf, else dflash-*.gguf, else "
+                           "eagle3-*.gguf), which --draft auto uses")
     pull.set_defaults(handler=_command("models", "pull"))
 
     rm = commands.add_parser("rm", parents=[common], help="remove a model from the cache",

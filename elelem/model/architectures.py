@@ -138,12 +138,14 @@ def model_spec(gguf: GGUFFile) -> ModelSpec:
 
 def _n_vocab(gguf: GGUFFile, arch: Architecture, key) -> int:
     """The vocabulary's size: the token table's rows; for a drafter that
-    embeds by its target's table (token_embd optional: an EAGLE-3 head), the
+    embeds by its target's table (token_embd optional: EAGLE-3 and DFlash heads), the
     tokenizer's tokens, as llama.cpp's vocab.n_tokens(), or where the file has
     no tokenizer its ``vocab_size`` key."""
     embd = gguf.tensors.get(archs.global_roles()["tok_embd"].gguf)
     if embd is None and "tok_embd" in arch.global_optional:
         tokens = gguf.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, (str, bytes, int, float)) or not hasattr(tokens, "__len__"):
+            tokens = None   # not an array: no vocabulary to count
         n = len(tokens) if tokens is not None else key("vocab_size", None)
         if not isinstance(n, int) or not 0 < n < 2**31:
             raise ModelShapeError(f"this file has no token_embd.weight and no vocabulary size ({n!r})")

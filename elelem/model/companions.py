@@ -1,8 +1,8 @@
 """Finding the files that come with a model: its vision projector and its drafter.
 
 A Hugging Face repository ships them beside its models -- ``mmproj-*.gguf``
-for the images, ``mtp-*.gguf`` for the multi-token-prediction head that
-ggml-org's conversions publish apart from the model -- and llama.cpp's
+for the images, ``mtp-*.gguf``, ``dflash-*.gguf`` and ``eagle3-*.gguf`` for
+the drafters that ggml-org's conversions publish apart from the model -- and llama.cpp's
 ``-hf`` picks them by name (common/download.cpp, ``find_best_sibling``).
 So does elelem (:func:`elelem.model.hub.find_companion`).  Here, below the
 native core, so that ``elelem pull`` fetches them without loading it;
@@ -26,10 +26,13 @@ log = logging.getLogger("elelem")
 #: ``draft_model``'s value that asks for the model's companion drafter.
 AUTO = "auto"
 #: The companion drafters elelem drafts with, by the prefix llama.cpp's converter names them
-#: with (the MTP head: elelem.model.mtp.is_companion).  llama.cpp also infers EAGLE-3,
-#: DFlash and DSpark heads from ``eagle3-``, ``dflash-`` and ``dspark-`` files
-#: (elelem.model.hf_reference.DRAFTERS); they join here with their architectures.
-RUNNABLE_DRAFTERS = ("mtp-",)
+#: with, in the order llama.cpp's ``-hf`` prefers them when no speculative type is asked for
+#: (common/arg.cpp: mtp, then dspark, then dflash, then eagle3): the MTP head
+#: (elelem.model.mtp.is_companion), a DFlash drafter, an EAGLE-3 head.  DSpark files
+#: (``dspark-``: DFlash with a Markov head) are not run here, so they are not fetched; nor
+#: are Gemma 4 drafters, which llama.cpp picks by no file name (they are models of their
+#: own repositories, given as ``draft_model``).
+RUNNABLE_DRAFTERS = ("mtp-", "dflash-", "eagle3-")
 
 ModelName = Union[str, "os.PathLike[str]", None]
 
@@ -75,6 +78,6 @@ def drafter_for(model: ModelName, path: Path, *, progress: Optional[ProgressFn] 
         where = "its Hugging Face repository ships" if is_hub_reference(model) else f"{Path(path).parent} holds"
         raise ModelNotFoundError(
             f"draft_model='auto': {where} no drafter for {model} ({', '.join(p + '*.gguf' for p in RUNNABLE_DRAFTERS)}"
-            f", as llama.cpp's converter names the MTP head it publishes apart); name a draft model instead")
+            f", as llama.cpp's converter names the drafters published apart); name a draft model instead")
     log.info("%s: drafter %s", model, found.name)
     return found

@@ -17,8 +17,8 @@ DEF MAX_RUNS = 8           # runs of sequences in a prompt step split as above, 
 # rows.  (A step of generated tokens of any width keeps every row's one-token
 # numbers: graph/matmul.pxi, attention below, graph/experts.pxi.)
 DEF DECODE_KERNEL_COLUMNS = 8
-# The most target layers a step hands a drafter (EAGLE-3 reads three).
-DEF MAX_FEATURE_LAYERS = 4
+# The most target layers a step hands a drafter (EAGLE-3 reads three, DFlash five or so).
+DEF MAX_FEATURE_LAYERS = 8
 
 
 cdef struct Step:
@@ -120,7 +120,7 @@ cdef void _make_inputs(Step * st) except *:
     ggml_set_input(st.inp_tokens)
     ggml_set_input(st.inp_pos)
     if st.embd_input:
-        st.inp_embd = ggml_new_tensor_2d(st.ctx, GGML_TYPE_F32, st.hp.n_embd, st.n_tokens)
+        st.inp_embd = ggml_new_tensor_2d(st.ctx, GGML_TYPE_F32, embd_input_width(st.hp), st.n_tokens)
         ggml_set_input(st.inp_embd)
     else:
         st.inp_embd = NULL
@@ -168,6 +168,12 @@ cdef inline int hidden_width(const HParams * hp) noexcept:
     """The width of the hidden states an MTP head or drafter takes and
     gives: its target's (n_embd_out, a Gemma 4 drafter's), else n_embd."""
     return hp.n_embd_out if hp.n_embd_out > 0 else hp.n_embd
+
+
+cdef inline int embd_input_width(const HParams * hp) noexcept:
+    """The width of a step's given embedding rows: n_embd_inp where the model
+    sets it (a DFlash drafter's target features), else n_embd."""
+    return hp.n_embd_inp if hp.n_embd_inp > 0 else hp.n_embd
 
 
 cdef inline void keep_layer_input(Step * st, int il, ggml_tensor * x) noexcept:
@@ -327,6 +333,30 @@ cdef inline ggml_tensor * rope_dims(Step * st, ggml_tensor * x, int n_rot, float
                          hp.yarn_beta_fast, hp.yarn_beta_slow)  # without YaRN: ext_factor 0, attn_factor 1
 
 
+cdef void store_kv(Step * st, KVCache cache, int il, ggml_tensor * k, ggml_tensor * v) noexcept:
+    """Store this step's K (head_dim_k, n_head_kv, n_tokens) and V
+    (head_dim_v * n_head_kv, n_tokens) of layer il in its cells (attention's
+    first half; a DFlash drafter's injection stores without attending).  The
+    destinations come from index inputs, not from view offsets, so one graph
+    serves every step of the same shape."""
+    cdef ggml_context * ctx = st.ctx
+    cdef const LayerShape * shape = &cache.shapes[il]
+    cdef ggml_tensor * kc = cache.k[il]
+    cdef ggml_tensor * vc = cache.v[il]
+    cdef int64_t k_row = shape.head_dim_k * shape.n_head_kv
+    cdef int64_t v_row = shape.head_dim_v * shape.n_head_kv
+    ggml_build_forward_expand(st.gf, ggml_set_rows(ctx, kc, ggml_reshape_2d(ctx, k, k_row, st.n_tokens),
+                                                   st.inp_k_idx))
+    if st.flash_attn:
+        ggml_build_forward_expand(st.gf, ggml_set_rows(ctx, vc, v, st.inp_k_idx))
+    else:  # one element per "row" of the flattened, transposed V, padded to the widest layer's
+        if v_row < st.v_row:
+            v = ggml_pad(ctx, v, st.v_row - v_row, 0, 0, 0)
+        ggml_build_forward_expand(st.gf, ggml_set_rows(
+            ctx, ggml_reshape_2d(ctx, vc, 1, st.v_row * cache.kv_size),
+            ggml_reshape_2d(ctx, v, 1, st.v_row * st.n_tokens), st.inp_v_idx))
+
+
 cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, ggml_tensor * k,
                              ggml_tensor * v, ggml_tensor * mask, float kq_scale,
                              ggml_tensor * sinks=NULL) noexcept:
@@ -351,24 +381,11 @@ cdef ggml_tensor * attention(Step * st, KVCache cache, int il, ggml_tensor * q, 
     cdef int64_t head_dim_k = shape.head_dim_k, head_dim_v = shape.head_dim_v
     cdef ggml_tensor * kc = cache.k[il]
     cdef ggml_tensor * vc = cache.v[il]
-    cdef int64_t k_row = head_dim_k * n_head_kv
-    cdef int64_t v_row = head_dim_v * n_head_kv
     cdef size_t v_el = ggml_element_size(vc)
 
-    # The writes into the cache are expanded first, so they run before the reads
-    # below.  Their destinations come from index inputs, not from view offsets,
-    # so one graph serves every step of the same shape.
+    # The writes into the cache are expanded first, so they run before the reads below.
     if k != NULL:
-        ggml_build_forward_expand(st.gf, ggml_set_rows(ctx, kc, ggml_reshape_2d(ctx, k, k_row, st.n_tokens),
-                                                       st.inp_k_idx))
-        if st.flash_attn:
-            ggml_build_forward_expand(st.gf, ggml_set_rows(ctx, vc, v, st.inp_k_idx))
-        else:  # one element per "row" of the flattened, transposed V, padded to the widest layer's
-            if v_row < st.v_row:
-                v = ggml_pad(ctx, v, st.v_row - v_row, 0, 0, 0)
-            ggml_build_forward_expand(st.gf, ggml_set_rows(
-                ctx, ggml_reshape_2d(ctx, vc, 1, st.v_row * cache.kv_size),
-                ggml_reshape_2d(ctx, v, 1, st.v_row * st.n_tokens), st.inp_v_idx))
+        store_kv(st, cache, il, k, v)
 
     cdef ggml_tensor * keys = ggml_view_3d(ctx, kc, head_dim_k, st.n_kv, n_head_kv,
                                            kc.nb[1], ggml_row_size(kc.type, head_dim_k), 0)

@@ -68,10 +68,15 @@ def execute(path: Path) -> Outcome:
             worst = outcome
 
     try:
-        with elelem.LLM(path, n_ctx=N_CTX, n_threads=1) as llm:
-            llm.eval([0, llm.n_vocab - 1])
-            if hasattr(llm, "generate_tokens"):
+        if gguf.get("general.architecture") == "dflash":   # a drafter: opened as its target's draft model
+            with elelem.LLM(drafter_target(), n_ctx=N_CTX, n_threads=1, draft_model=str(path)) as llm:
                 llm.generate_tokens([llm.n_vocab // 2], 2)
+                llm.engine.mtp.draft(0, [0, 1, llm.n_vocab - 1], {}, 3)   # an injection and a block
+        else:
+            with elelem.LLM(path, n_ctx=N_CTX, n_threads=1) as llm:
+                llm.eval([0, llm.n_vocab - 1])
+                if hasattr(llm, "generate_tokens"):
+                    llm.generate_tokens([llm.n_vocab // 2], 2)
         record("model", None)
     except Exception as error:  # noqa: BLE001
         record("model", error)
@@ -94,6 +99,23 @@ def execute(path: Path) -> Outcome:
         worst.stages = stages
         return worst
     return Outcome(PASS, "all", stages=stages)
+
+
+_DRAFTER_TARGET: Optional[Path] = None
+
+
+def drafter_target() -> Path:
+    """The target a drafter case drafts for (seeds.DRAFTER_TARGET), written once per process."""
+    global _DRAFTER_TARGET
+    if _DRAFTER_TARGET is None:
+        import atexit
+        import os
+        import tempfile
+        from .seeds import DRAFTER_TARGET, write_seed
+        path = Path(tempfile.gettempdir()) / f"elelem-fuzz-drafter-target-{os.getpid()}.gguf"
+        _DRAFTER_TARGET = write_seed(path, DRAFTER_TARGET)
+        atexit.register(path.unlink, missing_ok=True)
+    return _DRAFTER_TARGET
 
 
 # ----------------------------------------------------------------------------- parent side

@@ -68,7 +68,12 @@ SYNTHETIC_SEEDS = (
     Seed("granitehybrid-f32-gpt2", "granitehybrid", "gpt2"),
     # per-layer heads, a full layer then a sliding one, a softplus gate per head, a dense layer then experts
     Seed("laguna-f32-gpt2", "laguna", "gpt2", n_swa=4),
+    # a DFlash drafter borrowing its target's token table and output; opened as the draft
+    # model of DRAFTER_TARGET (gguf_target.execute), whose first layer's input it reads
+    Seed("dflash-f32-gpt2", "dflash", "gpt2", template=None),
 )
+#: The seed a drafter seed drafts for: its vocabulary and width.
+DRAFTER_TARGET = SYNTHETIC_SEEDS[0]
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -146,6 +151,7 @@ def write_seed(path: Path, seed: Seed) -> Path:
         from synthetic_mamba2 import Mamba2Config
         from synthetic_laguna import LagunaConfig
         from synthetic_mla import MLAConfig
+        from synthetic_dflash import DFlashConfig, write_dflash
     finally:
         sys.path.remove(str(ROOT / "tests" / "support"))
 
@@ -181,6 +187,12 @@ def write_seed(path: Path, seed: Seed) -> Path:
                               ssm_n_group=1 if granite else 2, n_ctx_train=256, tied=seed.tied, wtype=seed.wtype,
                               seed=len(seed.name), extra_keys=seed.extra_keys)
         write_model(path, mamba2, extra_metadata=add_tokenizer)
+        return path
+    if seed.arch == "dflash":
+        dflash = DFlashConfig(n_vocab=n_vocab, n_embd=32, n_embd_target=32, target_layers=(1,), n_layer=1, n_head=2,
+                              n_head_kv=1, n_ff=64, n_ctx_train=256, block_size=4, mask_token=4, wtype=seed.wtype,
+                              seed=len(seed.name))
+        write_dflash(path, dflash, extra_metadata=add_tokenizer)
         return path
     if seed.arch == "laguna":
         laguna = LagunaConfig(n_vocab=n_vocab, n_embd=32, n_layer=2, heads_full=2, heads_swa=4, n_head_kv=1,
