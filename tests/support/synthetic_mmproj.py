@@ -16,7 +16,7 @@ import numpy as np
 
 import ggml_numerics as numerics
 
-QWEN_TYPES = ("qwen2vl_merger", "qwen2.5vl_merger")
+QWEN_TYPES = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ class TinyProjector:
     # ((weight stem, suffix, value), ...): e.g. ("v.blk.0.ffn_down", "output_max", 0.5)
     pos_size: int = 64
     clamps: tuple = ()
+    # qwen3vl: the layers with a deepstack merger (deepstack_visual_indexes)
+    deepstack: tuple = (0, 2)
 
     @property
     def side(self) -> int:
@@ -109,15 +111,21 @@ def _qwen_weights(cfg: TinyProjector, rng, mat, vec, norm) -> dict[str, np.ndarr
     from qkv, no positions table; 2.5 adds a gate and RMSNorms (no norm biases)."""
     e, f, p = cfg.n_embd, cfg.n_ff, cfg.patch_size
     rms = cfg.projector_type == "qwen2.5vl_merger"
+    qwen3 = cfg.projector_type == "qwen3vl_merger"
     w = {}
     for name in ("v.patch_embd.weight", "v.patch_embd.weight.1"):
         w[name] = (rng.standard_normal((e, 3, p, p)) / np.sqrt(6 * p * p)).astype(np.float32)
+    if qwen3:   # Qwen3VLVisionModel: the patch bias kept, num_position_embeddings learned positions
+        w["v.patch_embd.bias"] = vec(e)
+        w["v.position_embd.weight"] = (rng.standard_normal((cfg.side * cfg.side, e)) * 0.5).astype(np.float32)
     for i in range(cfg.n_layer):
         b = f"v.blk.{i}."
         w.update({b + "ln1.weight": norm(e), b + "ln2.weight": norm(e)})
         if not rms:
             w.update({b + "ln1.bias": vec(e), b + "ln2.bias": vec(e)})
-        for n in "qkv":
+        if qwen3:   # attn.qkv kept whole
+            w[b + "attn_qkv.weight"], w[b + "attn_qkv.bias"] = mat(3 * e, e), vec(3 * e)
+        for n in ("" if qwen3 else "qkv"):
             w[b + f"attn_{n}.weight"], w[b + f"attn_{n}.bias"] = mat(e, e), vec(e)
         w[b + "attn_out.weight"], w[b + "attn_out.bias"] = mat(e, e), vec(e)
         w[b + "ffn_up.weight"], w[b + "ffn_up.bias"] = mat(f, e), vec(f)
@@ -129,6 +137,12 @@ def _qwen_weights(cfg: TinyProjector, rng, mat, vec, norm) -> dict[str, np.ndarr
         w["v.post_ln.bias"] = vec(e)
     w["mm.0.weight"], w["mm.0.bias"] = mat(4 * e, 4 * e), vec(4 * e)
     w["mm.2.weight"], w["mm.2.bias"] = mat(cfg.n_embd_out, 4 * e), vec(cfg.n_embd_out)
+    if qwen3:   # deepstack_merger_list.k -> v.deepstack.<its layer>: a LayerNorm over the merged block, fc1, fc2
+        for il in cfg.deepstack:
+            b = f"v.deepstack.{il}."
+            w[b + "norm.weight"], w[b + "norm.bias"] = norm(4 * e), vec(4 * e)
+            w[b + "fc1.weight"], w[b + "fc1.bias"] = mat(4 * e, 4 * e), vec(4 * e)
+            w[b + "fc2.weight"], w[b + "fc2.bias"] = mat(cfg.n_embd_out, 4 * e), vec(cfg.n_embd_out)
     return w
 
 
@@ -179,7 +193,7 @@ def tensor_type(cfg: TinyProjector, name: str, arr: np.ndarray) -> str:
         return "f32" if arr.ndim < 2 or name == "v.position_embd.weight" else cfg.wtype
     if name == "mm.input_projection.weight":
         return "f16"
-    if cfg.projector_type in QWEN_TYPES and name.startswith("v.patch_embd"):
+    if cfg.projector_type in QWEN_TYPES and name.startswith("v.patch_embd.weight"):
         return cfg.wtype   # MmprojModel.tensor_force_quant: the patch kernel F16 in an F16 file
     if name.startswith(("v.patch_embd", "v.position_embd")) or arr.ndim < 2:
         return "f32"
@@ -215,7 +229,13 @@ def write_projector(path: Path, cfg: TinyProjector = TinyProjector()) -> dict[st
         # Qwen2VLVisionModel.set_gguf_parameters: no merge key (2 is clip.cpp's default), no GELU flag
         # (quick GELU); Qwen2-VL's feed_forward_length is the text width (config's hidden_size).
         del keys["clip.use_gelu"]
-        if cfg.projector_type == "qwen2.5vl_merger":
+        if cfg.projector_type == "qwen3vl_merger":
+            # Qwen3VLVisionModel.set_gguf_parameters: GELU, the merge size, the text model's RMSNorm epsilon
+            # for the vision norms, and a flag per layer for the deepstack layers.
+            keys["clip.use_gelu"] = True
+            keys["clip.vision.spatial_merge_size"] = 2
+            keys["clip.vision.is_deepstack_layers"] = [il in cfg.deepstack for il in range(cfg.n_layer)]
+        elif cfg.projector_type == "qwen2.5vl_merger":
             keys["clip.use_silu"] = True
             keys["clip.vision.n_wa_pattern"] = cfg.n_wa_pattern
         else:
@@ -243,6 +263,8 @@ def write_projector(path: Path, cfg: TinyProjector = TinyProjector()) -> dict[st
             writer.add_float32(key, value)
         elif isinstance(value, str):
             writer.add_string(key, value)
+        elif all(isinstance(v, bool) for v in value):
+            writer.add_array(key, list(value))
         else:
             writer.add_array(key, [float(v) for v in value])
     stored = {}

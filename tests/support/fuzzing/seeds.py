@@ -68,6 +68,8 @@ SYNTHETIC_SEEDS = (
     Seed("granitehybrid-f32-gpt2", "granitehybrid", "gpt2"),
     # per-layer heads, a full layer then a sliding one, a softplus gate per head, a dense layer then experts
     Seed("laguna-f32-gpt2", "laguna", "gpt2", n_swa=4),
+    # interleaved multi-section RoPE, Q/K norms, a deepstack part added after layer 0 (image rows only)
+    Seed("qwen3vl-f32-gpt2", "qwen3vl", "gpt2", extra_keys=(("{arch}.n_deepstack_layers", 1),)),
 )
 
 
