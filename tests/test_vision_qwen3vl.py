@@ -4,7 +4,9 @@ A synthetic qwen3vl projector (tests/support/synthetic_mmproj.py, the
 converter's Qwen3VLVisionModel layout: a patch bias, a learned position table
 resized to each image's grid, one Q/K/V product, and deepstack mergers on
 layers 0 and 2) over synthetic qwen3vl and qwen3vlmoe text models
-(interleaved M-RoPE, n_deepstack_layers 2) carrying SmolLM2's vocabulary.
+(interleaved M-RoPE, n_deepstack_layers 2) carrying SmolLM2's vocabulary; and
+Qwen3.5's hybrids (qwen35, qwen35moe: Gated DeltaNet layers the image's rows
+pass through) with the same projector less its deepstack mergers.
 libmtmd's side is tests/support/fixtures/make_vision_fixtures.py.
 
 Tolerance: none.  The encoder is clip_graph_qwen3vl op for op on the same
@@ -36,9 +38,11 @@ _TEXT = dict(n_vocab=49152, n_embd=64, n_head=4, n_head_kv=2, n_layer=4, tied=Tr
 TEXT = {"qwen3vl": TinyConfig(arch="qwen3vl", **_TEXT),
         "qwen3vlmoe": TinyConfig(arch="qwen3vlmoe", n_ff_exp=32, **_TEXT),
         # Qwen3.5: a Gated DeltaNet hybrid; its mmproj is a qwen3vl_merger without deepstack layers.
-        "qwen35": TinyConfig(arch="qwen35", **dict(_TEXT, extra_keys=()))}
+        "qwen35": TinyConfig(arch="qwen35", **dict(_TEXT, extra_keys=())),
+        "qwen35moe": TinyConfig(arch="qwen35moe", n_ff_exp=32, **dict(_TEXT, extra_keys=()))}
 # The projector file each text model pairs with.
-MMPROJ = {"qwen3vl": "mmproj.gguf", "qwen3vlmoe": "mmproj.gguf", "qwen35": "mmproj_plain.gguf"}
+MMPROJ = {"qwen3vl": "mmproj.gguf", "qwen3vlmoe": "mmproj.gguf", "qwen35": "mmproj_plain.gguf",
+          "qwen35moe": "mmproj_plain.gguf"}
 # Odd sizes and extreme aspect ratios (the position table resized to each grid), and 64 x 64:
 # the table's own 8 x 8 grid, taken as it is.
 SIZES = [(37, 23), (5, 300), (300, 7), (64, 64), (150, 200)]
@@ -69,7 +73,8 @@ def files(smollm_path, tmp_path_factory):
     return tmp, images, stored
 
 
-@pytest.fixture(scope="module", params=[("qwen3vl", "on"), ("qwen3vl", "off"), ("qwen3vlmoe", "on"), ("qwen35", "on")],
+@pytest.fixture(scope="module", params=[("qwen3vl", "on"), ("qwen3vl", "off"), ("qwen3vlmoe", "on"), ("qwen35", "on"),
+                                        ("qwen35moe", "off")],
                 ids=lambda p: f"{p[0]}-fa-{p[1]}")
 def reference(request, llamacpp, files):
     tmp, images, _ = files
@@ -87,7 +92,7 @@ def test_image_embeddings_and_deepstack_features_equal_libmtmds(files, reference
 
     arch, flash, ref = reference
     tmp, images, _ = files
-    n_deepstack = 0 if arch == "qwen35" else N_DEEPSTACK
+    n_deepstack = 0 if arch.startswith("qwen35") else N_DEEPSTACK
     with Projector(tmp / MMPROJ[arch], n_threads=THREADS, flash_attn=flash == "on") as projector:
         assert projector.spec.n_deepstack == n_deepstack
         for path, record in zip(images, ref["images"]):

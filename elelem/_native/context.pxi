@@ -448,7 +448,8 @@ cdef class Context:
     def decode_embeddings(self, embd, ids, seq_ids, outputs=None, bint causal=True, grid=None, int offset=0):
         """Evaluate one batch of given embeddings (an image's, from a
         projector) in place of tokens: row ``i`` of ``embd`` (float32
-        ``(n, n_embd)``, or ``(n, n_embd * (1 + n_deepstack))`` for Qwen3-VL) goes to the next position of sequence ``seq_ids[i]``
+        ``(n, n_embd)``, or ``(n, n_embd * (1 + n_deepstack))`` for Qwen3-VL)
+        goes to the next position of sequence ``seq_ids[i]``
         and its cell is marked with ``ids[i]``, a negative id standing for it
         (what prefix reuse compares; never a vocabulary id).  Without
         ``causal`` the rows attend to each other both ways (libmtmd's
@@ -575,7 +576,8 @@ cdef class Context:
             if h_in is not None:
                 _set_input(st.inp_h, cnp.PyArray_DATA(h_in), ggml_nbytes(st.inp_h))
             if embd is not None:
-                _set_input(st.inp_embd, cnp.PyArray_DATA(embd), <size_t> n * embd_input_width(&self.model.hp) * sizeof(float))
+                _set_input(st.inp_embd, cnp.PyArray_DATA(embd),
+                           <size_t> n * embd_input_width(&self.model.hp) * sizeof(float))
             self._compute()
         except BaseException:
             self.cache.unplace(n, &seqs[0], &cells[0])
