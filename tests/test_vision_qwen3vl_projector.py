@@ -148,3 +148,30 @@ def test_damaged_qwen3vl_projector_files_raise_elelem_errors_only(tmp_path):
             pass
         projector.close()
     assert 0 < opened < 100
+
+
+@pytest.mark.parametrize("size", [(64, 64), (16 * 8, 16 * 9), (48, 144)], ids=["table-grid", "9x8", "9x3"])
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_the_qwen3vl_encoder_matches_the_numpy_reference(tmp_path, size, flash_attn, tolerance=2e-3):
+    """Within 2e-3 of the outputs' largest magnitude, deepstack parts included
+    (measured: 4.0e-4 to 7.1e-4): what is left is float32 summation, ggml's GELU table and, with flash attention, K and
+    V in F16.  The grids: the position table's own (8 x 8 patches, taken as it is),
+    and others it is resized to (bilinear, corners aligned).  libmtmd's embeddings
+    are matched bit for bit in tests/test_vision_qwen3vl.py."""
+    core = pytest.importorskip("elelem._core")
+    from elelem.vision.qwen import encoder_inputs
+    from synthetic_mmproj import qwen3vl_vit_reference
+    path = tmp_path / "qwen3vl.gguf"
+    weights = write_projector(path, QWEN3)
+    spec = read_projector(path)
+    vm = core.open_vision_model(str(path), spec.projector_type, spec.hparams, spec.global_tensors,
+                                spec.layer_tensors)
+    h, w = size
+    pixels = np.random.default_rng(1).uniform(-1, 1, (3, h, w)).astype(np.float32)
+    inputs = encoder_inputs(w, h, 8, 0)
+    got = vm.encode(pixels, 2, flash_attn, inputs)
+    want = qwen3vl_vit_reference(QWEN3, weights, pixels, inputs)
+    assert got.shape == want.shape == ((h // 16) * (w // 16), 3 * 64)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err <= tolerance, err
+    vm.close()

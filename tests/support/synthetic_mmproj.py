@@ -388,3 +388,68 @@ def qwen_vit_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: np.
     x = numerics.gelu_f16_table(_linear(x, w["mm.0.weight"], wt) + w["mm.0.bias"])
     x = _linear(x, w["mm.2.weight"], wt) + w["mm.2.bias"]
     return x[inputs["window_idx"]] if windows else x
+
+
+def _resize_align_corners(table: np.ndarray, ny: int, nx: int) -> np.ndarray:
+    """ggml_interpolate's bilinear resize with GGML_SCALE_FLAG_ALIGN_CORNERS of a (rows, cols, e)
+    table to (ny, nx, e): output i reads source i * (n_in - 1) / (n_out - 1) (n_in / n_out where
+    a side is 1), between its floor and the next sample, clamped to the table."""
+    def taps(n_out, n_in):
+        scale = (n_out - 1) / (n_in - 1) if n_out > 1 and n_in > 1 else n_out / n_in
+        c = np.arange(n_out, dtype=np.float64) / np.float32(scale)
+        c0 = np.clip(np.floor(c).astype(int), 0, n_in - 1)
+        return c0, np.minimum(c0 + 1, n_in - 1), np.clip(c - c0, 0.0, 1.0)
+
+    y0, y1, dy = taps(ny, table.shape[0])
+    x0, x1, dx = taps(nx, table.shape[1])
+    top = table[y0][:, x0] * (1 - dx)[None, :, None] + table[y0][:, x1] * dx[None, :, None]
+    bottom = table[y1][:, x0] * (1 - dx)[None, :, None] + table[y1][:, x1] * dx[None, :, None]
+    return top * (1 - dy)[:, None, None] + bottom * dy[:, None, None]
+
+
+def qwen3vl_vit_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: np.ndarray,
+                          inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """The qwen3vl projector's output for ``pixels`` (3, H, W): the patches plus their bias and
+    the position table resized to the grid, LayerNorm layers with one Q/K/V product, the
+    2D RoPE, and after each deepstack layer its merger's output; the main merger's output
+    then the deepstack ones, side by side: (n_tokens, n_embd_out * (1 + len(cfg.deepstack))).
+    float64 but for the F16 activations of F16 matmuls and the GELU table."""
+    p, e, wt = cfg.patch_size, cfg.n_embd, cfg.wtype
+    _, h, wd = pixels.shape
+    ph, pw = h // p, wd // p
+    cols = pixels.astype(np.float64).reshape(3, ph, p, pw, p).transpose(1, 3, 0, 2, 4).reshape(ph * pw, 3 * p * p)
+    x = sum(numerics.matmul(cols, w[name].reshape(e, -1), wt) for name in ("v.patch_embd.weight",
+                                                                         "v.patch_embd.weight.1"))
+    x = x + w["v.patch_embd.bias"]
+    table = w["v.position_embd.weight"].astype(np.float64).reshape(cfg.side, cfg.side, e)
+    x = x + (table if (ph, pw) == (cfg.side, cfg.side) else _resize_align_corners(table, ph, pw)).reshape(-1, e)
+    x = x.reshape(ph // 2, 2, pw // 2, 2, e).transpose(0, 2, 1, 3, 4).reshape(-1, e)   # merge-block order
+    n = x.shape[0]
+    pos = inputs["positions"].reshape(4, n)
+    hd = e // cfg.n_head
+
+    def merger(v, w1, b1, w2, b2):
+        return _linear(numerics.gelu_f16_table(_linear(v, w[w1], wt) + w[b1]), w[w2], wt) + w[b2]
+
+    deepstack = []
+    for i in range(cfg.n_layer):
+        b = f"v.blk.{i}."
+        t = _layer_norm(x, w[b + "ln1.weight"], w[b + "ln1.bias"], cfg.eps)
+        qkv = _linear(t, w[b + "attn_qkv.weight"], wt) + w[b + "attn_qkv.bias"]
+        q, k, v = qkv[:, :e], qkv[:, e:2 * e], qkv[:, 2 * e:]
+        q, k = (_rope_vision(m.reshape(n, cfg.n_head, hd), pos[0], pos[1]) for m in (q, k))
+        q, k, v = (m.reshape(n, cfg.n_head, hd).transpose(1, 0, 2) for m in (q, k, v))
+        a = q @ k.transpose(0, 2, 1) / np.sqrt(hd)
+        a = np.exp(a - a.max(axis=-1, keepdims=True))
+        a /= a.sum(axis=-1, keepdims=True)
+        o = (a @ v).transpose(1, 0, 2).reshape(n, e)
+        x = x + _linear(o, w[b + "attn_out.weight"], wt) + w[b + "attn_out.bias"]
+        t = _layer_norm(x, w[b + "ln2.weight"], w[b + "ln2.bias"], cfg.eps)
+        t = numerics.gelu_f16_table(_linear(t, w[b + "ffn_up.weight"], wt) + w[b + "ffn_up.bias"])
+        x = x + _linear(t, w[b + "ffn_down.weight"], wt) + w[b + "ffn_down.bias"]
+        if i in cfg.deepstack:
+            d = f"v.deepstack.{i}."
+            t = _layer_norm(x.reshape(n // 4, 4 * e), w[d + "norm.weight"], w[d + "norm.bias"], cfg.eps)
+            deepstack.append(merger(t, d + "fc1.weight", d + "fc1.bias", d + "fc2.weight", d + "fc2.bias"))
+    x = _layer_norm(x, w["v.post_ln.weight"], w["v.post_ln.bias"], cfg.eps).reshape(n // 4, 4 * e)
+    return np.concatenate([merger(x, "mm.0.weight", "mm.0.bias", "mm.2.weight", "mm.2.bias")] + deepstack, axis=1)
