@@ -175,3 +175,30 @@ def test_the_qwen3vl_encoder_matches_the_numpy_reference(tmp_path, size, flash_a
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err <= tolerance, err
     vm.close()
+
+
+@pytest.mark.parametrize("keys, drop_sections, message", [
+    ((("{arch}.n_deepstack_layers", 4),), False, "n_deepstack_layers"),   # as many as the layers: past the last
+    ((("{arch}.n_deepstack_layers", 1),), True, "rope.dimension_sections"),
+], ids=["deepstack-past-the-layers", "no-sections"])
+def test_a_bad_qwen3vl_text_model_raises_model_shape_error(tmp_path, keys, drop_sections, message):
+    from elelem.gguf.reader import read_gguf
+    from elelem.model.architectures import model_spec
+    from synthetic import TinyConfig, write_model
+    cfg = TinyConfig(arch="qwen3vl", n_vocab=64, n_embd=32, n_head=2, n_head_kv=1, n_layer=4, extra_keys=keys)
+    if drop_sections:
+        cfg = cfg.but(rope_sections=(0, 0, 0, 0))
+    write_model(tmp_path / "bad.gguf", cfg)
+    with pytest.raises(errors.ModelShapeError, match=message):
+        model_spec(read_gguf(tmp_path / "bad.gguf"))
+
+
+def test_a_good_qwen3vl_text_model_reads_its_deepstack_and_imrope(tmp_path):
+    from elelem.gguf.reader import read_gguf
+    from elelem.model.architectures import model_spec
+    from synthetic import TinyConfig, write_model
+    cfg = TinyConfig(arch="qwen3vlmoe", n_vocab=64, n_embd=32, n_head=2, n_head_kv=1, n_layer=4,
+                     extra_keys=(("{arch}.n_deepstack_layers", 3),))
+    write_model(tmp_path / "good.gguf", cfg)
+    h = model_spec(read_gguf(tmp_path / "good.gguf")).hparams
+    assert (h["n_deepstack"], h["rope_type"], list(h["rope_sections"])) == (3, "imrope", [3, 3, 2, 0])
