@@ -29,7 +29,7 @@ DOC = ROOT / "docs" / "models.md"
 ARCHITECTURES = ("bert", "deepseek2", "dflash", "eagle3", "gemma3", "gemma4", "gemma4-assistant", "glm4moe", "gpt-oss",
                  "granitehybrid", "laguna", "lfm2", "lfm2moe", "llama", "minimax-m2", "mistral3", "nemotron_h",
                  "nemotron_h_moe", "nomic-bert", "nomic-bert-moe", "qwen2", "qwen2vl", "qwen3", "qwen35", "qwen35moe",
-                 "qwen3moe", "qwen3next", "seed_oss", "smollm3")
+                 "qwen3moe", "qwen3next", "qwen3vl", "qwen3vlmoe", "seed_oss", "smollm3")
 
 
 def doc_example(path: str) -> str:

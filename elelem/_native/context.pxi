@@ -452,18 +452,20 @@ cdef class Context:
     def decode_embeddings(self, embd, ids, seq_ids, outputs=None, bint causal=True, grid=None, int offset=0):
         """Evaluate one batch of given embeddings (an image's, from a
         projector) in place of tokens: row ``i`` of ``embd`` (float32
-        ``(n, n_embd)``) goes to the next position of sequence ``seq_ids[i]``
+        ``(n, n_embd)``, or ``(n, n_embd * (1 + n_deepstack))`` for Qwen3-VL)
+        goes to the next position of sequence ``seq_ids[i]``
         and its cell is marked with ``ids[i]``, a negative id standing for it
         (what prefix reuse compares; never a vocabulary id).  Without
         ``causal`` the rows attend to each other both ways (libmtmd's
         non-causal images).  Returns the logits of ``outputs`` as
-        :meth:`_decode` does.  Not for hybrid models."""
+        :meth:`_decode` does.  A hybrid model's rows are one sequence's (they pass
+        through its recurrent state as tokens do: Qwen3.5's images)."""
         self._check_open()
-        if self.cache.hybrid or self.model.hp.encoder:
+        if self.model.hp.encoder:
             raise errors.InvalidArgumentError("this model takes no embeddings in place of tokens")
         x = np.ascontiguousarray(embd, dtype=np.float32)
         marks = np.asarray(ids)
-        cdef int width = embd_input_width(&self.model.hp)
+        cdef int width = embd_input_width(&self.model.hp)   # n_embd, and n_embd per deepstack part
         if x.ndim != 2 or x.shape[1] != width or x.shape[0] == 0:
             raise errors.InvalidArgumentError(f"embeddings must be (n, {width}) float32, got "
                                               f"{tuple(np.shape(embd))}")
@@ -478,7 +480,15 @@ cdef class Context:
                     or (seq_ids is not None and np.unique(np.asarray(seq_ids)).size > 1):
                 raise errors.InvalidArgumentError(f"rows {offset}..{offset + x.shape[0]} of one sequence's "
                                                   f"{grid_x} x {grid_y} image grid, got {grid}")
-        return self._decode(marks, seq_ids, outputs, False, False, 0, embd=x, causal=causal, grid_x=grid_x,
+        cdef int n_seqs = 0
+        if self.cache.hybrid:
+            seqs = _checked_seq_ids(seq_ids, x.shape[0], self.cache.n_seq_max)
+            if (seqs != seqs[0]).any():
+                raise errors.InvalidArgumentError("a hybrid model takes embedding rows of one sequence a step")
+            # A rewind into the rows restores the state before them (decode's snapshots).
+            self._snapshot_before(seqs[:1], [x.shape[0]], False)
+            n_seqs = 1
+        return self._decode(marks, seq_ids, outputs, False, False, n_seqs, embd=x, causal=causal, grid_x=grid_x,
                             grid_y=grid_y, grid_offset=offset)
 
     def _decode(self, tokens, seq_ids, outputs, bint embeddings, bint decode_kernels, int n_seqs, bint rank=False,
@@ -558,7 +568,7 @@ cdef class Context:
         cdef int32_t * positions4 = NULL
         self.busy = True
         try:
-            if self.model.hp.rope_type == GGML_ROPE_TYPE_MROPE:
+            if self.model.hp.rope_type == GGML_ROPE_TYPE_MROPE or self.model.hp.rope_type == GGML_ROPE_TYPE_IMROPE:
                 positions4 = mrope_positions(self.cache, n, &seqs[0], &positions[0], &cells[0], grid_x, grid_y,
                                              grid_offset)
             st = self._graph_for(n, n_kv, n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs, pair_lone_row,
@@ -570,7 +580,8 @@ cdef class Context:
             if h_in is not None:
                 _set_input(st.inp_h, cnp.PyArray_DATA(h_in), ggml_nbytes(st.inp_h))
             if embd is not None:
-                _set_input(st.inp_embd, cnp.PyArray_DATA(embd), ggml_nbytes(st.inp_embd))
+                _set_input(st.inp_embd, cnp.PyArray_DATA(embd),
+                           <size_t> n * embd_input_width(&self.model.hp) * sizeof(float))
             self._compute()
         except BaseException:
             self.cache.unplace(n, &seqs[0], &cells[0])

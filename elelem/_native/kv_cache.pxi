@@ -456,7 +456,7 @@ cdef KVCache _new_kv_cache(Model m, int kv_size, int n_seq_max, ggml_type type_k
     c.cell_pos = <int32_t *> malloc(kv_size * sizeof(int32_t))
     c.cell_token = <int32_t *> calloc(kv_size, sizeof(int32_t))
     c.cell_rope_next = <int32_t *> calloc(kv_size, sizeof(int32_t))
-    c.mrope = m.hp.rope_type == GGML_ROPE_TYPE_MROPE
+    c.mrope = m.hp.rope_type == GGML_ROPE_TYPE_MROPE or m.hp.rope_type == GGML_ROPE_TYPE_IMROPE
     c.cell_seqs = <uint64_t *> calloc(kv_size, sizeof(uint64_t))
     c.seq_length = <int32_t *> calloc(MAX_SEQ, sizeof(int32_t))
     c.k = <ggml_tensor **> calloc(m.hp.n_layer, sizeof(ggml_tensor *))

@@ -64,7 +64,7 @@ class ImageInput:
 
     @classmethod
     def open(cls, options: VisionOptions, *, arch: str, n_embd: int, media: MediaTable,
-             n_threads: int) -> Optional["ImageInput"]:
+             n_threads: int, n_deepstack: int = 0) -> Optional["ImageInput"]:
         if options.mmproj is None or isinstance(options.mmproj, bool):   # False: none (True is refused)
             return None
         if arch not in ARCHS_WITH_IMAGES:
@@ -72,7 +72,7 @@ class ImageInput:
                                        f"{', '.join(ARCHS_WITH_IMAGES)}")
         projector = Projector(options.mmproj, n_threads=n_threads)
         try:
-            projector.check_text_model(n_embd)
+            projector.check_text_model(n_embd, n_deepstack)
         except BaseException:
             projector.close()
             raise

@@ -224,7 +224,8 @@ class LLM:
             self.assets = ModelAssets(self.path, self.gguf, self.spec)
             self.assets.tool_call_format = tool_call_format  # None: read from the chat template
             self.images = ImageInput.open(vision, arch=self.spec.arch.name, n_embd=self.spec.hparams["n_embd"],
-                                          media=self._engine.media, n_threads=native.n_threads)
+                                          media=self._engine.media, n_threads=native.n_threads,
+                                          n_deepstack=int(self.spec.hparams.get("n_deepstack", 0)))
             self.assets.images = self.images
             # embedding=True is llama-cpp-python's switch; here embeddings always work.
             self.embedding = bool(embedding)

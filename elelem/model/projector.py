@@ -54,7 +54,8 @@ class ProjectorKind:
 
 
 #: Text architectures whose graphs take an image's embeddings in place of tokens.
-ARCHS_WITH_IMAGES = ("gemma3", "gemma4", "qwen2vl", "mistral3", "llama")   # llama: Pixtral 12B, Mistral Small 3.1
+ARCHS_WITH_IMAGES = ("gemma3", "gemma4", "qwen2vl", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "mistral3",
+                     "llama")   # llama: Pixtral 12B, Mistral Small 3.1
 
 # The projector types elelem encodes; each has a builder in elelem/_native/graph/vision_<type>.pxi.
 _QWEN = ProjectorKind("<|vision_start|>", "<|vision_end|>", "bicubic", non_causal=False, default_merge=2,
@@ -63,6 +64,7 @@ KINDS: dict[str, ProjectorKind] = {
     "gemma3": ProjectorKind("<start_of_image>", "<end_of_image>", "bilinear", non_causal=True, default_merge=4),
     "qwen2vl_merger": _QWEN,           # Qwen2-VL
     "qwen2.5vl_merger": _QWEN,         # Qwen2.5-VL (and Qwen2.5-Omni's vision half, "qwen2.5o")
+    "qwen3vl_merger": _QWEN,           # Qwen3-VL, and Qwen3.5 / 3.6's vision half (the converter's Qwen3VLVisionModel)
     "gemma4v": ProjectorKind("<|image>", "<image|>", "bicubic", non_causal=True, default_merge=3,
                              causal_text_widths=(1536, 2560), image_tokens=(70, 1120)),
     # No text before the image: its rows end with [IMG_BREAK] (the projector's own embedding)
@@ -70,7 +72,7 @@ KINDS: dict[str, ProjectorKind] = {
     "pixtral": ProjectorKind("", "[IMG_END]", "bicubic", non_causal=False, default_merge=1,
                              image_tokens=(8, 1024)),
 }
-QWEN_TYPES = ("qwen2vl_merger", "qwen2.5vl_merger")
+QWEN_TYPES = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 # clip.cpp's set_limit_image_tokens(8, 4096) for the Qwen-VL types: merged tokens per image.
 QWEN_MIN_TOKENS, QWEN_MAX_TOKENS = 8, 4096
 
@@ -102,6 +104,16 @@ class ProjectorSpec:
     def n_embd_out(self) -> int:
         """The text model's width, which every image embedding has."""
         return int(self.hparams["n_embd_out"])
+
+    @property
+    def n_deepstack(self) -> int:
+        """Qwen3-VL: the layers whose merged outputs follow the main embedding in each row."""
+        return int(self.hparams.get("n_deepstack", 0))
+
+    @property
+    def row_width(self) -> int:
+        """The width of an image embedding's row: the text width, once more per deepstack layer."""
+        return self.n_embd_out * (1 + self.n_deepstack)
 
     @property
     def n_image_tokens(self) -> int:
@@ -216,6 +228,8 @@ def _read_hparams(gguf: GGUFFile, kind: ProjectorKind, ptype: str) -> dict[str, 
             raise GGUFMetadataError(f"{gguf.path}: the Qwen-VL encoder's head width {d_head} must be a multiple of 4 "
                                     f"(2D rotary sections)", field=p + "attention.head_count")
         n_wa = _u32_optional(gguf, p + "n_wa_pattern", low=0, high=MAX_LAYERS, required=ptype == "qwen2.5vl_merger")
+        if ptype == "qwen3vl_merger":
+            n_wa = 0   # clip_graph_qwen3vl attends fully in every layer
         extra = {"dynamic_size": True, "norm": "rms" if ptype == "qwen2.5vl_merger" else "layer",
                  "n_wa_pattern": n_wa or 0, "attn_window": 112}   # clip.cpp's default window, in pixels
     # The Qwen-VL converter writes the merger's width as feed_forward_length (clip.cpp
@@ -312,9 +326,15 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
         glob["mm_0_b"] = t.get("mm.0.bias", (merged,), types=vec)
         glob["mm_1_w"] = t.get("mm.2.weight", (merged, h["n_embd_out"]))
         glob["mm_1_b"] = t.get("mm.2.bias", (h["n_embd_out"],), types=vec)
-        if t.shape("v.patch_embd.bias") is not None:
+        if ptype == "qwen3vl_merger":
+            # clip_graph_qwen3vl asserts a patch bias and a learned position table (num_position_embeddings
+            # rows: the converter's image_size is its side times the patch), resized to each image's grid.
+            glob["patch_bias"] = t.get("v.patch_embd.bias", (n_embd,), types=vec)
+            glob["pos_embd"] = t.get("v.position_embd.weight", (n_embd, side * side), types=("F32",))
+        elif t.shape("v.patch_embd.bias") is not None:
             raise ModelShapeError(f"{gguf.path}: a Qwen-VL patch embedding has no bias (v.patch_embd.bias)")
-        glob["patch_bias"] = glob["pos_embd"] = None
+        else:
+            glob["patch_bias"] = glob["pos_embd"] = None
     elif gemma4v:
         # Two position tables, the columns' and the rows' (the converter's position_embedding_table,
         # forced F32); clip_graph_gemma4v reads no patch bias.
@@ -346,11 +366,15 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
         def bias(name: str, n: int) -> Optional[str]:
             return t.get(name, (n,), required=False, types=vec)
 
+        fused = ptype == "qwen3vl_merger"   # the converter keeps Qwen3-VL's attn.qkv whole
         layer = {
             "ln1_w": norm("ln1.weight"), "ln1_b": bias(b + "ln1.bias", n_embd),
-            "q_w": t.get(b + "attn_q.weight", (n_embd, width)), "q_b": bias(b + "attn_q.bias", width),
-            "k_w": t.get(b + "attn_k.weight", (n_embd, width)), "k_b": bias(b + "attn_k.bias", width),
-            "v_w": t.get(b + "attn_v.weight", (n_embd, width)), "v_b": bias(b + "attn_v.bias", width),
+            "q_w": t.get(b + "attn_q.weight", (n_embd, width), required=not fused),
+            "q_b": bias(b + "attn_q.bias", width),
+            "k_w": t.get(b + "attn_k.weight", (n_embd, width), required=not fused),
+            "k_b": bias(b + "attn_k.bias", width),
+            "v_w": t.get(b + "attn_v.weight", (n_embd, width), required=not fused),
+            "v_b": bias(b + "attn_v.bias", width),
             "o_w": t.get(b + "attn_out.weight", (width, n_embd)), "o_b": bias(b + "attn_out.bias", n_embd),
             "ln2_w": norm("ln2.weight"), "ln2_b": bias(b + "ln2.bias", n_embd),
             "up_w": t.get(up + ".weight", (n_embd, n_ff)), "up_b": bias(up + ".bias", n_ff),
@@ -358,6 +382,13 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
             "gate_b": bias(b + "ffn_gate.bias", n_ff),
             "down_w": t.get(down + ".weight", (n_ff, n_embd)), "down_b": bias(down + ".bias", n_embd),
         }
+        if fused:
+            if any(layer[r] for r in ("q_w", "k_w", "v_w")):
+                raise ModelShapeError(f"{gguf.path}: layer {il} of a qwen3vl projector has split Q/K/V tensors; "
+                                      f"clip_graph_qwen3vl reads one {b}attn_qkv")
+            layer.update({"qkv_w": t.get(b + "attn_qkv.weight", (n_embd, 3 * width)),
+                          "qkv_b": t.get(b + "attn_qkv.bias", (3 * width,), types=vec)})
+            layer.update(_deepstack_tensors(t, il, 4 * n_embd, h["n_embd_out"]))
         if gemma4v:
             d_head = h["d_head"]
             layer.update({
@@ -368,6 +399,8 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
                 "out_scale": _scale(t, b + "out_scale.weight", n_embd),
             })
         layers.append(layer)
+    if qwen:
+        h["n_deepstack"] = sum(1 for layer in layers if layer.get("ds_fc1_w"))
     return glob, layers
 
 
@@ -391,6 +424,23 @@ def _pixtral_tensors(t: _Tensors, h: dict[str, Any]) -> dict[str, Optional[str]]
         "mm_1_w": t.get("mm.2.weight", (n_out, n_out)),
         "mm_1_b": t.get("mm.2.bias", (n_out,), required=False, types=_NORM_TYPES),
         "img_break": t.get("v.token_embd.img_break", (n_out,), types=_NORM_TYPES),
+    }
+
+
+def _deepstack_tensors(t: _Tensors, il: int, merged: int, n_embd_out: int) -> dict[str, Optional[str]]:
+    """Layer il's deepstack merger (clip.cpp's TN_DEEPSTACK_*): all of it or none of it."""
+    b = f"v.deepstack.{il}."
+    present = [name for name in (b + "norm.weight", b + "fc1.weight", b + "fc2.weight") if t.shape(name) is not None]
+    if not present:
+        return {}
+    vec = _NORM_TYPES
+    return {
+        "ds_norm_w": t.get(b + "norm.weight", (merged,), types=vec),
+        "ds_norm_b": t.get(b + "norm.bias", (merged,), types=vec),
+        "ds_fc1_w": t.get(b + "fc1.weight", (merged, merged)),
+        "ds_fc1_b": t.get(b + "fc1.bias", (merged,), types=vec),
+        "ds_fc2_w": t.get(b + "fc2.weight", (merged, n_embd_out)),
+        "ds_fc2_b": t.get(b + "fc2.bias", (n_embd_out,), types=vec),
     }
 
 

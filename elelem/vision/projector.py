@@ -75,12 +75,17 @@ class Projector:
         """Images the encoder has run on (an image found in the cache is not counted)."""
         return int(self._native.n_encoded)
 
-    def check_text_model(self, n_embd: int) -> None:
-        """Refuse a text model whose width is not the projector's output width."""
+    def check_text_model(self, n_embd: int, n_deepstack: int = 0) -> None:
+        """Refuse a text model whose width is not the projector's output width, or that
+        takes another number of deepstack parts (Qwen3-VL) than each row carries."""
         if n_embd != self.spec.n_embd_out:
             raise InvalidArgumentError(
                 f"the projector {self.path.name} gives {self.spec.n_embd_out}-wide embeddings; the text model "
                 f"is {n_embd} wide: they are not a pair")
+        if n_deepstack != self.spec.n_deepstack:
+            raise InvalidArgumentError(
+                f"the projector {self.path.name} gives {self.spec.n_deepstack} deepstack features per image token; "
+                f"the text model takes {n_deepstack}: they are not a pair")
 
     def pixels(self, image: Image) -> np.ndarray:
         """The encoder's input for ``image`` (libmtmd's preprocessing): float32 (3, height, width)."""

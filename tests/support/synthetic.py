@@ -138,7 +138,7 @@ class TinyConfig:
         return replace(self, **kw)
 
 
-_MOE_ARCHS = ("qwen3moe", "gpt-oss", "glm4moe", "qwen35moe", "qwen3next", "lfm2moe", "minimax-m2")
+_MOE_ARCHS = ("qwen3moe", "qwen3vlmoe", "gpt-oss", "glm4moe", "qwen35moe", "qwen3next", "lfm2moe", "minimax-m2")
 _HYBRID_ARCHS = ("qwen35", "qwen35moe", "qwen3next")   # Gated DeltaNet layers beside gated attention
 _NEXTN_ARCHS = ("glm4moe", "qwen3next")                # multi-token-prediction layers written after the rest
 
@@ -155,6 +155,8 @@ def _features(arch: str) -> dict:
         "gemma3": dict(qk_norm=True, post_norms=True, gelu=True),
         "gemma4": dict(qk_norm=True, post_norms=True, gelu=True),
         "qwen3moe": dict(qk_norm=True),
+        "qwen3vl": dict(qk_norm=True),      # Qwen3 with interleaved M-RoPE and deepstack (n_deepstack_layers)
+        "qwen3vlmoe": dict(qk_norm=True),
         "gpt-oss": dict(bias=True, out_bias=True, sinks=True, ffn_norm="post_attention_norm"),
         "glm4moe": dict(bias=True, ffn_norm="post_attention_norm"),
         "qwen35": dict(qk_norm=True, ffn_norm="post_attention_norm"),
@@ -501,7 +503,7 @@ def write_model(path: Path, cfg: TinyConfig,
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(cfg.rope_linear)
     add_moe_keys(writer, cfg)
-    if cfg.arch == "qwen2vl":
+    if cfg.arch in ("qwen2vl", "qwen3vl", "qwen3vlmoe"):
         writer.add_rope_dimension_sections(list(cfg.rope_sections))
     for key, value in cfg.extra_keys:
         if isinstance(value, bool):

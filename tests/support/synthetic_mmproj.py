@@ -16,7 +16,7 @@ import numpy as np
 
 import ggml_numerics as numerics
 
-QWEN_TYPES = ("qwen2vl_merger", "qwen2.5vl_merger")
+QWEN_TYPES = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,8 @@ class TinyProjector:
     pos_size: int = 64
     clamps: tuple = ()
     mm_bias: bool = True              # pixtral: the adapter's linears have biases (pixtral-12b; Mistral Small 3.1's none)
+    # qwen3vl: the layers with a deepstack merger (deepstack_visual_indexes)
+    deepstack: tuple = (0, 2)
 
     @property
     def side(self) -> int:
@@ -112,15 +114,21 @@ def _qwen_weights(cfg: TinyProjector, rng, mat, vec, norm) -> dict[str, np.ndarr
     from qkv, no positions table; 2.5 adds a gate and RMSNorms (no norm biases)."""
     e, f, p = cfg.n_embd, cfg.n_ff, cfg.patch_size
     rms = cfg.projector_type == "qwen2.5vl_merger"
+    qwen3 = cfg.projector_type == "qwen3vl_merger"
     w = {}
     for name in ("v.patch_embd.weight", "v.patch_embd.weight.1"):
         w[name] = (rng.standard_normal((e, 3, p, p)) / np.sqrt(6 * p * p)).astype(np.float32)
+    if qwen3:   # Qwen3VLVisionModel: the patch bias kept, num_position_embeddings learned positions
+        w["v.patch_embd.bias"] = vec(e)
+        w["v.position_embd.weight"] = (rng.standard_normal((cfg.side * cfg.side, e)) * 0.5).astype(np.float32)
     for i in range(cfg.n_layer):
         b = f"v.blk.{i}."
         w.update({b + "ln1.weight": norm(e), b + "ln2.weight": norm(e)})
         if not rms:
             w.update({b + "ln1.bias": vec(e), b + "ln2.bias": vec(e)})
-        for n in "qkv":
+        if qwen3:   # attn.qkv kept whole
+            w[b + "attn_qkv.weight"], w[b + "attn_qkv.bias"] = mat(3 * e, e), vec(3 * e)
+        for n in ("" if qwen3 else "qkv"):
             w[b + f"attn_{n}.weight"], w[b + f"attn_{n}.bias"] = mat(e, e), vec(e)
         w[b + "attn_out.weight"], w[b + "attn_out.bias"] = mat(e, e), vec(e)
         w[b + "ffn_up.weight"], w[b + "ffn_up.bias"] = mat(f, e), vec(f)
@@ -132,6 +140,12 @@ def _qwen_weights(cfg: TinyProjector, rng, mat, vec, norm) -> dict[str, np.ndarr
         w["v.post_ln.bias"] = vec(e)
     w["mm.0.weight"], w["mm.0.bias"] = mat(4 * e, 4 * e), vec(4 * e)
     w["mm.2.weight"], w["mm.2.bias"] = mat(cfg.n_embd_out, 4 * e), vec(cfg.n_embd_out)
+    if qwen3:   # deepstack_merger_list.k -> v.deepstack.<its layer>: a LayerNorm over the merged block, fc1, fc2
+        for il in cfg.deepstack:
+            b = f"v.deepstack.{il}."
+            w[b + "norm.weight"], w[b + "norm.bias"] = norm(4 * e), vec(4 * e)
+            w[b + "fc1.weight"], w[b + "fc1.bias"] = mat(4 * e, 4 * e), vec(4 * e)
+            w[b + "fc2.weight"], w[b + "fc2.bias"] = mat(cfg.n_embd_out, 4 * e), vec(cfg.n_embd_out)
     return w
 
 
@@ -222,7 +236,7 @@ def tensor_type(cfg: TinyProjector, name: str, arr: np.ndarray) -> str:
         return "f32" if arr.ndim < 2 or name == "v.position_embd.weight" else cfg.wtype
     if name == "mm.input_projection.weight":
         return "f16"
-    if cfg.projector_type in QWEN_TYPES and name.startswith("v.patch_embd"):
+    if cfg.projector_type in QWEN_TYPES and name.startswith("v.patch_embd.weight"):
         return cfg.wtype   # MmprojModel.tensor_force_quant: the patch kernel F16 in an F16 file
     if name.startswith(("v.patch_embd", "v.position_embd")) or arr.ndim < 2:
         return "f32"
@@ -258,7 +272,13 @@ def write_projector(path: Path, cfg: TinyProjector = TinyProjector()) -> dict[st
         # Qwen2VLVisionModel.set_gguf_parameters: no merge key (2 is clip.cpp's default), no GELU flag
         # (quick GELU); Qwen2-VL's feed_forward_length is the text width (config's hidden_size).
         del keys["clip.use_gelu"]
-        if cfg.projector_type == "qwen2.5vl_merger":
+        if cfg.projector_type == "qwen3vl_merger":
+            # Qwen3VLVisionModel.set_gguf_parameters: GELU, the merge size, the text model's RMSNorm epsilon
+            # for the vision norms, and a flag per layer for the deepstack layers.
+            keys["clip.use_gelu"] = True
+            keys["clip.vision.spatial_merge_size"] = 2
+            keys["clip.vision.is_deepstack_layers"] = [il in cfg.deepstack for il in range(cfg.n_layer)]
+        elif cfg.projector_type == "qwen2.5vl_merger":
             keys["clip.use_silu"] = True
             keys["clip.vision.n_wa_pattern"] = cfg.n_wa_pattern
         else:
@@ -296,6 +316,8 @@ def write_projector(path: Path, cfg: TinyProjector = TinyProjector()) -> dict[st
             writer.add_float32(key, value)
         elif isinstance(value, str):
             writer.add_string(key, value)
+        elif all(isinstance(v, bool) for v in value):
+            writer.add_array(key, list(value))
         else:
             writer.add_array(key, [float(v) for v in value])
     stored = {}
@@ -556,3 +578,68 @@ def gemma4v_vit_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: 
     x = x.reshape(ph // k, k, pw // k, k, e).mean(axis=(1, 3)).reshape(-1, e) * np.sqrt(e)
     x = (x - w["v.std_bias"]) * w["v.std_scale"]
     return linear(rms(x), "mm.input_projection")
+
+
+def _resize_align_corners(table: np.ndarray, ny: int, nx: int) -> np.ndarray:
+    """ggml_interpolate's bilinear resize with GGML_SCALE_FLAG_ALIGN_CORNERS of a (rows, cols, e)
+    table to (ny, nx, e): output i reads source i * (n_in - 1) / (n_out - 1) (n_in / n_out where
+    a side is 1), between its floor and the next sample, clamped to the table."""
+    def taps(n_out, n_in):
+        scale = (n_out - 1) / (n_in - 1) if n_out > 1 and n_in > 1 else n_out / n_in
+        c = np.arange(n_out, dtype=np.float64) / np.float32(scale)
+        c0 = np.clip(np.floor(c).astype(int), 0, n_in - 1)
+        return c0, np.minimum(c0 + 1, n_in - 1), np.clip(c - c0, 0.0, 1.0)
+
+    y0, y1, dy = taps(ny, table.shape[0])
+    x0, x1, dx = taps(nx, table.shape[1])
+    top = table[y0][:, x0] * (1 - dx)[None, :, None] + table[y0][:, x1] * dx[None, :, None]
+    bottom = table[y1][:, x0] * (1 - dx)[None, :, None] + table[y1][:, x1] * dx[None, :, None]
+    return top * (1 - dy)[:, None, None] + bottom * dy[:, None, None]
+
+
+def qwen3vl_vit_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: np.ndarray,
+                          inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """The qwen3vl projector's output for ``pixels`` (3, H, W): the patches plus their bias and
+    the position table resized to the grid, LayerNorm layers with one Q/K/V product, the
+    2D RoPE, and after each deepstack layer its merger's output; the main merger's output
+    then the deepstack ones, side by side: (n_tokens, n_embd_out * (1 + len(cfg.deepstack))).
+    float64 but for the F16 activations of F16 matmuls and the GELU table."""
+    p, e, wt = cfg.patch_size, cfg.n_embd, cfg.wtype
+    _, h, wd = pixels.shape
+    ph, pw = h // p, wd // p
+    cols = pixels.astype(np.float64).reshape(3, ph, p, pw, p).transpose(1, 3, 0, 2, 4).reshape(ph * pw, 3 * p * p)
+    x = sum(numerics.matmul(cols, w[name].reshape(e, -1), wt) for name in ("v.patch_embd.weight",
+                                                                         "v.patch_embd.weight.1"))
+    x = x + w["v.patch_embd.bias"]
+    table = w["v.position_embd.weight"].astype(np.float64).reshape(cfg.side, cfg.side, e)
+    x = x + (table if (ph, pw) == (cfg.side, cfg.side) else _resize_align_corners(table, ph, pw)).reshape(-1, e)
+    x = x.reshape(ph // 2, 2, pw // 2, 2, e).transpose(0, 2, 1, 3, 4).reshape(-1, e)   # merge-block order
+    n = x.shape[0]
+    pos = inputs["positions"].reshape(4, n)
+    hd = e // cfg.n_head
+
+    def merger(v, w1, b1, w2, b2):
+        return _linear(numerics.gelu_f16_table(_linear(v, w[w1], wt) + w[b1]), w[w2], wt) + w[b2]
+
+    deepstack = []
+    for i in range(cfg.n_layer):
+        b = f"v.blk.{i}."
+        t = _layer_norm(x, w[b + "ln1.weight"], w[b + "ln1.bias"], cfg.eps)
+        qkv = _linear(t, w[b + "attn_qkv.weight"], wt) + w[b + "attn_qkv.bias"]
+        q, k, v = qkv[:, :e], qkv[:, e:2 * e], qkv[:, 2 * e:]
+        q, k = (_rope_vision(m.reshape(n, cfg.n_head, hd), pos[0], pos[1]) for m in (q, k))
+        q, k, v = (m.reshape(n, cfg.n_head, hd).transpose(1, 0, 2) for m in (q, k, v))
+        a = q @ k.transpose(0, 2, 1) / np.sqrt(hd)
+        a = np.exp(a - a.max(axis=-1, keepdims=True))
+        a /= a.sum(axis=-1, keepdims=True)
+        o = (a @ v).transpose(1, 0, 2).reshape(n, e)
+        x = x + _linear(o, w[b + "attn_out.weight"], wt) + w[b + "attn_out.bias"]
+        t = _layer_norm(x, w[b + "ln2.weight"], w[b + "ln2.bias"], cfg.eps)
+        t = numerics.gelu_f16_table(_linear(t, w[b + "ffn_up.weight"], wt) + w[b + "ffn_up.bias"])
+        x = x + _linear(t, w[b + "ffn_down.weight"], wt) + w[b + "ffn_down.bias"]
+        if i in cfg.deepstack:
+            d = f"v.deepstack.{i}."
+            t = _layer_norm(x.reshape(n // 4, 4 * e), w[d + "norm.weight"], w[d + "norm.bias"], cfg.eps)
+            deepstack.append(merger(t, d + "fc1.weight", d + "fc1.bias", d + "fc2.weight", d + "fc2.bias"))
+    x = _layer_norm(x, w["v.post_ln.weight"], w["v.post_ln.bias"], cfg.eps).reshape(n // 4, 4 * e)
+    return np.concatenate([merger(x, "mm.0.weight", "mm.0.bias", "mm.2.weight", "mm.2.bias")] + deepstack, axis=1)

@@ -69,7 +69,7 @@ cdef ggml_tensor * build_decoder(Model m, KVCache cache, Step * st) except NULL:
             x = select_outputs(st, x)
         x = ggml_add(ctx, h, x)
         h = ffn_layer(st, lw, norm_rms(st, x, lw.ffn_norm))
-        x = ggml_add(ctx, h, x)
+        x = add_deepstack(st, ggml_add(ctx, h, x), il)
     if hp.late_output_rows:
         if st.want_hidden and st.n_feature_layers == 0:
             st.hidden = norm_rms(st, x, m.output_norm)

@@ -50,7 +50,7 @@ cdef struct Step:
     # tokens: inp_embd is read instead of the token table, as llama.cpp's
     # ubatch.embd.  A step is all tokens or all embeddings.
     bint embd_input
-    ggml_tensor * inp_embd      # F32 (n_embd, n_tokens); NULL in a step of tokens
+    ggml_tensor * inp_embd      # F32 (n_embd * (1 + n_deepstack), n_tokens); NULL in a step of tokens
     # Its rows see every cell of their sequence, the later rows of the step
     # too (an image's tokens attend to each other both ways where libmtmd
     # says so: mtmd_decode_use_non_causal).  Set per step; the mask only.
@@ -164,16 +164,27 @@ cdef void _make_inputs(Step * st) except *:
         ggml_set_input(st.inp_h)
 
 
+cdef inline int embd_input_width(const HParams * hp) noexcept:
+    """The width of an embedding row given in place of a token (llama.cpp's
+    hparams.n_embd_inp): n_embd_inp where the model sets it (a DFlash drafter's
+    target features), else n_embd and n_embd more per deepstack part (Qwen3-VL)."""
+    return hp.n_embd_inp if hp.n_embd_inp > 0 else hp.n_embd * (1 + hp.n_deepstack)
+
+
+cdef inline ggml_tensor * add_deepstack(Step * st, ggml_tensor * x, int il) noexcept:
+    """x plus part il + 1 of the given embedding rows, after layer il < n_deepstack
+    (llama.cpp's qwen3vl graph: a view of t_inp_embd, "deepstack_out").  A step of
+    tokens has no such parts (llama.cpp adds the zeros its padding gives them)."""
+    if st.inp_embd == NULL or il >= st.hp.n_deepstack:
+        return x
+    return ggml_add(st.ctx, x, ggml_view_2d(st.ctx, st.inp_embd, st.hp.n_embd, st.n_tokens, st.inp_embd.nb[1],
+                                            (il + 1) * st.hp.n_embd * sizeof(float)))
+
+
 cdef inline int hidden_width(const HParams * hp) noexcept:
     """The width of the hidden states an MTP head or drafter takes and
     gives: its target's (n_embd_out, a Gemma 4 drafter's), else n_embd."""
     return hp.n_embd_out if hp.n_embd_out > 0 else hp.n_embd
-
-
-cdef inline int embd_input_width(const HParams * hp) noexcept:
-    """The width of a step's given embedding rows: n_embd_inp where the model
-    sets it (a DFlash drafter's target features), else n_embd."""
-    return hp.n_embd_inp if hp.n_embd_inp > 0 else hp.n_embd
 
 
 cdef inline void keep_layer_input(Step * st, int il, ggml_tensor * x) noexcept:
@@ -322,7 +333,7 @@ cdef inline ggml_tensor * rope_dims(Step * st, ggml_tensor * x, int n_rot, float
     """rope() over the first n_rot dims of each head (a layer's own: LayerShape.n_rot)."""
     cdef const HParams * hp = st.hp
     cdef int sections[4]
-    if hp.rope_type == GGML_ROPE_TYPE_MROPE:   # Qwen2-VL: llama.cpp's qwen2vl graph
+    if hp.rope_type == GGML_ROPE_TYPE_MROPE or hp.rope_type == GGML_ROPE_TYPE_IMROPE:   # Qwen2-VL, Qwen3-VL
         sections[0], sections[1], sections[2], sections[3] = (hp.rope_sections[0], hp.rope_sections[1],
                                                               hp.rope_sections[2], hp.rope_sections[3])
         return ggml_rope_multi(st.ctx, x, st.inp_pos4, freq_factors, n_rot, sections, hp.rope_type, hp.n_ctx_orig,
@@ -610,6 +621,9 @@ cdef inline ggml_tensor * embed_tokens(Step * st, Model m) noexcept:
     if st.inp_embd != NULL:
         # Given embeddings are taken as they are: llama.cpp's gemma3 scales token rows
         # alone (ubatch.token ? sqrtf(n_embd) : 1), and its other graphs do not scale.
+        # Deepstack parts past the first n_embd are added later (add_deepstack).
+        if st.hp.n_deepstack > 0:
+            return ggml_view_2d(st.ctx, st.inp_embd, st.hp.n_embd, st.n_tokens, st.inp_embd.nb[1], 0)
         return st.inp_embd
     cdef ggml_tensor * x = ggml_get_rows(st.ctx, m.tok_embd, st.inp_tokens)  # (n_embd, n_tokens)
     if st.n_lora:

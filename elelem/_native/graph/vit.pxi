@@ -46,6 +46,16 @@ cdef struct VitLayerWeights:
     ggml_tensor * attn_post_norm   # (n_embd): gemma4v, the attention's output normed before the residual
     ggml_tensor * ffn_post_norm    # (n_embd): gemma4v, the same for the FFN
     ggml_tensor * out_scale        # (1) or (n_embd): gemma4v's layer_scalar, times the layer's output
+    ggml_tensor * qkv_w            # (n_embd, 3 * n_head * d_head): qwen3vl's Q, K and V in one product
+    ggml_tensor * qkv_b            # (3 * n_head * d_head)
+    # qwen3vl's deepstack merger of this layer's output, where it has one: a LayerNorm over
+    # each merged 2 x 2 block, then a GELU MLP to the text model's width.
+    ggml_tensor * ds_norm_w        # (4 * n_embd)
+    ggml_tensor * ds_norm_b        # (4 * n_embd)
+    ggml_tensor * ds_fc1_w         # (4 * n_embd, 4 * n_embd)
+    ggml_tensor * ds_fc1_b         # (4 * n_embd)
+    ggml_tensor * ds_fc2_w         # (4 * n_embd, n_embd_out)
+    ggml_tensor * ds_fc2_b         # (n_embd_out)
     # Gemma 4's clippable linears (clip.cpp's clamp_info_map): for the product VIT_MM_*, its
     # input clamped to [clamp[4i], clamp[4i+1]] and its output to [clamp[4i+2], clamp[4i+3]],
     # where bit i of clamped is set.  After the tensors: VIT_LAYER_ROLES index those alone.
@@ -54,7 +64,8 @@ cdef struct VitLayerWeights:
 
 VIT_LAYER_ROLES = ("ln1_w", "ln1_b", "q_w", "q_b", "k_w", "k_b", "v_w", "v_b", "o_w", "o_b",
                    "ln2_w", "ln2_b", "up_w", "up_b", "gate_w", "gate_b", "down_w", "down_b",
-                   "q_norm", "k_norm", "attn_post_norm", "ffn_post_norm", "out_scale")
+                   "q_norm", "k_norm", "attn_post_norm", "ffn_post_norm", "out_scale",
+                   "qkv_w", "qkv_b", "ds_norm_w", "ds_norm_b", "ds_fc1_w", "ds_fc1_b", "ds_fc2_w", "ds_fc2_b")
 # The layer's products that may be clipped, in the order of their clamp slots.
 VIT_MM_ROLES = ("q_w", "k_w", "v_w", "o_w", "up_w", "gate_w", "down_w")
 

@@ -31,7 +31,8 @@ __all__ = ["Architecture", "Experts", "HParam", "Role", "find", "names", "archit
 # Shared declarations first, in this order (a new shared block's module is added here);
 # then each architecture's module by name.
 _SHARED = tuple(f"elelem.model.archspec.{m}"
-                for m in ("roles", "hparams", "experts", "delta_net", "encoder", "shortconv", "mla", "rank", "mamba2", "nextn"))
+                for m in ("roles", "hparams", "experts", "delta_net", "encoder", "shortconv", "mla", "rank", "mamba2", "nextn",
+                          "deepstack"))
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 
 

@@ -71,6 +71,8 @@ SYNTHETIC_SEEDS = (
     # a DFlash drafter borrowing its target's token table and output; opened as the draft
     # model of DRAFTER_TARGET (gguf_target.execute), whose first layer's input it reads
     Seed("dflash-f32-gpt2", "dflash", "gpt2", template=None),
+    # interleaved multi-section RoPE, Q/K norms, a deepstack part added after layer 0 (image rows only)
+    Seed("qwen3vl-f32-gpt2", "qwen3vl", "gpt2", extra_keys=(("{arch}.n_deepstack_layers", 1),)),
 )
 #: The seed a drafter seed drafts for: its vocabulary and width.
 DRAFTER_TARGET = SYNTHETIC_SEEDS[0]
