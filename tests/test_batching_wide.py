@@ -9,7 +9,8 @@ of a step of generated tokens on one-token numbers whatever its width
 (graph/matmul.pxi, graph/blocks.pxi, graph/experts.pxi).  Checked on the
 three real models (the weight types that tell the kernels apart: Q4_1, Q8_0,
 Q5_0, Q4_K, Q6_K), with flash attention on and off and AMX on and off, and
-on synthetic dense, mixture-of-experts and hybrid files."""
+on synthetic dense, mixture-of-experts (qwen3moe, qwen35moe, lfm2moe, deepseek2's
+latent attention) and hybrid files, MoE steps to 128 rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 import elelem
 from batched_steps import assert_generated_steps_match_solo
 from synthetic import TinyConfig
+from synthetic_mla import MLAConfig
 
 WIDTHS = (9, 12, 16, 32)
 K_QUANT_EXPERTS = tuple((f"{r}_exps.weight", "q6_k") for r in ("ffn_gate", "ffn_up", "ffn_down"))
@@ -33,6 +35,8 @@ SYNTHETIC = {
     "lfm2moe": TinyConfig(arch="lfm2moe", head_dim=64, n_embd=256, n_ff_exp=256, n_expert=4, n_expert_used=2,
                           n_layer=4, layer_types="CCAC", n_dense_lead=1, wtype="q8_0", seed=44,
                           wtypes=K_QUANT_EXPERTS),
+    # multi-head latent attention, a leading dense layer, sigmoid routing with a selection bias, a shared expert
+    "deepseek2": MLAConfig(seed=45, wtype="q8_0", n_embd=128),
 }
 FLASH = pytest.mark.parametrize("flash_attn", [True, False], ids=["flash", "softmax"])
 AMX = pytest.mark.parametrize("amx", [None, False], ids=["amx-default", "no-amx"])
@@ -58,12 +62,23 @@ def test_synthetic_models_give_each_row_its_one_token_logits(tiny_model, arch, f
     with elelem.LLM(path, n_threads=2, n_seq_max=32, kv_size=32 * 64, flash_attn=flash_attn, amx=False) as llm:
         ctx = llm.engine.context
         assert_generated_steps_match_solo(ctx, cfg.n_vocab, np.random.default_rng(8), WIDTHS, 32)
-        if cfg.moe:
-            pytest.xfail("a MoE step of 64 rows or more parts from one-token steps (qwen3moe: every row, 0.077 "
-                         "at 64); the op is not found yet")
         # drafts of 16 streams, 8 rows each: flash attention's tiled kernel from
         # 64 rows, more groups of rows through the experts than 16
-        assert_generated_steps_match_solo(ctx, cfg.n_vocab, np.random.default_rng(9), (70, 128), 16)
+        assert_generated_steps_match_solo(ctx, cfg.n_vocab, np.random.default_rng(9), (64, 70, 128), 16)
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe"])
+@FLASH
+def test_moe_steps_of_64_rows_or_more_with_amx(tiny_model, arch, flash_attn):
+    """As above with AMX where the CPU has it (the Q8_0 attention and head
+    weights then in AMX tiles; the experts stay in the CPU buffer, since AMX
+    takes no mul_mat_id): 64 rows and more, one stream each and drafts of 16."""
+    cfg = SYNTHETIC[arch]
+    path, _ = tiny_model(cfg)
+    with elelem.LLM(path, n_threads=2, n_seq_max=64, kv_size=64 * 64, flash_attn=flash_attn, amx=None) as llm:
+        ctx = llm.engine.context
+        assert_generated_steps_match_solo(ctx, cfg.n_vocab, np.random.default_rng(11), (64,), 64)
+        assert_generated_steps_match_solo(ctx, cfg.n_vocab, np.random.default_rng(12), (64, 128), 16)
 
 
 def test_rows_whose_one_token_step_splits_its_cells_keep_it_in_a_wide_step(tiny_model):
