@@ -25,8 +25,10 @@ How many tokens to draft is planned from measured costs (:func:`
 ~elelem.engine.step_costs.plan_draft_length`): a head step against a target
 step, and the width the verification adds.  Where drafting does not pay,
 the drafter probes now and then (one token, after a pause that doubles while
-probes fail), so that a head that starts to agree is noticed.  A probe must
-stay cheap where drafts are refused: a head sequence more than PROBE_WINDOW
+probes fail), so that a head that starts to agree is noticed.  A probe is
+watched, not verified: its guess is compared with the token the target picks
+next, so that a refused one costs no wider step and, on a hybrid model, no
+rewind.  And it must stay cheap: a head sequence more than PROBE_WINDOW
 tokens behind is not brought through all of them (the whole prompt, at a
 generation's first probe) but starts again from the last PROBE_WINDOW tokens
 of the history.  Its attention then sees that window and what follows; RoPE
@@ -205,7 +207,7 @@ class MTPDrafter:
         self.history = history
         self.costs = costs
         self.acceptance = Acceptance()
-        self.probing = False           # the last proposal is a probe: verify it whatever it costs
+        self._probe: Optional[tuple[int, int]] = None   # a watched probe: (its position in history, its guess)
         self._rows: dict[int, np.ndarray] = {}   # position -> the target's hidden state there
         self._base = 0                 # len(history) when the last drafts were proposed
         self._probe_wait = 0
@@ -221,30 +223,50 @@ class MTPDrafter:
             for p in sorted(self._rows)[:len(self._rows) - MAX_KEPT_ROWS]:
                 del self._rows[p]
 
+    def _check_probe(self) -> None:
+        """Compare the watched probe's guess with the token emitted there, once there is one."""
+        if self._probe is None or len(self.history) <= self._probe[0]:
+            return
+        at, guess = self._probe
+        self._probe = None
+        if self.history[at] == guess:
+            self.acceptance.confirm()
+            self._next_probe = FIRST_PROBE_PAUSE
+            self._probe_wait = 0
+        else:
+            self.acceptance.refuse()
+
     def propose(self, limit: int) -> list[int]:
-        self.probing = False
+        self._check_probe()
         limit = min(limit, self.head.max_draft)
         if limit <= 0 or self._failed:
             return []
         n = plan_draft_length(self.acceptance.rate, self.costs, self.head.relative_cost(self.costs), limit,
                               self.head.rollback_cost(self.costs))
-        if n == 0:
+        probing = n == 0
+        if probing:
+            if self._probe is not None:   # the last probe is not checked yet
+                return []
             if self._probe_wait > 0:
                 self._probe_wait -= 1
                 return []
-            n, self.probing = 1, True
+            n = 1
             self._probe_wait = self._next_probe
             self._next_probe = min(MAX_PROBE_PAUSE, 2 * self._next_probe)
         self._base = len(self.history)
         try:
             drafts = self.head.draft(self.seq, self.history, self._rows, n,
-                                     window=PROBE_WINDOW if self.probing else None)
+                                     window=PROBE_WINDOW if probing else None)
         except ElelemError as error:  # e.g. a head cache too small: go on without drafts
             log.warning("the MTP head failed (%s); this generation goes on without it", error)
             self._failed = True
             return []
         for p in [p for p in self._rows if p < self._base - 1]:   # evaluated by the head for good
             del self._rows[p]
+        if probing and drafts:   # watched: the head drops it as it drops a proposal not verified
+            self._probe = (self._base, drafts[0])
+            self.head.keep(self.seq, self._base)
+            return []
         return drafts
 
     def record(self, accepted: int, drafted: int) -> None:
@@ -252,11 +274,8 @@ class MTPDrafter:
         the positions up to the verified token's: those after it paired the
         head's own hidden states, and are evaluated again with the target's."""
         self.acceptance.record(accepted, drafted)
-        if accepted > 0 and not self.probing:
+        if accepted > 0:
             self._next_probe = FIRST_PROBE_PAUSE
-        if self.probing and accepted == drafted:
-            self._next_probe = FIRST_PROBE_PAUSE
-            self._probe_wait = 0
         self.head.keep(self.seq, self._base)
 
     def unverified(self, proposal: Sequence[int]) -> None:
@@ -285,10 +304,6 @@ class DrafterChoice:
     @property
     def acceptance(self) -> Acceptance:
         return self.chosen.acceptance
-
-    @property
-    def probing(self) -> bool:
-        return self.chosen is self.mtp and self.mtp.probing
 
     def observe(self, start: int, rows: np.ndarray) -> None:
         self.mtp.observe(start, rows)
