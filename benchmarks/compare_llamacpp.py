@@ -60,13 +60,13 @@ def worker_elelem(path: str, threads: int, options: str = "{}") -> dict:
     token = int(np.argmax(llm.eval(prompt)))
     ttft = time.perf_counter() - t0
     out = [token]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(N_DECODE):
         token = int(np.argmax(llm.eval([token])))
         out.append(token)
-    decode = time.perf_counter() - t0
+    decode, cpu = time.perf_counter() - t0, time.process_time() - c0
     return dict(load_s=load, prefill_tok_s=N_PROMPT / ttft, ttft_s=ttft, decode_tok_s=N_DECODE / decode,
-                peak_rss_mb=_peak_rss_mb(), tokens=out[:32])
+                decode_cpu_tok_s=N_DECODE / cpu, peak_rss_mb=_peak_rss_mb(), tokens=out[:32])
 
 
 def worker_llamacpp(path: str, threads: int) -> dict:
@@ -85,14 +85,14 @@ def worker_llamacpp(path: str, threads: int) -> dict:
     token = int(np.argmax(last_logits()))
     ttft = time.perf_counter() - t0
     out = [token]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(N_DECODE):
         llm.eval([token])
         token = int(np.argmax(last_logits()))
         out.append(token)
-    decode = time.perf_counter() - t0
+    decode, cpu = time.perf_counter() - t0, time.process_time() - c0
     return dict(load_s=load, prefill_tok_s=N_PROMPT / ttft, ttft_s=ttft, decode_tok_s=N_DECODE / decode,
-                peak_rss_mb=_peak_rss_mb(), tokens=out[:32])
+                decode_cpu_tok_s=N_DECODE / cpu, peak_rss_mb=_peak_rss_mb(), tokens=out[:32])
 
 
 def worker_bandwidth(threads: int) -> dict:

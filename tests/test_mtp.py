@@ -95,6 +95,39 @@ def test_the_planner_turns_a_disagreeing_head_off(tiny_model):
     assert stats.get("mtp", {"drafted": 0})["drafted"] <= 6, stats
 
 
+@pytest.mark.parametrize("cfg", [AGREE, DISAGREE], ids=["agree", "disagree"])
+def test_a_probe_brings_the_head_through_a_window_not_the_whole_prompt(tiny_model, cfg):
+    """Measured costs: a generation's first draft is a probe, and a probe
+    evaluates at most PROBE_WINDOW history tokens through the head (a long
+    prompt was most of what a refused probe cost), its guess watched, not
+    verified.  The text is the text without drafts; an agreeing head's probes
+    are confirmed from the window."""
+    path, _ = tiny_model(cfg)
+    prompt = np.random.default_rng(6).integers(1, cfg.n_vocab, 300).tolist()
+    with _open(path, speculative=False) as llm:
+        plain = llm.generate_tokens(prompt, 40)
+    with _open(path) as llm:
+        engine = llm.engine
+        engine.new_drafter = lambda seq, history: engine.mtp.drafter(seq, history, engine.step_costs)
+        drafter = engine.mtp.drafter
+        seen = []
+        engine.mtp.drafter = lambda *a: seen.append(drafter(*a)) or seen[-1]
+        drafted = llm.generate_tokens(prompt, 40)
+        stats = engine.drafter_stats().get("mtp", {"drafted": 0})
+        evaluated = engine.mtp.evaluated
+    assert drafted == plain
+    assert evaluated >= 1
+    # The first probe: at most PROBE_WINDOW tokens; then a token or a few at a
+    # time (the tokens since the last probe, drafts), from the window on.
+    assert evaluated <= mtp_module.PROBE_WINDOW + 40 + stats["drafted"], (evaluated, stats)
+    rate = seen[0].acceptance.rate
+    if cfg.mtp == "agree":
+        assert rate > 0.5, rate           # probes confirmed (0.5: the prior)
+    else:
+        assert rate < 0.5, rate           # probes refused
+        assert stats["drafted"] == 0, stats
+
+
 def test_plan_draft_length_weighs_rate_costs_and_rollback():
     flat = StepCosts.flat()
     assert plan_draft_length(0.9, flat, 0.1, 8) == 8               # cheap width, good drafts: all of them

@@ -399,6 +399,15 @@ cdef class Context:
         if ids.shape[0] > self.n_batch:
             raise errors.InvalidArgumentError(f"a step takes at most n_batch={self.n_batch} tokens, got {ids.shape[0]}")
         seqs = _checked_seq_ids(seq_ids, ids.shape[0], self.cache.n_seq_max)
+        if ids.shape[0] == 1 or (seqs == seqs[0]).all():
+            # One sequence (a decoding stream, a prompt chunk): already in order,
+            # one step -- what the general path below does, without its sorting.
+            present, counts = seqs[:1], np.array([ids.shape[0]])
+            self._snapshot_before(present, counts, decode_kernels)
+            out = self._decode(ids, seqs, outputs, embeddings, decode_kernels, 1, keep_hidden=keep_hidden)
+            if not decode_kernels:
+                self._snapshot_before(present, counts, False)
+            return out
         rows = _output_rows(outputs, seqs)
         flags = np.zeros(ids.shape[0], dtype=bool)
         flags[rows] = True

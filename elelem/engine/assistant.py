@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -62,10 +62,12 @@ class AssistantHead:
             return PRIOR_HEAD_COST
         return self._step_cost / target
 
-    def draft(self, seq: int, history: Sequence[int], rows: dict[int, np.ndarray], n: int) -> list[int]:
+    def draft(self, seq: int, history: Sequence[int], rows: dict[int, np.ndarray], n: int,
+              window: Optional[int] = None) -> list[int]:
         """``n`` greedy drafts after ``history``, whose last token the target
         has not evaluated: its cache holds positions ``0 .. len(history) - 2``
-        of ``seq``, and ``rows`` the hidden states it gave there."""
+        of ``seq``, and ``rows`` the hidden states it gave there.  ``window``
+        is MTPHead's: this drafter has no tokens of its own to catch up on."""
         with self._lock:
             if self.closed or n <= 0 or not history:
                 return []

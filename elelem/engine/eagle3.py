@@ -53,10 +53,12 @@ class Eagle3Head(MTPHead):
         step = self._ctx.n_batch
         return np.concatenate([eagle3_fuse(self._ctx, features[i:i + step]) for i in range(0, len(features), step)])
 
-    def draft(self, seq: int, history: Sequence[int], rows: dict[int, np.ndarray], n: int) -> list[int]:
+    def draft(self, seq: int, history: Sequence[int], rows: dict[int, np.ndarray], n: int,
+              window: Optional[int] = None) -> list[int]:
         """Bring head sequence ``seq`` to ``history`` (its last token not yet
         evaluated by the target: the seed pairs it with the target's last
-        row), then ``n`` greedy drafts."""
+        row), then ``n`` greedy drafts.  ``window`` is MTPHead's; this head
+        evaluates every pair it has not (its positions are the pairs')."""
         with self._lock:
             if self.closed or n <= 0:
                 return []

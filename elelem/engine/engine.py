@@ -568,9 +568,7 @@ class Engine(PrefixReuse):
         """Ask each drafting request for its guesses, and keep as many as pay
         for the wider step (step_costs.plan_drafts); the chunks given drafts."""
         proposals = [self._drafts(chunk.request, chunk.base, budget) for chunk in drafting]
-        # A probe (mtp.py) is verified whatever it costs: it measures the rate.
-        offers = [(1.0 if getattr(chunk.request.drafter, "probing", False) else chunk.request.drafter.acceptance.rate,
-                   len(proposal)) for chunk, proposal in zip(drafting, proposals)]
+        offers = [(chunk.request.drafter.acceptance.rate, len(proposal)) for chunk, proposal in zip(drafting, proposals)]
         counts = plan_drafts(base_tokens, offers, self.step_costs, budget)
         given = []
         for chunk, proposal, count in zip(drafting, proposals, counts):

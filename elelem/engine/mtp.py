@@ -25,7 +25,17 @@ How many tokens to draft is planned from measured costs (:func:`
 ~elelem.engine.step_costs.plan_draft_length`): a head step against a target
 step, and the width the verification adds.  Where drafting does not pay,
 the drafter probes now and then (one token, after a pause that doubles while
-probes fail), so that a head that starts to agree is noticed.
+probes fail), so that a head that starts to agree is noticed.  A probe is
+watched, not verified: its guess is compared with the token the target picks
+next, so that a refused one costs no wider step and, on a hybrid model, no
+rewind.  And it must stay cheap: a head sequence more than PROBE_WINDOW
+tokens behind is not brought through all of them (the whole prompt, at a
+generation's first probe) but starts again from the last PROBE_WINDOW tokens
+of the history.  Its attention then sees that window and what follows; RoPE
+depends on positions only through their differences, so the window held at
+head positions from 0 is the window as seen at its own positions.  Drafting
+goes on from there once probes are confirmed (the head's context is what
+its own cells hold; the target's hidden state carries the rest).
 """
 from __future__ import annotations
 
@@ -50,6 +60,8 @@ PRIOR_HEAD_COST = 0.25
 #: pause doubling after each probe that is refused, up to MAX_PROBE_PAUSE.
 FIRST_PROBE_PAUSE = 8
 MAX_PROBE_PAUSE = 256
+#: The most history tokens a probe brings the head through (see the module's docstring).
+PROBE_WINDOW = 16
 #: Hidden rows a drafter keeps while it does not draft; older ones are dropped (zeros if ever needed).
 MAX_KEPT_ROWS = 4096
 
@@ -67,6 +79,8 @@ class MTPHead(DraftContext):
         self.step_seconds = 0.0                  # statistics: the time the head's steps took,
         self.missing_rows = 0                    # and pairs taken with zeros for h
         self._step_cost: Optional[float] = None  # seconds of a one-token head step (running average)
+        # seq -> the history position of the head sequence's position 0 (a probe's window; 0 without one)
+        self._window_start: dict[int, int] = {}
 
     def drafter(self, seq: int, history: Sequence[int], costs: StepCosts) -> "MTPDrafter":
         return MTPDrafter(self, seq, history, costs)
@@ -86,23 +100,33 @@ class MTPHead(DraftContext):
 
     # -- used by MTPDrafter, under the engine's lock ------------------------------
 
-    def draft(self, seq: int, history: Sequence[int], rows: dict[int, np.ndarray], n: int) -> list[int]:
+    def draft(self, seq: int, history: Sequence[int], rows: dict[int, np.ndarray], n: int,
+              window: Optional[int] = None) -> list[int]:
         """Bring head sequence ``seq`` to ``history`` (its last token not yet
-        evaluated by the target), then ``n`` greedy drafts."""
+        evaluated by the target), then ``n`` greedy drafts.  With ``window``
+        (a probe), a head more than ``window`` tokens behind starts again from
+        the last ``window`` tokens of the history instead."""
         with self._lock:
             if self.closed or n <= 0:
                 return []
             held = self._held.setdefault(seq, [])
             self._last_used[seq] = time.monotonic()
             length = len(history)
-            start = 0
-            while start < min(len(held), length) and held[start] == history[start]:
+            first = self._window_start.get(seq, 0) if held else 0   # history position of held[0]
+            start = 0   # in history positions
+            while start < min(len(held), length - first) and held[start] == history[first + start]:
                 start += 1
+            start += first
             if start == length:      # it holds the last token too: evaluate that again for its logits
                 start -= 1
-            if start < len(held):
-                del held[start:]
-                self._ctx.seq_rm(seq, start)
+            if window is not None and length - start > max(1, window):
+                start = first = length - max(1, window)
+                del held[:]
+                self._ctx.seq_rm(seq, 0)
+            elif start - first < len(held):
+                del held[start - first:]
+                self._ctx.seq_rm(seq, start - first)
+            self._window_start[seq] = first
             hidden = np.zeros((length - start, self.n_embd), dtype=np.float32)
             for i, p in enumerate(range(start - 1, length - 1)):   # h of the position before each token
                 row = rows.get(p)
@@ -150,6 +174,10 @@ class MTPHead(DraftContext):
         old = self._step_cost
         self._step_cost = seconds if old is None else old + SMOOTHING * (seconds - old)
 
+    def keep(self, seq: int, n: int) -> None:
+        """Trim sequence ``seq`` to the first ``n`` positions of its history."""
+        super().keep(seq, max(0, n - self._window_start.get(seq, 0)))
+
 
 class DraftingHead(Protocol):
     """What an :class:`MTPDrafter` drafts from: an :class:`MTPHead`, or a
@@ -159,7 +187,8 @@ class DraftingHead(Protocol):
 
     def rollback_cost(self, costs: StepCosts) -> float: ...
 
-    def draft(self, seq: int, history: Sequence[int], rows: dict[int, np.ndarray], n: int) -> list[int]: ...
+    def draft(self, seq: int, history: Sequence[int], rows: dict[int, np.ndarray], n: int,
+              window: Optional[int] = None) -> list[int]: ...
 
     def relative_cost(self, costs: StepCosts) -> float: ...
 
@@ -178,7 +207,7 @@ class MTPDrafter:
         self.history = history
         self.costs = costs
         self.acceptance = Acceptance()
-        self.probing = False           # the last proposal is a probe: verify it whatever it costs
+        self._probe: Optional[tuple[int, int]] = None   # a watched probe: (its position in history, its guess)
         self._rows: dict[int, np.ndarray] = {}   # position -> the target's hidden state there
         self._base = 0                 # len(history) when the last drafts were proposed
         self._probe_wait = 0
@@ -194,29 +223,50 @@ class MTPDrafter:
             for p in sorted(self._rows)[:len(self._rows) - MAX_KEPT_ROWS]:
                 del self._rows[p]
 
+    def _check_probe(self) -> None:
+        """Compare the watched probe's guess with the token emitted there, once there is one."""
+        if self._probe is None or len(self.history) <= self._probe[0]:
+            return
+        at, guess = self._probe
+        self._probe = None
+        if self.history[at] == guess:
+            self.acceptance.confirm()
+            self._next_probe = FIRST_PROBE_PAUSE
+            self._probe_wait = 0
+        else:
+            self.acceptance.refuse()
+
     def propose(self, limit: int) -> list[int]:
-        self.probing = False
+        self._check_probe()
         limit = min(limit, self.head.max_draft)
         if limit <= 0 or self._failed:
             return []
         n = plan_draft_length(self.acceptance.rate, self.costs, self.head.relative_cost(self.costs), limit,
                               self.head.rollback_cost(self.costs))
-        if n == 0:
+        probing = n == 0
+        if probing:
+            if self._probe is not None:   # the last probe is not checked yet
+                return []
             if self._probe_wait > 0:
                 self._probe_wait -= 1
                 return []
-            n, self.probing = 1, True
+            n = 1
             self._probe_wait = self._next_probe
             self._next_probe = min(MAX_PROBE_PAUSE, 2 * self._next_probe)
         self._base = len(self.history)
         try:
-            drafts = self.head.draft(self.seq, self.history, self._rows, n)
+            drafts = self.head.draft(self.seq, self.history, self._rows, n,
+                                     window=PROBE_WINDOW if probing else None)
         except ElelemError as error:  # e.g. a head cache too small: go on without drafts
             log.warning("the MTP head failed (%s); this generation goes on without it", error)
             self._failed = True
             return []
         for p in [p for p in self._rows if p < self._base - 1]:   # evaluated by the head for good
             del self._rows[p]
+        if probing and drafts:   # watched: the head drops it as it drops a proposal not verified
+            self._probe = (self._base, drafts[0])
+            self.head.keep(self.seq, self._base)
+            return []
         return drafts
 
     def record(self, accepted: int, drafted: int) -> None:
@@ -224,11 +274,8 @@ class MTPDrafter:
         the positions up to the verified token's: those after it paired the
         head's own hidden states, and are evaluated again with the target's."""
         self.acceptance.record(accepted, drafted)
-        if accepted > 0 and not self.probing:
+        if accepted > 0:
             self._next_probe = FIRST_PROBE_PAUSE
-        if self.probing and accepted == drafted:
-            self._next_probe = FIRST_PROBE_PAUSE
-            self._probe_wait = 0
         self.head.keep(self.seq, self._base)
 
     def unverified(self, proposal: Sequence[int]) -> None:
@@ -257,10 +304,6 @@ class DrafterChoice:
     @property
     def acceptance(self) -> Acceptance:
         return self.chosen.acceptance
-
-    @property
-    def probing(self) -> bool:
-        return self.chosen is self.mtp and self.mtp.probing
 
     def observe(self, start: int, rows: np.ndarray) -> None:
         self.mtp.observe(start, rows)
