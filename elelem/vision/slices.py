@@ -1,0 +1,88 @@
+"""Images cut into slices plus an overview, as libmtmd cuts them for SmolVLM
+(projector type ``idefics3``), and the text that stands between the slices.
+
+mtmd_image_preprocessor_idefics3::preprocess (tools/mtmd/mtmd-image.cpp), for a
+file with the preprocessor's longest edge (``clip.vision.preproc_image_size``,
+which the converter always writes):
+
+1. the image resized (Lanczos), keeping its aspect ratio, so that its longer
+   side is the longest edge and the other side even (truncated, then rounded up
+   to even, in double arithmetic);
+2. that resized again, without keeping the ratio, to the next multiples of the
+   encoder's square (``image_size``) on each side;
+3. the result cut into ``image_size`` squares, row by row (the slices), and
+   resized once more to one square (the overview).
+
+mtmd.cpp's mtmd_tokenizer::add_media then lays them out (MTMD_SLICE_TMPL_IDEFICS3):
+each slice after ``<fake_token_around_image><row_R_col_C>`` (1-based), a newline
+token after each row but the last, then the overview between the tokens
+``\\n\\n``, ``<fake_token_around_image>``, ``<global-img>`` and
+``<fake_token_around_image>``; there is no begin or end text around the whole.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+from .resize import resize
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A token looked up by its exact text (mtmd's lookup_token: the first id whose piece it is)."""
+
+    text: str
+
+
+# What stands around an image: text to tokenize (special tokens parsed), a Piece, or the index
+# of one of the image's squares (the slices in row-major order, then the overview).
+Layout = list[Union[str, Piece, int]]
+
+
+def idefics3_sizes(width: int, height: int, longest_edge: int, tile: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((width, height) after step 1, (columns, rows) of slices) for a ``width`` x ``height`` image."""
+    aspect = width / height                   # double, as in C++
+    if width >= height:
+        w = longest_edge
+        h = int(longest_edge / aspect)        # C's (int): toward zero
+        h += h % 2
+    else:
+        h = longest_edge
+        w = int(longest_edge * aspect)
+        w += w % 2
+    if w <= 0 or h <= 0:
+        # libmtmd would assert in its resize: the image is too thin to keep any row or column.
+        raise InvalidArgumentError(f"a {width}x{height} image is too thin for this projector: its short side "
+                                   f"would be resized to no pixels (longest edge {longest_edge})")
+    return (w, h), (-(-w // tile), -(-h // tile))
+
+
+def idefics3_squares(rgb: np.ndarray, longest_edge: int, tile: int) -> tuple[list[np.ndarray], tuple[int, int]]:
+    """(h, w, 3) uint8 -> the slices (row-major) and the overview last, each (tile, tile, 3)
+    uint8, and the slices' (columns, rows)."""
+    (w, h), (cols, rows) = idefics3_sizes(rgb.shape[1], rgb.shape[0], longest_edge, tile)
+    resized = resize(rgb, w, h, "lanczos") if (w, h) != (rgb.shape[1], rgb.shape[0]) else rgb
+    refined = resize(resized, cols * tile, rows * tile, "lanczos") if (w, h) != (cols * tile, rows * tile) \
+        else resized
+    squares = [np.ascontiguousarray(refined[y * tile:(y + 1) * tile, x * tile:(x + 1) * tile])
+               for y in range(rows) for x in range(cols)]
+    overview = resize(refined, tile, tile, "lanczos") if refined.shape[:2] != (tile, tile) else refined.copy()
+    squares.append(overview)
+    return squares, (cols, rows)
+
+
+def idefics3_layout(cols: int, rows: int) -> Layout:
+    """The text and squares of an image cut into ``cols`` x ``rows`` slices (the overview's
+    index is cols * rows)."""
+    out: Layout = []
+    for y in range(rows):
+        for x in range(cols):
+            out += [f"<fake_token_around_image><row_{y + 1}_col_{x + 1}>", y * cols + x]
+        if y != rows - 1:
+            out.append(Piece("\n"))
+    out += [Piece("\n\n"), Piece("<fake_token_around_image>"), Piece("<global-img>"), cols * rows,
+            Piece("<fake_token_around_image>")]
+    return out
