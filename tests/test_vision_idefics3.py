@@ -39,7 +39,8 @@ ADDED = ("<fake_token_around_image>", "<global-img>",
          *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)))
 # (height, width): odd sizes, huge aspect ratios each way, one pixel, the encoder's square, the longest edge.
 SIZES = [(37, 23), (5, 300), (300, 7), (1, 1), (34, 34), (80, 61), (64, 48)]
-PROMPT = "<|im_start|>User:<__media__>What is in this picture?<end_of_utterance>\nAssistant:"
+# What chat() renders for MESSAGES without a template of the file's own (ChatML), the image as libmtmd's marker.
+PROMPT = "<|im_start|>user\nWhat is in<__media__> this picture?<|im_end|>\n<|im_start|>assistant\n"
 
 
 def _pixels(h: int, w: int) -> np.ndarray:
@@ -54,9 +55,11 @@ def _floats(b64: str) -> np.ndarray:
 
 
 def _png_url(pixels: np.ndarray) -> str:
+    """A PNG of ``pixels`` with an alpha channel of noise: libmtmd's stb_image drops alpha, and so does elelem."""
     from PIL import Image as PILImage
+    alpha = np.random.default_rng(0).integers(0, 256, pixels.shape[:2] + (1,), dtype=np.uint8)
     buf = io.BytesIO()
-    PILImage.fromarray(pixels).save(buf, "PNG")
+    PILImage.fromarray(np.concatenate([pixels, alpha], axis=2), "RGBA").save(buf, "PNG")
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
@@ -281,3 +284,17 @@ def test_logits_and_greedy_tokens_after_a_sliced_image_equal_llamacpps(files, re
         ends = [i for i, t in enumerate(greedy) if t in llm.eos_ids]
         greedy = greedy[:ends[0]] if ends else greedy
         assert llm.generate_tokens(ids, len(record["greedy"])) == greedy
+
+        # The same through chat(): the image as an RGBA PNG data URL, the prompt rendered and cut as llama.cpp's
+        # server does; the image's squares found in the projector's cache and the KV cache's cells kept or not.
+        llm.reset()
+        messages = [{"role": "user", "content": [
+            {"type": "text", "text": "What is in"},
+            {"type": "image_url", "image_url": {"url": _png_url(np.load(images[0]))}},
+            {"type": "text", "text": " this picture?"}]}]
+        reply = llm.create_chat_completion(messages, max_tokens=len(record["greedy"]), temperature=0)
+        assert reply["usage"]["prompt_tokens"] == record["n_past"]
+        assert reply["usage"]["completion_tokens"] == len(greedy)
+        llm.reset()
+        text = llm.chat(messages, max_tokens=len(record["greedy"]), temperature=0)
+        assert text == llm.detokenize(greedy).decode("utf-8", "replace")

@@ -203,6 +203,12 @@ cdef extern from "ggml.h" nogil:
     ggml_tensor * ggml_cast(ggml_context * ctx, ggml_tensor * a, ggml_type type)
     ggml_tensor * ggml_gelu_quick(ggml_context * ctx, ggml_tensor * a)
     cbool ggml_prec_set_acc(ggml_tensor * a, ggml_prec prec)
+    # lfm2's position table resized to the patch grid (clip_graph::resize_position_embeddings)
+    enum:
+        GGML_SCALE_MODE_BILINEAR
+        GGML_SCALE_FLAG_ANTIALIAS
+    ggml_tensor * ggml_interpolate(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2,
+                                   int64_t ne3, uint32_t mode)
     ggml_tensor * ggml_cont_4d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2,
                                int64_t ne3)
 

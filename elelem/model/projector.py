@@ -57,7 +57,7 @@ class ProjectorKind:
 
 
 #: Text architectures whose graphs take an image's embeddings in place of tokens.
-ARCHS_WITH_IMAGES = ("gemma3", "gemma4", "qwen2vl", "llama")
+ARCHS_WITH_IMAGES = ("gemma3", "gemma4", "qwen2vl", "llama", "lfm2")
 
 # The projector types elelem encodes; each has a builder in elelem/_native/graph/vision_<type>.pxi.
 _QWEN = ProjectorKind("<|vision_start|>", "<|vision_end|>", "bicubic", non_causal=False, default_merge=2,
@@ -70,6 +70,10 @@ KINDS: dict[str, ProjectorKind] = {
                              causal_text_widths=(1536, 2560), image_tokens=(70, 1120)),
     # SmolVLM: no text around the whole image, only between its slices (mtmd.cpp, MTMD_SLICE_TMPL_IDEFICS3).
     "idefics3": ProjectorKind("", "", "lanczos", non_causal=False, default_merge=2, slices="idefics3"),
+    # LFM2-VL: any size within 64 to 256 tokens, or 512-pixel tiles and a thumbnail past twice that
+    # (clip.cpp's load_hparams: set_limit_image_tokens(64, 256); mtmd_image_preprocessor_lfm2).
+    "lfm2": ProjectorKind("<|image_start|>", "<|image_end|>", "bilinear", non_causal=False, default_merge=2,
+                          image_tokens=(64, 256), slices="lfm2"),
 }
 QWEN_TYPES = ("qwen2vl_merger", "qwen2.5vl_merger")
 # clip.cpp's set_limit_image_tokens(8, 4096) for the Qwen-VL types: merged tokens per image.
@@ -116,6 +120,10 @@ class ProjectorSpec:
         for Qwen's dynamic size, an image of the file's image_size a side); for a
         projector with limits on an image's tokens (gemma4v) or with slices (idefics3), the most
         an image gives."""
+        if self.kind.slices == "lfm2":
+            # 10 tiles of 512 pixels a side at most, and the thumbnail (mtmd_image_preprocessor_lfm2's max_tiles).
+            tile = 512 // (self.hparams["patch_size"] * self.hparams["n_merge"])
+            return 10 * tile * tile + self.kind.image_tokens[1]
         if self.kind.image_tokens is not None:
             return self.kind.image_tokens[1]
         if self.kind.slices is not None:
@@ -221,7 +229,7 @@ def _read_hparams(gguf: GGUFFile, kind: ProjectorKind, ptype: str) -> dict[str, 
         raise GGUFMetadataError(
             f"{gguf.path}: {p}image_size {image_size} must be a multiple of {p}patch_size {patch_size}, and its "
             f"{side} patches a side a multiple of the pooling window {n_merge}", field=p + "image_size")
-    if kind.slices is not None:
+    if kind.slices == "idefics3":
         # The preprocessor's longest edge: libmtmd slices without it otherwise (an older path elelem does not take).
         longest = _u32(gguf, p + "preproc_image_size", high=MAX_IMAGE_SIZE * 4)
         extra_slices = {"longest_edge": longest}
@@ -270,6 +278,7 @@ def _qwen_n_ff(gguf: GGUFFile, n_embd: int) -> int:
 _TYPE_HPARAMS: dict[str, dict[str, Any]] = {
     # clip_graph_gemma4v: RMSNorms, V normed, attention scale 1, a 2D RoPE of base 100.
     "gemma4v": {"norm": "rms", "v_norm": True, "kq_scale": 1.0, "rope_theta": 100.0, "dynamic_size": True},
+    "lfm2": {"dynamic_size": True},
 }
 
 
@@ -339,6 +348,25 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
         glob["patch_bias"] = t.get("v.patch_embd.bias", (n_embd,), required=False, types=vec)
         glob["pos_embd"] = t.get("v.position_embd.weight", (n_embd, side * side))
         glob["mm_input_proj"] = t.get("mm.model.fc.weight", (n_embd * h["n_merge"] ** 2, h["n_embd_out"]))
+    elif ptype == "lfm2":
+        # Siglip2VisionEmbeddings' patch embedding (a linear the converter reshapes to a convolution kernel)
+        # and its square position table; Lfm2VlMultiModalProjector's optional LayerNorm, linear_1, linear_2.
+        n_pos = (t.shape("v.position_embd.weight") or (0, 0))[-1]
+        if math.isqrt(n_pos) ** 2 != n_pos or not 1 <= n_pos <= MAX_IMAGE_SIZE ** 2:
+            raise ModelShapeError(f"{gguf.path}: tensor 'v.position_embd.weight' must hold a square grid of "
+                                  f"positions; it has {n_pos}")
+        glob["patch_bias"] = t.get("v.patch_embd.bias", (n_embd,), required=False, types=vec)
+        glob["pos_embd"] = t.get("v.position_embd.weight", (n_embd, n_pos), types=("F32", "F16"))
+        merged = n_embd * h["n_merge"] ** 2
+        glob["mm_norm_w"] = t.get("mm.input_norm.weight", (merged,), required=False, types=vec)
+        glob["mm_norm_b"] = t.get("mm.input_norm.bias", (merged,), required=False, types=vec)
+        hidden = (t.shape("mm.1.weight") or (merged, 0))[-1]
+        if not 1 <= hidden <= MAX_WIDTH * 8:
+            raise ModelShapeError(f"{gguf.path}: tensor 'mm.1.weight' is missing or has no rows")
+        glob["mm_0_w"] = t.get("mm.1.weight", (merged, hidden))
+        glob["mm_0_b"] = t.get("mm.1.bias", (hidden,), types=vec)
+        glob["mm_1_w"] = t.get("mm.2.weight", (hidden, h["n_embd_out"]))
+        glob["mm_1_b"] = t.get("mm.2.bias", (h["n_embd_out"],), types=vec)
     elif gemma4v:
         # Two position tables, the columns' and the rows' (the converter's position_embedding_table,
         # forced F32); clip_graph_gemma4v reads no patch bias.

@@ -21,9 +21,9 @@ from .._core import open_vision_model  # names, not the package
 from ..errors import ClosedError, InvalidArgumentError
 from ..model.projector import ProjectorSpec, read_projector
 from .images import Image
-from .preprocess import preprocess, to_float
+from .preprocess import preprocess, target_size, to_float
 from .qwen import encoder_inputs
-from .slices import Layout, idefics3_layout, idefics3_squares
+from .slices import Layout, idefics3_layout, idefics3_squares, lfm2_layout, lfm2_should_tile, lfm2_squares
 
 log = logging.getLogger("elelem")
 
@@ -123,6 +123,15 @@ class Projector:
             rgb, (cols, rows) = idefics3_squares(image.pixels, self.spec.hparams["longest_edge"], self.spec.image_size)
             return ([to_float(sq, self.spec.image_mean, self.spec.image_std) for sq in rgb],
                     idefics3_layout(cols, rows))
+        if kind.slices == "lfm2":
+            h = self.spec.hparams
+            align = h["patch_size"] * h["n_merge"]
+            assert kind.image_tokens is not None
+            most = kind.image_tokens[1] * align * align
+            tiled = lfm2_should_tile(image.width, image.height, h["patch_size"], align, most)
+            rgb, (cols, rows) = lfm2_squares(image.pixels, target_size(image, self.spec), tiled)
+            return ([to_float(sq, self.spec.image_mean, self.spec.image_std) for sq in rgb],
+                    lfm2_layout(cols, rows))
         return [self.pixels(image)], [kind.image_begin, 0, kind.image_end]
 
     def encode(self, image: Image) -> ImageEmbeddings:

@@ -99,6 +99,13 @@ def make_weights(cfg: TinyProjector) -> dict[str, np.ndarray]:
         })
     w["v.post_ln.weight"] = norm(e)
     w["v.post_ln.bias"] = vec(e)
+    if cfg.projector_type == "lfm2":
+        # Lfm2VlMultiModalProjector: a LayerNorm over the unshuffled rows, linear_1, GELU, linear_2.
+        k2 = cfg.n_merge * cfg.n_merge
+        w.update({"mm.input_norm.weight": norm(e * k2), "mm.input_norm.bias": vec(e * k2),
+                  "mm.1.weight": mat(cfg.n_ff, e * k2), "mm.1.bias": vec(cfg.n_ff),
+                  "mm.2.weight": mat(cfg.n_embd_out, cfg.n_ff), "mm.2.bias": vec(cfg.n_embd_out)})
+        return w
     if cfg.projector_type == "idefics3":
         # Idefics3Connector's modality_projection.proj: (text width, n_embd * scale_factor^2), no bias.
         k2 = cfg.n_merge * cfg.n_merge
@@ -186,6 +193,9 @@ def tensor_type(cfg: TinyProjector, name: str, arr: np.ndarray) -> str:
         return "f32" if arr.ndim < 2 or name == "v.position_embd.weight" else cfg.wtype
     if name == "mm.input_projection.weight":
         return "f16"
+    if cfg.projector_type == "lfm2":
+        # MmprojModel: the patch kernel the output type, the position table (V_ENC_EMBD_POS) F32.
+        return "f32" if arr.ndim < 2 or name == "v.position_embd.weight" else cfg.wtype
     if cfg.projector_type in QWEN_TYPES and name.startswith("v.patch_embd"):
         return cfg.wtype   # MmprojModel.tensor_force_quant: the patch kernel F16 in an F16 file
     if name.startswith(("v.patch_embd", "v.position_embd")) or arr.ndim < 2:
@@ -236,6 +246,9 @@ def write_projector(path: Path, cfg: TinyProjector = TinyProjector()) -> dict[st
         keys["clip.vision.projector_type"] = "gemma4v"
         if cfg.n_merge != 3:
             keys["clip.vision.projector.scale_factor"] = cfg.n_merge
+    elif cfg.projector_type == "lfm2":
+        # LFM2VLModel.set_gguf_parameters: image_size 256 ("for compatibility"), the downsample factor.
+        keys["clip.vision.projector.scale_factor"] = cfg.n_merge
     elif cfg.projector_type == "idefics3":
         # SmolVLMModel.set_gguf_parameters: the scale factor and the longest edge always written.
         keys["clip.vision.projector.scale_factor"] = cfg.n_merge
