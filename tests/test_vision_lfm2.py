@@ -185,3 +185,25 @@ def test_logits_and_greedy_tokens_after_an_image_equal_llamacpps(files, referenc
         ends = [i for i, t in enumerate(greedy) if t in llm.eos_ids]
         greedy = greedy[:ends[0]] if ends else greedy
         assert llm.generate_tokens(ids, len(record["greedy"])) == greedy
+
+
+@pytest.mark.real_model
+def test_a_conversation_with_the_same_image_reuses_its_embeddings_and_gives_a_fresh_models_reply(files):
+    """An agent sends the same (tiled) screenshot each turn: the second turn encodes nothing,
+    and what it reuses of the first (the recurrent state's snapshots, the KV cells) gives the
+    reply a model that never saw the first turn gives."""
+    import elelem
+
+    model, mmproj, images = files
+    url = _png_url(np.load(images[6]))
+    first = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                          {"type": "text", "text": "What is wrong here?"}]}]
+    with elelem.LLM(model, mmproj=mmproj, n_ctx=4096, n_threads=THREADS) as llm:
+        reply = llm.chat(first, max_tokens=3, temperature=0)
+        squares = llm.images.projector.n_encoded
+        assert squares == 2 * 2 + 1
+        second = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And now?"}]
+        again = llm.chat(second, max_tokens=4, temperature=0)
+        assert llm.images.projector.n_encoded == squares
+    with elelem.LLM(model, mmproj=mmproj, n_ctx=4096, n_threads=THREADS) as fresh:
+        assert fresh.chat(second, max_tokens=4, temperature=0) == again

@@ -120,11 +120,11 @@ class ProjectorSpec:
         for Qwen's dynamic size, an image of the file's image_size a side); for a
         projector with limits on an image's tokens (gemma4v) or with slices (idefics3), the most
         an image gives."""
-        if self.kind.slices == "lfm2":
-            # 10 tiles of 512 pixels a side at most, and the thumbnail (mtmd_image_preprocessor_lfm2's max_tiles).
-            tile = 512 // (self.hparams["patch_size"] * self.hparams["n_merge"])
-            return 10 * tile * tile + self.kind.image_tokens[1]
         if self.kind.image_tokens is not None:
+            if self.kind.slices == "lfm2":
+                # 10 tiles of 512 pixels a side at most, and the thumbnail (mtmd_image_preprocessor_lfm2's max_tiles).
+                tile = 512 // (self.hparams["patch_size"] * self.hparams["n_merge"])
+                return 10 * tile * tile + self.kind.image_tokens[1]
             return self.kind.image_tokens[1]
         if self.kind.slices is not None:
             # The most slices a side (the longest edge over the square, rounded up), squared, plus the overview.
