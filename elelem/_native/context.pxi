@@ -467,8 +467,9 @@ cdef class Context:
         (what prefix reuse compares; never a vocabulary id).  Without
         ``causal`` the rows attend to each other both ways (libmtmd's
         non-causal images).  Returns the logits of ``outputs`` as
-        :meth:`_decode` does.  A hybrid model's rows are one sequence's (they pass
-        through its recurrent state as tokens do: Qwen3.5's images)."""
+        :meth:`_decode` does.  A hybrid model takes one sequence's rows a step
+        (they pass through its recurrent state as tokens do: Qwen3.5's and
+        LFM2-VL's images), with the same snapshots around it as a prompt's step."""
         self._check_open()
         if self.model.hp.encoder:
             raise errors.InvalidArgumentError("this model takes no embeddings in place of tokens")
@@ -489,16 +490,19 @@ cdef class Context:
                     or (seq_ids is not None and np.unique(np.asarray(seq_ids)).size > 1):
                 raise errors.InvalidArgumentError(f"rows {offset}..{offset + x.shape[0]} of one sequence's "
                                                   f"{grid_x} x {grid_y} image grid, got {grid}")
-        cdef int n_seqs = 0
-        if self.cache.hybrid:
-            seqs = _checked_seq_ids(seq_ids, x.shape[0], self.cache.n_seq_max)
-            if (seqs != seqs[0]).any():
-                raise errors.InvalidArgumentError("a hybrid model takes embedding rows of one sequence a step")
-            # A rewind into the rows restores the state before them (decode's snapshots).
-            self._snapshot_before(seqs[:1], [x.shape[0]], False)
-            n_seqs = 1
-        return self._decode(marks, seq_ids, outputs, False, False, n_seqs, embd=x, causal=causal, grid_x=grid_x,
-                            grid_y=grid_y, grid_offset=offset)
+        if not self.cache.hybrid:
+            return self._decode(marks, seq_ids, outputs, False, False, 0, embd=x, causal=causal, grid_x=grid_x,
+                                grid_y=grid_y, grid_offset=offset)
+        self.last_hidden = None
+        seqs = _checked_seq_ids(seq_ids, x.shape[0], self.cache.n_seq_max)
+        present, counts = np.unique(seqs, return_counts=True)
+        if present.size != 1:
+            raise errors.InvalidArgumentError("a hybrid model takes one sequence's embeddings a step")
+        self._snapshot_before(present, counts, False)
+        out = self._decode(marks, seqs, outputs, False, False, 1, embd=x, causal=causal, grid_x=grid_x,
+                           grid_y=grid_y, grid_offset=offset)
+        self._snapshot_before(present, counts, False)
+        return out
 
     def _decode(self, tokens, seq_ids, outputs, bint embeddings, bint decode_kernels, int n_seqs, bint rank=False,
                 hidden_in=None, bint keep_hidden=False, embd=None, bint causal=True, int grid_x=0, int grid_y=0,

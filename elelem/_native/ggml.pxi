@@ -142,8 +142,11 @@ cdef extern from "ggml.h" nogil:
     ggml_tensor * ggml_concat(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, int dim)
     ggml_tensor * ggml_im2col(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b, int s0, int s1, int p0,
                               int p1, int d0, int d1, bint is_2D, ggml_type dst_type)
+    # position tables resized to the patch grid (qwen3vl: corners aligned; lfm2: antialiased,
+    # clip_graph::resize_position_embeddings)
     enum: GGML_SCALE_MODE_BILINEAR
     enum: GGML_SCALE_FLAG_ALIGN_CORNERS
+    enum: GGML_SCALE_FLAG_ANTIALIAS
     ggml_tensor * ggml_interpolate(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2,
                                    int64_t ne3, uint32_t mode)
     ggml_tensor * ggml_view_2d(ggml_context * ctx, ggml_tensor * a, int64_t ne0, int64_t ne1,

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..engine.media import MediaTable
 from ..errors import InvalidArgumentError
 from ..model.projector import ARCHS_WITH_IMAGES
 from ..vision.images import Image, ImageLimits, load
 from ..vision.projector import Projector
+from ..vision.slices import Piece
 from ..vision.images import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, b64decode, decode
 from .options import VisionOptions
 from .prompts import IMAGE_PART_TYPES
@@ -60,6 +61,7 @@ class ImageInput:
         self.projector = projector
         self.media = media
         self.limits = limits
+        self._piece_ids: Optional[dict[bytes, int]] = None
         media.bidirectional = projector.spec.kind.attends_both_ways(projector.spec.n_embd_out)
 
     @classmethod
@@ -106,21 +108,53 @@ class ImageInput:
             out.append({**message, "content": parts})
         return out, images
 
-    def prompt_ids(self, tokenize, bos_id: Optional[int], text: str, images: Sequence[Image]) -> list[int]:
+    def model_prompt_ids(self, assets, text: str, images: Sequence[Image]) -> list[int]:
+        """:meth:`prompt_ids` with the model's tokenizer (``assets``: elelem.api.assets.ModelAssets)."""
+        tokenizer = assets.tokenizer
+        return self.prompt_ids(
+            lambda piece, first: assets.tokenize(piece, add_bos=None if first else False, special=True),
+            tokenizer.bos_id, text, images,
+            lambda piece: self.piece_id(piece, tokenizer.n_vocab, lambda i: tokenizer.decode([i], special=True)))
+
+    def piece_id(self, text: str, n_vocab: int, piece: Callable[[int], bytes]) -> int:
+        """The first id whose piece (``piece(id)``, control tokens as their text) is ``text``:
+        mtmd_context::lookup_token, which puts the tokens between an image's slices.  The
+        vocabulary is read once, at the first look-up."""
+        if self._piece_ids is None:
+            first: dict[bytes, int] = {}
+            for i in range(n_vocab):
+                first.setdefault(piece(i), i)
+            self._piece_ids = first
+        found = self._piece_ids.get(text.encode("utf-8"))
+        if found is None:
+            raise InvalidArgumentError(f"the vocabulary has no token {text!r}, which this "
+                                       f"{self.projector.projector_type} projector puts between an image's slices")
+        return found
+
+    def prompt_ids(self, tokenize, bos_id: Optional[int], text: str, images: Sequence[Image],
+                   piece_id: Optional[Callable[[str], int]] = None) -> list[int]:
         """The ids of the rendered ``text``: its pieces between markers tokenized
         one by one (``tokenize(text, first)``: with BOS for the first), each
-        marker replaced by an image (mtmd_tokenize)."""
+        marker replaced by an image (mtmd_tokenize): the text around it and its
+        embeddings, and for a sliced image (elelem.vision.slices) the tokens
+        between its squares (``piece_id(text)``: the token whose piece is ``text``)."""
         pieces = text.split(MEDIA_MARKER)
         if len(pieces) - 1 != len(images):
             raise InvalidArgumentError(f"the prompt holds {len(pieces) - 1} image markers ({MEDIA_MARKER}) for "
                                        f"{len(images)} images")
-        kind = self.projector.spec.kind
         ids = list(tokenize(pieces[0], True))
         for image, piece in zip(images, pieces[1:]):
-            embedded = self.projector.encode(image)
-            ids += tokenize(kind.image_begin, False)
-            ids += self.media.add(embedded.digest, embedded.embeddings, embedded.grid)
-            ids += tokenize(kind.image_end, False)
+            encoded = self.projector.encode_image(image)
+            for item in encoded.layout:
+                if isinstance(item, int):
+                    square = encoded.squares[item]
+                    ids += self.media.add(square.digest, square.embeddings, square.grid)
+                elif isinstance(item, Piece):
+                    if piece_id is None:
+                        raise InvalidArgumentError("a sliced image needs the vocabulary's tokens by their text")
+                    ids.append(piece_id(item.text))
+                elif item:
+                    ids += tokenize(item, False)
             ids += tokenize(piece, False)
         if bos_id is not None and ids[:2] == [bos_id, bos_id]:
             ids = ids[1:]

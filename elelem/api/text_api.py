@@ -277,9 +277,7 @@ class TextAPI:
         prompt, ids = chat_prompt(self.assets, messages_for_template(messages), tools=plan.template_tools,
                                   **variables)
         if images:
-            ids = images_in.prompt_ids(
-                lambda text, first: self.assets.tokenize(text, add_bos=None if first else False, special=True),
-                self.assets.tokenizer.bos_id, prompt, images)
+            ids = images_in.model_prompt_ids(self.assets, prompt, images)
         reply = reply_parser(fmt, source, prompt, parse_calls=plan.parses_calls, tools=plan.functions,
                              reasoning_format=reasoning_format)
         constraint: Union[LazyConstraint, TokenConstraint, None]

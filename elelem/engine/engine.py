@@ -528,8 +528,12 @@ class Engine(PrefixReuse):
                         continue
             if request.checkpoint and not request.decoding:   # a step ends there, for its snapshot
                 before = request.checkpoint - self._ctx.cache.seq_length_of(request.seq)
-                if 0 < before < n:
+                # An image's rows split there too (causal rows give the same either way), unless they
+                # attend to each other both ways: then the image stays whole.
+                if 0 < before < n and not (embd is not None and self.media.bidirectional):
                     n = before
+                    if embd is not None:
+                        embd = embd[:n]
             budget -= n
             chunk = _Chunk(request, n, first=len(tokens), base=self._ctx.cache.seq_length_of(request.seq))
             ends = n == len(request.pending)

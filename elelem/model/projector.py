@@ -37,7 +37,7 @@ class ProjectorKind:
 
     image_begin: str
     image_end: str
-    resize: str              # "bilinear" or "bicubic"
+    resize: str              # "bilinear", "bicubic" or "lanczos"
     non_causal: bool
     default_merge: int       # the pooling (gemma3, gemma4v) or merge (qwen2vl) window's side where the file gives none
     dynamic_size: bool = False   # Qwen's smart resize: images keep their aspect ratio, not fitted to a square
@@ -47,6 +47,9 @@ class ProjectorKind:
     # Images of any size, resized to keep their aspect ratio within (min, max) image tokens
     # (clip.cpp's set_limit_image_tokens, mtmd_image_preprocessor_dyn_size: gemma4v); None: not so.
     image_tokens: Optional[tuple[int, int]] = None
+    # The image cut into image_size squares plus an overview, with text between them
+    # (mtmd's slice templates: elelem.vision.slices); None: one square or one dynamic image.
+    slices: Optional[str] = None
 
     def attends_both_ways(self, n_embd_text: int) -> bool:
         """mtmd_decode_use_non_causal for a text model ``n_embd_text`` wide."""
@@ -55,7 +58,7 @@ class ProjectorKind:
 
 #: Text architectures whose graphs take an image's embeddings in place of tokens.
 ARCHS_WITH_IMAGES = ("gemma3", "gemma4", "qwen2vl", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "mistral3",
-                     "llama")   # llama: Pixtral 12B, Mistral Small 3.1
+                     "llama", "lfm2")   # llama: Pixtral 12B, Mistral Small 3.1, SmolVLM
 
 # The projector types elelem encodes; each has a builder in elelem/_native/graph/vision_<type>.pxi.
 _QWEN = ProjectorKind("<|vision_start|>", "<|vision_end|>", "bicubic", non_causal=False, default_merge=2,
@@ -71,6 +74,12 @@ KINDS: dict[str, ProjectorKind] = {
     # but the last, and [IMG_END] follows it (mtmd.cpp); pixtral-12b merges no patches.
     "pixtral": ProjectorKind("", "[IMG_END]", "bicubic", non_causal=False, default_merge=1,
                              image_tokens=(8, 1024)),
+    # SmolVLM: no text around the whole image, only between its slices (mtmd.cpp, MTMD_SLICE_TMPL_IDEFICS3).
+    "idefics3": ProjectorKind("", "", "lanczos", non_causal=False, default_merge=2, slices="idefics3"),
+    # LFM2-VL: any size within 64 to 256 tokens, or 512-pixel tiles and a thumbnail past twice that
+    # (clip.cpp's load_hparams: set_limit_image_tokens(64, 256); mtmd_image_preprocessor_lfm2).
+    "lfm2": ProjectorKind("<|image_start|>", "<|image_end|>", "bilinear", non_causal=False, default_merge=2,
+                          image_tokens=(64, 256), slices="lfm2"),
 }
 QWEN_TYPES = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 # clip.cpp's set_limit_image_tokens(8, 4096) for the Qwen-VL types: merged tokens per image.
@@ -116,12 +125,27 @@ class ProjectorSpec:
         return self.n_embd_out * (1 + self.n_deepstack)
 
     @property
+    def tokens_per_square(self) -> int:
+        """Embeddings per encoded square of image_size a side."""
+        side = self.image_size // self.hparams["patch_size"] // self.hparams["n_merge"]
+        return side * side
+
+    @property
     def n_image_tokens(self) -> int:
         """Embeddings per image (gemma3: a fixed-size image pooled to (side / n_merge)^2;
         for Qwen's dynamic size, an image of the file's image_size a side); for a
-        projector with limits on an image's tokens (gemma4v), the most an image gives."""
+        projector with limits on an image's tokens (gemma4v) or with slices (idefics3), the most
+        an image gives."""
         if self.kind.image_tokens is not None:
+            if self.kind.slices == "lfm2":
+                # 10 tiles of 512 pixels a side at most, and the thumbnail (mtmd_image_preprocessor_lfm2's max_tiles).
+                tile = 512 // (self.hparams["patch_size"] * self.hparams["n_merge"])
+                return 10 * tile * tile + self.kind.image_tokens[1]
             return self.kind.image_tokens[1]
+        if self.kind.slices is not None:
+            # The most slices a side (the longest edge over the square, rounded up), squared, plus the overview.
+            most = -(-self.hparams["longest_edge"] // self.image_size)
+            return (most * most + 1) * self.tokens_per_square
         side = self.image_size // self.hparams["patch_size"] // self.hparams["n_merge"]
         return side * side
 
@@ -214,10 +238,19 @@ def _read_hparams(gguf: GGUFFile, kind: ProjectorKind, ptype: str) -> dict[str, 
                                 field=merge_key)
     side = image_size // patch_size
     # A variable-size encoder's image_size is not used (Gemma 4's converter writes 224).
-    if kind.image_tokens is None and (image_size % patch_size or (side % n_merge and not kind.dynamic_size)):
+    # SmolVLM2's 384-pixel squares in patches of 14 leave 6 pixels the convolution never reads (27 patches).
+    partial_patch = kind.slices is not None
+    if kind.image_tokens is None and ((image_size % patch_size and not partial_patch)
+                                      or (side % n_merge and not kind.dynamic_size)):
         raise GGUFMetadataError(
             f"{gguf.path}: {p}image_size {image_size} must be a multiple of {p}patch_size {patch_size}, and its "
             f"{side} patches a side a multiple of the pooling window {n_merge}", field=p + "image_size")
+    if kind.slices == "idefics3":
+        # The preprocessor's longest edge: libmtmd slices without it otherwise (an older path elelem does not take).
+        longest = _u32(gguf, p + "preproc_image_size", high=MAX_IMAGE_SIZE * 4)
+        extra_slices = {"longest_edge": longest}
+    else:
+        extra_slices = {}
     use_gelu = gguf.expect_scalar("clip.use_gelu", GGUFValueType.BOOL, required=False)
     use_silu = gguf.expect_scalar("clip.use_silu", GGUFValueType.BOOL, required=False)
     if use_gelu and use_silu:
@@ -237,7 +270,7 @@ def _read_hparams(gguf: GGUFFile, kind: ProjectorKind, ptype: str) -> dict[str, 
     n_ff = _qwen_n_ff(gguf, n_embd) if ptype in QWEN_TYPES else _u32(gguf, p + "feed_forward_length",
                                                                      high=MAX_WIDTH * 8)
     return {
-        **extra,
+        **extra, **extra_slices,
         "n_embd": n_embd, "n_head": n_head, "d_head": d_head,
         "n_ff": n_ff,
         "n_layer": _u32(gguf, p + "block_count", high=MAX_LAYERS),
@@ -266,6 +299,7 @@ _TYPE_HPARAMS: dict[str, dict[str, Any]] = {
     # clip_graph_pixtral: RMSNorms, a 2D RoPE of base 10000 with interleaved frequencies
     # (clip.cpp sets the base whatever the file's rope.freq_base says).
     "pixtral": {"norm": "rms", "rope_theta": 10000.0, "rope_2d_interleaved": True, "dynamic_size": True},
+    "lfm2": {"dynamic_size": True},
 }
 
 
@@ -335,6 +369,31 @@ def _read_tensors(gguf: GGUFFile, h: dict[str, Any], ptype: str) -> tuple[dict, 
             raise ModelShapeError(f"{gguf.path}: a Qwen-VL patch embedding has no bias (v.patch_embd.bias)")
         else:
             glob["patch_bias"] = glob["pos_embd"] = None
+    elif ptype == "idefics3":
+        # Idefics3Connector: the pixel shuffle's n_merge^2 neighbours side by side, then one linear
+        # without bias (the converter's mm.model.fc), as wide as the text model.
+        glob["patch_bias"] = t.get("v.patch_embd.bias", (n_embd,), required=False, types=vec)
+        glob["pos_embd"] = t.get("v.position_embd.weight", (n_embd, side * side))
+        glob["mm_input_proj"] = t.get("mm.model.fc.weight", (n_embd * h["n_merge"] ** 2, h["n_embd_out"]))
+    elif ptype == "lfm2":
+        # Siglip2VisionEmbeddings' patch embedding (a linear the converter reshapes to a convolution kernel)
+        # and its square position table; Lfm2VlMultiModalProjector's optional LayerNorm, linear_1, linear_2.
+        n_pos = (t.shape("v.position_embd.weight") or (0, 0))[-1]
+        if math.isqrt(n_pos) ** 2 != n_pos or not 1 <= n_pos <= MAX_IMAGE_SIZE ** 2:
+            raise ModelShapeError(f"{gguf.path}: tensor 'v.position_embd.weight' must hold a square grid of "
+                                  f"positions; it has {n_pos}")
+        glob["patch_bias"] = t.get("v.patch_embd.bias", (n_embd,), required=False, types=vec)
+        glob["pos_embd"] = t.get("v.position_embd.weight", (n_embd, n_pos), types=("F32", "F16"))
+        merged = n_embd * h["n_merge"] ** 2
+        glob["mm_norm_w"] = t.get("mm.input_norm.weight", (merged,), required=False, types=vec)
+        glob["mm_norm_b"] = t.get("mm.input_norm.bias", (merged,), required=False, types=vec)
+        hidden = (t.shape("mm.1.weight") or (merged, 0))[-1]
+        if not 1 <= hidden <= MAX_WIDTH * 8:
+            raise ModelShapeError(f"{gguf.path}: tensor 'mm.1.weight' is missing or has no rows")
+        glob["mm_0_w"] = t.get("mm.1.weight", (merged, hidden))
+        glob["mm_0_b"] = t.get("mm.1.bias", (hidden,), types=vec)
+        glob["mm_1_w"] = t.get("mm.2.weight", (hidden, h["n_embd_out"]))
+        glob["mm_1_b"] = t.get("mm.2.bias", (h["n_embd_out"],), types=vec)
     elif gemma4v:
         # Two position tables, the columns' and the rows' (the converter's position_embedding_table,
         # forced F32); clip_graph_gemma4v reads no patch bias.

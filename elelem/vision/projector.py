@@ -5,6 +5,7 @@ conversation) is encoded once."""
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import os
 import threading
@@ -20,8 +21,9 @@ from .._core import open_vision_model  # names, not the package
 from ..errors import ClosedError, InvalidArgumentError
 from ..model.projector import ProjectorSpec, read_projector
 from .images import Image
-from .preprocess import preprocess
+from .preprocess import preprocess, target_size, to_float
 from .qwen import encoder_inputs
+from .slices import Layout, idefics3_layout, idefics3_squares, lfm2_layout, lfm2_should_tile, lfm2_squares
 
 log = logging.getLogger("elelem")
 
@@ -43,6 +45,27 @@ class ImageEmbeddings:
         return int(self.embeddings.shape[0])
 
 
+@dataclass(frozen=True)
+class EncodedImage:
+    """An image as the text model takes it: ``layout`` lists, in order, text to tokenize
+    (special tokens parsed), tokens looked up by their text (elelem.vision.slices.Piece)
+    and indices into ``squares``, the embeddings of each encoded square (one for most
+    projectors; the slices then the overview for a sliced one)."""
+
+    digest: str
+    layout: Layout
+    squares: list[ImageEmbeddings] = field(repr=False)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(sq.n_tokens for sq in self.squares)
+
+
+def _square_digest(digest: str, index: int) -> str:
+    """A digest for one square of an image: its ids (elelem.engine.media) must not be another square's."""
+    return hashlib.sha256(f"{digest}/{index}".encode()).hexdigest()
+
+
 class Projector:
     """A projector file (mmproj GGUF) ready to encode images.
 
@@ -58,7 +81,7 @@ class Projector:
         self.n_threads = n_threads or max(1, min(8, os.cpu_count() or 1))
         self.flash_attn = flash_attn
         self._cached_images = max(0, int(cached_images))
-        self._cache: collections.OrderedDict[str, ImageEmbeddings] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[str, EncodedImage] = collections.OrderedDict()
         self._lock = threading.Lock()
         s = self.spec
         self._native = open_vision_model(str(self.path), s.projector_type, s.hparams, s.global_tensors,
@@ -72,7 +95,8 @@ class Projector:
 
     @property
     def n_encoded(self) -> int:
-        """Images the encoder has run on (an image found in the cache is not counted)."""
+        """Squares the encoder has run on: one per image but for a sliced projector's
+        (an image found in the cache is not counted)."""
         return int(self._native.n_encoded)
 
     def check_text_model(self, n_embd: int, n_deepstack: int = 0) -> None:
@@ -88,11 +112,45 @@ class Projector:
                 f"the text model takes {n_deepstack}: they are not a pair")
 
     def pixels(self, image: Image) -> np.ndarray:
-        """The encoder's input for ``image`` (libmtmd's preprocessing): float32 (3, height, width)."""
+        """The encoder's input for ``image`` (libmtmd's preprocessing): float32 (3, height, width).
+        A sliced projector's inputs are several: :meth:`squares`."""
+        if self.spec.kind.slices is not None:
+            raise InvalidArgumentError(f"a {self.projector_type} projector cuts an image into several squares: "
+                                       f"use squares()")
         return preprocess(image, self.spec)
 
+    def squares(self, image: Image) -> tuple[list[np.ndarray], Layout]:
+        """The encoder's inputs for ``image`` (float32 (3, height, width) each) and how they stand
+        in the text: one square between the projector type's begin and end text, or a sliced
+        image's slices and overview (elelem.vision.slices)."""
+        kind = self.spec.kind
+        if kind.slices == "idefics3":
+            rgb, (cols, rows) = idefics3_squares(image.pixels, self.spec.hparams["longest_edge"], self.spec.image_size)
+            return ([to_float(sq, self.spec.image_mean, self.spec.image_std) for sq in rgb],
+                    idefics3_layout(cols, rows))
+        if kind.slices == "lfm2":
+            h = self.spec.hparams
+            align = h["patch_size"] * h["n_merge"]
+            assert kind.image_tokens is not None
+            most = kind.image_tokens[1] * align * align
+            tiled = lfm2_should_tile(image.width, image.height, h["patch_size"], align, most)
+            rgb, (cols, rows) = lfm2_squares(image.pixels, target_size(image, self.spec), tiled)
+            return ([to_float(sq, self.spec.image_mean, self.spec.image_std) for sq in rgb],
+                    lfm2_layout(cols, rows))
+        return [self.pixels(image)], [kind.image_begin, 0, kind.image_end]
+
     def encode(self, image: Image) -> ImageEmbeddings:
-        """The embeddings of ``image``, from the cache when its pixels were encoded before."""
+        """The embeddings of ``image`` (a sliced image's squares one after the other, in the
+        order the text takes them: :meth:`encode_image` says where the text goes between)."""
+        encoded = self.encode_image(image)
+        if len(encoded.squares) == 1:
+            return encoded.squares[0]
+        rows = np.concatenate([sq.embeddings for sq in encoded.squares])
+        rows.setflags(write=False)
+        return ImageEmbeddings(image.digest, rows)
+
+    def encode_image(self, image: Image) -> EncodedImage:
+        """``image`` encoded, from the cache when its pixels were encoded before."""
         with self._lock:
             if self._native.is_closed:
                 raise ClosedError("this projector is closed")
@@ -101,13 +159,17 @@ class Projector:
                 self._cache.move_to_end(image.digest)
                 return hit
             started = time.perf_counter()
-            pixels = self.pixels(image)
-            grid, inputs = self._grid_and_inputs(pixels)
-            embeddings = self._native.encode(pixels, self.n_threads, self.flash_attn, inputs)
-            embeddings.setflags(write=False)
-            result = ImageEmbeddings(image.digest, embeddings, grid)
-            log.debug("encoded a %dx%d image into %d embeddings in %.3f s", image.width, image.height,
-                      result.n_tokens, time.perf_counter() - started)
+            inputs, layout = self.squares(image)
+            squares = []
+            for i, pixels in enumerate(inputs):
+                grid, named = self._grid_and_inputs(pixels)
+                embeddings = self._native.encode(pixels, self.n_threads, self.flash_attn, named)
+                embeddings.setflags(write=False)
+                digest = image.digest if len(inputs) == 1 else _square_digest(image.digest, i)
+                squares.append(ImageEmbeddings(digest, embeddings, grid))
+            result = EncodedImage(image.digest, layout, squares)
+            log.debug("encoded a %dx%d image into %d embeddings (%d squares) in %.3f s", image.width, image.height,
+                      result.n_tokens, len(squares), time.perf_counter() - started)
             if self._cached_images:
                 self._cache[image.digest] = result
                 while len(self._cache) > self._cached_images:

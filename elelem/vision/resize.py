@@ -18,17 +18,34 @@ import numpy as np
 from ..errors import InvalidArgumentError
 
 PRECISION_BITS = 32 - 8 - 2
-_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
+_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0, "lanczos": 3.0}
 MAX_SIDE = 65536   # mtmd refuses a resize target past this
 
 
 def _filter(algo: str, x: np.ndarray) -> np.ndarray:
+    if algo == "lanczos":
+        return _lanczos(x)
     x = np.abs(x)
     if algo == "bilinear":
         return np.where(x < 1.0, 1.0 - x, 0.0)
     a = -0.5   # Pillow's bicubic (ggml and PyTorch use -0.75)
     return np.where(x < 1.0, ((a + 2.0) * x - (a + 3.0)) * x * x + 1,
                     np.where(x < 2.0, (((x - 5) * x + 8) * x - 4) * a, 0.0))
+
+
+def _sinc(v: float) -> float:
+    if v == 0.0:
+        return 1.0
+    pi_v = v * 3.141592653589793
+    return math.sin(pi_v) / pi_v
+
+
+def _lanczos(x: np.ndarray) -> np.ndarray:
+    """resize_pillow's Lanczos-3: sinc(x) sinc(x / 3) on [-3, 3), the signed x as it comes
+    (not |x|: the window is half-open), each value through the C library's sin as
+    std::sin takes it (NumPy's vectorised sin may round the last bit otherwise)."""
+    flat = [(_sinc(v) * _sinc(v / 3.0)) if -3.0 <= v < 3.0 else 0.0 for v in x.reshape(-1).tolist()]
+    return np.asarray(flat, dtype=np.float64).reshape(x.shape)
 
 
 def _weights(in_size: int, out_size: int, algo: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

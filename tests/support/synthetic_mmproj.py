@@ -49,6 +49,7 @@ class TinyProjector:
     mm_bias: bool = True              # pixtral: the adapter's linears have biases (pixtral-12b; Mistral Small 3.1's none)
     # qwen3vl: the layers with a deepstack merger (deepstack_visual_indexes)
     deepstack: tuple = (0, 2)
+    longest_edge: int = 80            # idefics3: the preprocessor's longest edge (clip.vision.preproc_image_size)
 
     @property
     def side(self) -> int:
@@ -56,6 +57,7 @@ class TinyProjector:
 
     @property
     def n_tokens(self) -> int:
+        """Embeddings per encoded square (an idefics3 image has several squares)."""
         return (self.side // self.n_merge) ** 2
 
     def but(self, **kw) -> "TinyProjector":
@@ -102,6 +104,18 @@ def make_weights(cfg: TinyProjector) -> dict[str, np.ndarray]:
         })
     w["v.post_ln.weight"] = norm(e)
     w["v.post_ln.bias"] = vec(e)
+    if cfg.projector_type == "lfm2":
+        # Lfm2VlMultiModalProjector: a LayerNorm over the unshuffled rows, linear_1, GELU, linear_2.
+        k2 = cfg.n_merge * cfg.n_merge
+        w.update({"mm.input_norm.weight": norm(e * k2), "mm.input_norm.bias": vec(e * k2),
+                  "mm.1.weight": mat(cfg.n_ff, e * k2), "mm.1.bias": vec(cfg.n_ff),
+                  "mm.2.weight": mat(cfg.n_embd_out, cfg.n_ff), "mm.2.bias": vec(cfg.n_embd_out)})
+        return w
+    if cfg.projector_type == "idefics3":
+        # Idefics3Connector's modality_projection.proj: (text width, n_embd * scale_factor^2), no bias.
+        k2 = cfg.n_merge * cfg.n_merge
+        w["mm.model.fc.weight"] = (rng.standard_normal((cfg.n_embd_out, e * k2)) / np.sqrt(e * k2)).astype(np.float32)
+        return w
     # Gemma3MultiModalProjector.mm_input_projection_weight is (vision width, text width); the
     # converter adds 1 to soft_emb_norm (Gemma's RMSNorm scales by 1 + w).
     w["mm.input_projection.weight"] = (rng.standard_normal((e, cfg.n_embd_out)) / np.sqrt(e)).astype(np.float32)
@@ -236,6 +250,9 @@ def tensor_type(cfg: TinyProjector, name: str, arr: np.ndarray) -> str:
         return "f32" if arr.ndim < 2 or name == "v.position_embd.weight" else cfg.wtype
     if name == "mm.input_projection.weight":
         return "f16"
+    if cfg.projector_type == "lfm2":
+        # MmprojModel: the patch kernel the output type, the position table (V_ENC_EMBD_POS) F32.
+        return "f32" if arr.ndim < 2 or name == "v.position_embd.weight" else cfg.wtype
     if cfg.projector_type in QWEN_TYPES and name.startswith("v.patch_embd.weight"):
         return cfg.wtype   # MmprojModel.tensor_force_quant: the patch kernel F16 in an F16 file
     if name.startswith(("v.patch_embd", "v.position_embd")) or arr.ndim < 2:
@@ -302,6 +319,13 @@ def write_projector(path: Path, cfg: TinyProjector = TinyProjector()) -> dict[st
         keys["clip.vision.image_std"] = [0.26862954, 0.26130258, 0.27577711]
         if cfg.n_merge > 1:
             keys["clip.vision.spatial_merge_size"] = cfg.n_merge
+    elif cfg.projector_type == "lfm2":
+        # LFM2VLModel.set_gguf_parameters: image_size 256 ("for compatibility"), the downsample factor.
+        keys["clip.vision.projector.scale_factor"] = cfg.n_merge
+    elif cfg.projector_type == "idefics3":
+        # SmolVLMModel.set_gguf_parameters: the scale factor and the longest edge always written.
+        keys["clip.vision.projector.scale_factor"] = cfg.n_merge
+        keys["clip.vision.preproc_image_size"] = cfg.longest_edge
     elif cfg.n_merge != 4:
         keys["clip.vision.projector.scale_factor"] = cfg.n_merge
     keys.update(dict(cfg.keys))
@@ -344,11 +368,12 @@ def _linear(x, w, wtype):
     return numerics.matmul(x, w, wtype)
 
 
-def vit_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: np.ndarray) -> np.ndarray:
-    """The gemma3 projector's output for ``pixels`` (3, H, W), in float64 but for
-    ggml's F16 roundings (matmul activations for F16 weights, the GELU table):
-    (n_tokens, n_embd_out)."""
+def siglip_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: np.ndarray) -> np.ndarray:
+    """The SigLIP encoder's output (post-norm) for ``pixels`` (3, H, W), patches row by row,
+    in float64 but for ggml's F16 roundings (matmul activations for F16 weights, the GELU
+    table): (n_patches, n_embd)."""
     p, s, e = cfg.patch_size, cfg.side, cfg.n_embd
+    pixels = pixels[:, :s * p, :s * p]   # the pixels past the last whole patch are never read (SmolVLM2's 384 / 14)
     x = pixels.astype(np.float64).reshape(3, s, p, s, p).transpose(1, 3, 0, 2, 4).reshape(s * s, 3 * p * p)
     x = x @ w["v.patch_embd.weight"].reshape(e, -1).T.astype(np.float64) + w["v.patch_embd.bias"]
     x = x + w["v.position_embd.weight"]
@@ -366,7 +391,31 @@ def vit_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: np.ndarr
         h = _layer_norm(x, w[b + "ln2.weight"], w[b + "ln2.bias"], cfg.eps)
         h = numerics.gelu_f16_table(_linear(h, w[b + "ffn_up.weight"], cfg.wtype) + w[b + "ffn_up.bias"])
         x = x + _linear(h, w[b + "ffn_down.weight"], cfg.wtype) + w[b + "ffn_down.bias"]
-    x = _layer_norm(x, w["v.post_ln.weight"], w["v.post_ln.bias"], cfg.eps)
+    return _layer_norm(x, w["v.post_ln.weight"], w["v.post_ln.bias"], cfg.eps)
+
+
+def pixel_shuffle(x: np.ndarray, width: int, height: int, k: int) -> np.ndarray:
+    """Idefics3Connector.pixel_shuffle: x (width * height, n) patches row by row ->
+    ((width / k) * (height / k), n k^2), blocks row by row, block (bx, by)'s row holding
+    patch (bx k + dx, by k + dy) at n (dx + k dy)."""
+    n = x.shape[1]
+    grid = x.reshape(height // k, k, width // k, k, n)          # (by, dy, bx, dx, n)
+    return grid.transpose(0, 2, 1, 3, 4).reshape((height // k) * (width // k), k * k * n)
+
+
+def idefics3_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: np.ndarray) -> np.ndarray:
+    """The idefics3 projector's output for one square ``pixels`` (3, S, S): (n_tokens, n_embd_out)."""
+    x = siglip_reference(cfg, w, pixels)
+    x = pixel_shuffle(x, cfg.side, cfg.side, cfg.n_merge)
+    return _linear(x, w["mm.model.fc.weight"], cfg.wtype)
+
+
+def vit_reference(cfg: TinyProjector, w: dict[str, np.ndarray], pixels: np.ndarray) -> np.ndarray:
+    """The gemma3 projector's output for ``pixels`` (3, H, W), in float64 but for
+    ggml's F16 roundings (matmul activations for F16 weights, the GELU table):
+    (n_tokens, n_embd_out)."""
+    s, e = cfg.side, cfg.n_embd
+    x = siglip_reference(cfg, w, pixels)
     # Average over n_merge x n_merge windows of the patch grid, row by row.
     m, t = cfg.n_merge, s // cfg.n_merge
     x = x.reshape(t, m, t, m, e).mean(axis=(1, 3)).reshape(t * t, e)

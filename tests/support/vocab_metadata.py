@@ -42,12 +42,17 @@ def vocab_size(path: str | os.PathLike) -> int:
     return len(dict((k, v) for k, v, *_ in read_vocab_metadata(path))[PREFIX + "tokens"])
 
 
-def vocab_writer(path: str | os.PathLike) -> Callable[[gguf.GGUFWriter], None]:
-    """A callback for ``synthetic.write_model(..., extra_metadata=...)`` that writes the vocabulary of ``path``."""
+def vocab_writer(path: str | os.PathLike, extra_tokens: tuple[str, ...] = ()) -> Callable[[gguf.GGUFWriter], None]:
+    """A callback for ``synthetic.write_model(..., extra_metadata=...)`` that writes the vocabulary of ``path``,
+    with ``extra_tokens`` appended as control tokens (a fine-tune's added special tokens, as
+    SmolVLM adds its image markers to SmolLM2's vocabulary); n_vocab grows by their number."""
     items = read_vocab_metadata(path)
+    extra_types = {PREFIX + "tokens": tuple(extra_tokens), PREFIX + "token_type": (3,) * len(extra_tokens)}
 
     def add(writer: gguf.GGUFWriter) -> None:
         for key, value, vtype, sub in items:
-            writer.add_key_value(key, list(value) if vtype == gguf.GGUFValueType.ARRAY else value, vtype, sub)
+            if vtype == gguf.GGUFValueType.ARRAY:
+                value = list(value) + list(extra_types.get(key, ()))
+            writer.add_key_value(key, value, vtype, sub)
 
     return add

@@ -93,13 +93,16 @@ cdef struct VisionWeights:
     ggml_tensor * mm_input_norm     # pixtral: (n_embd), the RMSNorm before the patch merger
     ggml_tensor * mm_patch_merger   # pixtral: (n_merge * n_merge * n_embd, n_embd), Mistral Small 3.1's merger
     ggml_tensor * img_break         # pixtral: (n_embd_out), the [IMG_BREAK] token's embedding
+    ggml_tensor * mm_norm_w         # lfm2: (n_embd * n_merge^2), the LayerNorm before the projector's MLP
+    ggml_tensor * mm_norm_b         # (n_embd * n_merge^2)
     # gemma4v: mm_input_proj's clamps (as VitLayerWeights.clamp), where mm_clamped
     float mm_clamp[4]
     bint mm_clamped
 
 VISION_GLOBAL_ROLES = ("patch_embd", "patch_bias", "pos_embd", "pre_ln_w", "pre_ln_b", "post_ln_w", "post_ln_b",
                        "mm_input_proj", "mm_soft_emb_norm", "patch_embd_1", "mm_0_w", "mm_0_b", "mm_1_w", "mm_1_b",
-                       "std_bias", "std_scale", "mm_input_norm", "mm_patch_merger", "img_break")
+                       "std_bias", "std_scale", "mm_input_norm", "mm_patch_merger", "img_break",
+                       "mm_norm_w", "mm_norm_b")
 
 
 cdef struct VisionHParams:
@@ -352,3 +355,19 @@ cdef ggml_tensor * vit_encoder(VitStep * st, ggml_tensor * x, ggml_tensor * pos_
     if st.w.post_ln_w != NULL:
         x = vit_norm(st, x, st.w.post_ln_w, st.w.post_ln_b)
     return x
+
+
+cdef ggml_tensor * vit_pixel_shuffle(VitStep * st, ggml_tensor * x, int k) noexcept:
+    """clip_graph::build_patch_merge_permute (idefics3's pixel shuffle, lfm2's unshuffle):
+    x (n_embd, w * h), patches row by row -> (n_embd * k * k, (w / k) * (h / k)), blocks row
+    by row: block (bx, by)'s row holds patch (bx k + dx, by k + dy) at n_embd (dx + k dy), the
+    order clip.cpp's reshapes and permutes give (w and h multiples of k; the converter's
+    files have no other)."""
+    cdef ggml_context * ctx = st.ctx
+    cdef int64_t n_embd = x.ne[0]
+    cdef int w = st.nx // st.hp.patch_size, h = st.ny // st.hp.patch_size
+    x = ggml_reshape_3d(ctx, x, n_embd * k, w // k, h)
+    x = ggml_permute(ctx, x, 0, 2, 1, 3)
+    x = ggml_cont_3d(ctx, x, n_embd * k * k, h // k, w // k)
+    x = ggml_permute(ctx, x, 0, 2, 1, 3)
+    return ggml_cont_2d(ctx, x, x.ne[0], x.ne[1] * x.ne[2])
