@@ -83,10 +83,12 @@ class DFlashHead(MTPHead):
         self._ctx.seq_rm(seq, held)
         return logits
 
-    def draft(self, seq: int, history: Sequence[int], rows: dict[int, np.ndarray], n: int) -> list[int]:
+    def draft(self, seq: int, history: Sequence[int], rows: dict[int, np.ndarray], n: int,
+              window: Optional[int] = None) -> list[int]:
         """Bring sequence ``seq`` to ``history`` (its last token not yet
         evaluated by the target: positions ``0 .. L-2`` injected from the
-        target's rows), then ``n`` drafts from one block."""
+        target's rows), then ``n`` drafts from one block.  ``window`` is
+        MTPHead's; this drafter injects every row it has not (a block reads them all)."""
         with self._lock:
             n = min(n, self.max_draft)
             if self.closed or n <= 0 or not history:

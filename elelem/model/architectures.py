@@ -136,7 +136,7 @@ def model_spec(gguf: GGUFFile) -> ModelSpec:
     return ModelSpec(arch, hparams, *tensors)
 
 
-def _n_vocab(gguf: GGUFFile, arch: Architecture, key) -> int:
+def _n_vocab(gguf: GGUFFile, arch: Architecture) -> int:
     """The vocabulary's size: the token table's rows; for a drafter that
     embeds by its target's table (token_embd optional: EAGLE-3 and DFlash heads), the
     tokenizer's tokens, as llama.cpp's vocab.n_tokens(), or where the file has
@@ -146,9 +146,10 @@ def _n_vocab(gguf: GGUFFile, arch: Architecture, key) -> int:
         tokens = gguf.get("tokenizer.ggml.tokens")
         if isinstance(tokens, (str, bytes, int, float)) or not hasattr(tokens, "__len__"):
             tokens = None   # not an array: no vocabulary to count
-        n = len(tokens) if tokens is not None else key("vocab_size", None)
+        n = len(tokens) if tokens is not None else gguf.get(arch.name + ".vocab_size")
         if not isinstance(n, int) or not 0 < n < 2**31:
-            raise ModelShapeError(f"this file has no token_embd.weight and no vocabulary size ({n!r})")
+            raise ModelShapeError(f"this file has no token_embd.weight to size its vocabulary, and neither "
+                                  f"tokenizer.ggml.tokens nor {arch.name}.vocab_size ({n!r})")
         return n
     if embd is None or len(embd.shape) != 2:
         raise ModelShapeError("tensor 'token_embd.weight' is missing or not 2-D")
@@ -161,7 +162,7 @@ def _hparams(gguf: GGUFFile, arch: Architecture) -> dict[str, Any]:
     prefix = arch.name + "."
     key = key_reader(gguf, prefix)
     h: dict[str, Any] = {
-        "n_vocab": _n_vocab(gguf, arch, key),
+        "n_vocab": _n_vocab(gguf, arch),
         "n_embd": int(key("embedding_length")),
         "n_layer": int(key("block_count")),
         "n_ctx_train": int(key("context_length")),
