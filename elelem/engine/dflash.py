@@ -30,6 +30,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..errors import ElelemError
+from .draft_context import target_rows
 from .mtp import MTPDrafter, MTPHead
 
 log = logging.getLogger("elelem")
@@ -104,13 +105,8 @@ class DFlashHead(MTPHead):
                 self._ctx.seq_rm(seq, start)
             t0 = time.perf_counter()
             if start < length:
-                features = np.zeros((length - start, self.n_features), dtype=np.float32)
-                for i, p in enumerate(range(start, length)):
-                    row = rows.get(p)
-                    if row is not None:
-                        features[i] = row
-                    else:
-                        self.missing_rows += 1
+                features, missing = target_rows(rows, range(start, length), self.n_features)
+                self.missing_rows += missing
                 self.inject(seq, features)
                 held.extend(history[start:length])
             t1 = time.perf_counter()

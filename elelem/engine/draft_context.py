@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
+
 
 class DraftContext:
     """``context`` has as many sequences as the target's; ``owned_model`` (the
@@ -61,3 +63,17 @@ class DraftContext:
                 self._ctx.seq_rm(seq, 0)
                 self._held[seq] = []
         return cache.n_free >= need
+
+
+def target_rows(rows: dict, positions: range, width: int) -> tuple[np.ndarray, int]:
+    """The target's rows at ``positions`` (from a drafter's position -> row map), one after the
+    other, and how many were missing (zeros in their place: rows dropped while it did not draft)."""
+    out = np.zeros((len(positions), width), dtype=np.float32)
+    missing = 0
+    for i, p in enumerate(positions):
+        row = rows.get(p)
+        if row is None:
+            missing += 1
+        else:
+            out[i] = row
+    return out, missing

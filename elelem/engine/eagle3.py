@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .._core import eagle3_fuse
+from .draft_context import target_rows
 from .mtp import MTPDrafter, MTPHead
 
 
@@ -75,13 +76,8 @@ class Eagle3Head(MTPHead):
             if start < len(held):
                 del held[start:]
                 self._ctx.seq_rm(seq, start)
-            features = np.zeros((length - start, self.n_features), dtype=np.float32)
-            for i, p in enumerate(range(start, length)):
-                row = rows.get(p)
-                if row is not None:
-                    features[i] = row
-                else:
-                    self.missing_rows += 1
+            features, missing = target_rows(rows, range(start, length), self.n_features)
+            self.missing_rows += missing
             t0 = time.perf_counter()
             g = self.fuse(features)
             self.step_seconds += time.perf_counter() - t0

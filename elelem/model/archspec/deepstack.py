@@ -17,15 +17,23 @@ HPARAMS = (
 )
 
 
-def qwen3vl_hparams(h: dict, key: Key, gguf: Any) -> None:
-    """rope.dimension_sections (four widths, in rotated-dim pairs) for imrope, and n_deepstack_layers."""
+def rope_sections(h: dict, gguf: Any, rope_type: str) -> None:
+    """rope.dimension_sections: four section widths, in rotated-dim pairs (llama.cpp reads 4, the
+    converter writes them padded with 0), that ggml_rope_multi cycles through (``rope_type``
+    "mrope": Qwen2-VL's sections one after the other; "imrope": Qwen3-VL's interleaved)."""
     prefix = gguf.get("general.architecture") + "."
     sections = int_list(gguf.get(prefix + "rope.dimension_sections"))
     if sections is None or not 3 <= len(sections) <= 4 or not all(0 <= x <= h["n_rot"] for x in sections) \
             or sum(sections) == 0:
         raise ModelShapeError(f"{prefix}rope.dimension_sections must be 3 or 4 section widths, got {sections}")
     h["rope_sections"] = (list(sections) + [0])[:4]
-    h["rope_type"] = "imrope"
+    h["rope_type"] = rope_type
+
+
+def qwen3vl_hparams(h: dict, key: Key, gguf: Any) -> None:
+    """The sections of imrope, and n_deepstack_layers."""
+    rope_sections(h, gguf, "imrope")
+    prefix = gguf.get("general.architecture") + "."
     n_deepstack = key("n_deepstack_layers", 0)
     if not isinstance(n_deepstack, int) or not 0 <= n_deepstack < h["n_layer"]:
         # llama.cpp adds part k after layer k, before the last layer drops the unwanted rows.

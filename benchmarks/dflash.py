@@ -1,6 +1,6 @@
 """One DFlash block's time, elelem against llama.cpp, on the same synthetic files.  DEV-ONLY.
 
-    PYTHONPATH=. python scripts/bench_dflash.py [--rounds 3] [--threads 1] [--block 16] [--flash-attn]
+    python benchmarks/dflash.py [--rounds 3] [--threads 1] [--block 16] [--flash-attn]
 
 Writes a synthetic llama target (SmolLM2's vocabulary, 49152 ids; 8 layers of
 width 64 unless --width/--layers say otherwise) and a DFlash drafter for it in
