@@ -103,11 +103,13 @@ def _dflash(h: dict, key: Callable[[str, Any], Any], gguf) -> None:
                               f"{None if fc is None else list(fc.shape)}")
     h["n_embd_inp"] = int(fc.shape[0])
     h["n_embd_target"] = h["n_embd_inp"] // len(layers)
-    h["block_size"] = int(key("block_size", DEFAULT_BLOCK_SIZE))
-    if not 2 <= h["block_size"] <= 256:
-        raise ModelShapeError(f"dflash.block_size = {h['block_size']} must be 2 .. 256")
+    block = key("block_size", DEFAULT_BLOCK_SIZE)
+    if isinstance(block, bool) or not isinstance(block, int) or not 2 <= block <= 256:
+        raise ModelShapeError(f"dflash.block_size = {block!r} must be 2 .. 256")
+    h["block_size"] = block
     mask = gguf.get("tokenizer.ggml.mask_token_id")
-    if not isinstance(mask, int) or not 0 <= mask < h["n_vocab"]:
+    # a bool is an int to Python, not a token id (a file may hold the key as a GGUF bool)
+    if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < h["n_vocab"]:
         raise ModelShapeError(f"tokenizer.ggml.mask_token_id = {mask!r} must name a token of the vocabulary "
                               f"(0 .. {h['n_vocab'] - 1}): a DFlash block is filled with it")
     h["mask_token"] = mask
