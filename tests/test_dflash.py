@@ -37,6 +37,8 @@ TARGET = TinyConfig(arch="llama", n_layer=8, n_embd=64, n_head=4, n_head_kv=2, n
 DRAFTERS = {
     "borrowed": DFlashConfig(seed=52),            # the target's token table and output, as real files
     "own": DFlashConfig(seed=53, own=True, n_layer=1, block_size=5, mask_token=100),
+    # a drafter for an M-RoPE target (Qwen3.5's): every rotated pair in the temporal section, as converted
+    "mrope": DFlashConfig(seed=54, extra_keys=(("dflash.rope.dimension_sections", [8, 0, 0, 0]),)),
 }
 PROMPT = [1, 5, 9, 20, 33, 7, 2, 11, 300, 4000, 17, 23]
 
@@ -124,8 +126,11 @@ SMALL_DRAFTER = DFlashConfig(n_vocab=512, own=True, seed=62, block_size=6, mask_
 @pytest.fixture(scope="module")
 def small_files(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("dflash-small")
-    paths = {"drafter": folder / "dflash.gguf"}
+    paths = {"drafter": folder / "dflash.gguf", "drafter-mrope": folder / "dflash-mrope.gguf"}
     write_dflash(paths["drafter"], SMALL_DRAFTER)
+    # Qwen3.5's drafters carry M-RoPE sections, all in the temporal one
+    write_dflash(paths["drafter-mrope"],
+                 SMALL_DRAFTER.but(extra_keys=(("dflash.rope.dimension_sections", [8, 0, 0, 0]),)))
     for name, cfg in SMALL_TARGETS.items():
         paths[name] = folder / f"{name}.gguf"
         write_model(paths[name], cfg)
@@ -148,7 +153,7 @@ def _head_only(llm, monkeypatch):
 @pytest.mark.parametrize("arch", list(SMALL_TARGETS))
 def test_greedy_output_with_dflash_drafts_is_the_output_without(small_files, monkeypatch, arch, flash):
     """Refused drafts roll a hybrid target's recurrent state back too."""
-    target, drafter = small_files[arch], small_files["drafter"]
+    target, drafter = small_files[arch], small_files["drafter-mrope" if arch == "qwen35" else "drafter"]
     prompt = np.random.default_rng(7).integers(1, 512, 9).tolist()
     with _open(target, speculative=False, flash_attn=flash) as llm:
         plain = llm.generate_tokens(prompt, 50)
@@ -196,10 +201,12 @@ def test_a_drafter_is_not_a_model_of_its_own(small_files):
     (dict(target_layers=tuple(range(1, 18, 2))), elelem.errors.ModelShapeError, "target_layers"),
     (dict(extra_keys=(("dflash.selector_rank", 8),)), elelem.errors.ModelShapeError, "DFlash2"),
     (dict(extra_keys=(("dflash.attention.causal", True),)), elelem.errors.ModelShapeError, "causal"),
+    (dict(extra_keys=(("dflash.rope.dimension_sections", [4, 4, 0, 0]),)), elelem.errors.ModelShapeError,
+     "temporal one alone"),
     (dict(n_embd_target=96), elelem.errors.UnsupportedArchitectureError, "width 96"),
     (dict(target_layers=(1, 3, 5, 8)), elelem.errors.UnsupportedArchitectureError, "layers"),
 ], ids=["no-fc", "no-k-norm", "short-q", "no-hidden-norm", "mask", "block", "too-many-layers", "dflash2", "causal",
-        "wide-target", "deep-target"])
+        "split-sections", "wide-target", "deep-target"])
 def test_drafters_that_do_not_fit_are_refused(small_files, tmp_path, change, error, match):
     bad = tmp_path / "bad.gguf"
     write_dflash(bad, SMALL_DRAFTER.but(**change))

@@ -111,6 +111,8 @@ def add_dflash_keys(writer: gguf.GGUFWriter, cfg: DFlashConfig) -> None:
             writer.add_uint32(key, value)
         elif isinstance(value, float):
             writer.add_float32(key, value)
+        elif isinstance(value, (list, tuple)):
+            writer.add_array(key, list(value))
         else:
             writer.add_string(key, value)
 

@@ -21,15 +21,15 @@ them through ``ctx_other``): ``token_embd``/``output`` are optional here and
 taken from the target when absent (elelem.api.draft).  The variants llama.cpp
 also reads under this architecture -- DFlash2's selector, DSpark's Markov
 head, DeepSeek-V4 stages, a reduced draft vocabulary (``d2t``), sliding
-windows, M-RoPE sections, attention sinks and value scales -- are refused
-with the key or tensor that marks them.
+windows, M-RoPE sections that split a head's pairs, attention sinks and
+value scales -- are refused with the key or tensor that marks them.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
 from ...errors import ModelShapeError
-from ..archspec.hparams import array, flag
+from ..archspec.hparams import array, flag, int_list
 from ..archspec.spec import Architecture, HParam, Role
 
 #: llama.cpp's default block size where the file has no dflash.block_size (common/speculative.cpp)
@@ -61,7 +61,7 @@ _REFUSED_KEYS = {
     "dflash.selector_rank": "a DFlash2 selector", "dflash.conv_kernel_size": "DFlash2 convolutions",
     "dflash.hyper_connection_count": "DeepSeek-V4 (DSpark) stages",
     "dflash.attention.sliding_window": "sliding-window attention",
-    "dflash.rope.dimension_sections": "M-RoPE sections", "dflash.attention.value_scale": "an attention value scale",
+    "dflash.attention.value_scale": "an attention value scale",
     "dflash.embedding_scale": "an embedding scale",
 }
 _REFUSED_TENSORS = {
@@ -70,6 +70,21 @@ _REFUSED_TENSORS = {
     "blk.0.attn_post_norm.weight": "post-attention norms", "blk.0.ffn_post_norm.weight": "post-FFN norms",
     "blk.0.layer_output_scale.weight": "layer output scales",
 }
+
+
+def _check_rope_sections(gguf) -> None:
+    """Drafters for M-RoPE targets (Qwen3.5's) carry degenerate sections, every rotated pair in
+    the temporal one ([n_rot / 2, 0, 0, 0]: llama.cpp's dflash loader and graph, which then ropes
+    with ggml_rope_multi).  A text position is the same in every section, so the temporal section
+    alone turns each pair by what NeoX RoPE turns it by, with the same floats (ggml's mrope cache
+    steps theta_t as the plain cache steps theta): the drafter runs as a plain one.  Sections
+    that split the pairs would take the image's 2D positions, which a drafter never sees."""
+    sections = int_list(gguf.get("dflash.rope.dimension_sections"))
+    if sections is None and gguf.get("dflash.rope.dimension_sections") is None:
+        return
+    if sections is None or not sections or sections[0] <= 0 or any(sections[1:]):
+        raise ModelShapeError(f"dflash.rope.dimension_sections = {sections!r}: elelem runs DFlash drafters whose "
+                              f"M-RoPE sections are the temporal one alone ([n_rot / 2, 0, 0, 0], as converted)")
 
 
 def _layer_roles(h, i: int, tensors) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -87,6 +102,7 @@ def _dflash(h: dict, key: Callable[[str, Any], Any], gguf) -> None:
     for name, what in _REFUSED_TENSORS.items():
         if name in gguf.tensors:
             raise ModelShapeError(f"this DFlash file has {what} ({name!r}); elelem runs plain DFlash drafters only")
+    _check_rope_sections(gguf)
     act = gguf.get("dflash.hidden_act")
     if act is not None and act != "silu":
         raise ModelShapeError(f"dflash.hidden_act = {act!r}: elelem runs SiLU DFlash drafters only")
