@@ -36,6 +36,8 @@ AGREE_MOE = TinyConfig(arch="qwen35moe", head_dim=32, n_rot=16, n_layer=4, wtype
                        n_vocab=512)
 AGREE_GLM = TinyConfig(arch="glm4moe", head_dim=32, n_rot=16, n_layer=3, wtype="q8_0", seed=24, mtp="agree",
                        n_vocab=512)
+AGREE_NEXT = TinyConfig(arch="qwen3next", head_dim=32, n_rot=8, n_layer=4, wtype="q8_0", seed=25, mtp="agree",
+                        n_vocab=512)
 
 
 def _open(path, **kw):
@@ -58,8 +60,8 @@ def _mtp_only(llm):
     engine.new_drafter = lambda seq, history: engine.mtp.drafter(seq, history, engine.step_costs)
 
 
-@pytest.mark.parametrize("cfg", [AGREE, DISAGREE, AGREE_MOE, AGREE_GLM],
-                         ids=["agree", "disagree", "agree-moe", "agree-glm4moe"])
+@pytest.mark.parametrize("cfg", [AGREE, DISAGREE, AGREE_MOE, AGREE_GLM, AGREE_NEXT],
+                         ids=["agree", "disagree", "agree-moe", "agree-glm4moe", "agree-qwen3next"])
 def test_greedy_output_with_mtp_drafts_is_the_output_without(tiny_model, cfg, always_draft):
     path, _ = tiny_model(cfg)
     prompt = np.random.default_rng(cfg.seed).integers(1, cfg.n_vocab, 9).tolist()

@@ -30,7 +30,11 @@ QWEN35MOE = TinyConfig(arch="qwen35moe", head_dim=32, n_rot=16, n_layer=4, wtype
 GLM4MOE = TinyConfig(arch="glm4moe", head_dim=32, n_rot=16, n_layer=3, seed=13, n_vocab=49152)
 # GLM-4.7-Flash's layout (deepseek2, multi-head latent attention), its NextN block as Glm4MoeLiteModel writes it.
 DEEPSEEK2 = MLAConfig(n_layer=3, n_nextn=1, gating=None, n_vocab=49152, seed=14)
-CONFIGS = {"qwen35": QWEN35, "qwen35moe": QWEN35MOE, "glm4moe": GLM4MOE, "deepseek2": DEEPSEEK2}
+# Qwen3-Next: Qwen3.5's MTP block with plain NeoX RoPE and value heads grouped by key head.
+QWEN3NEXT = TinyConfig(arch="qwen3next", head_dim=32, n_rot=8, n_layer=4, wtype="q8_0", seed=15, mtp=True,
+                       n_vocab=49152)
+CONFIGS = {"qwen35": QWEN35, "qwen35moe": QWEN35MOE, "glm4moe": GLM4MOE, "deepseek2": DEEPSEEK2,
+           "qwen3next": QWEN3NEXT}
 PROMPT = [1, 5, 9, 20, 33, 7, 2, 11, 300, 4000, 17, 23]
 CHAIN = 3        # draft steps after the prompt, each from the head's own hidden state
 

@@ -39,4 +39,5 @@ ARCH = Architecture("qwen3next", "qwen35", "neox", ATTN + ("q_norm", "k_norm"), 
                     experts=Experts(required=EXPERTS + ("ffn_gate_inp_shexp",)),
                     tensor_names=POST_ATTENTION_FFN_NORM,
                     recurrent_state=state_floats, recurrent_kind="Gated DeltaNet", derive=qwen3next_hparams,
+                    mtp_builder="qwen35_mtp",
                     description="Qwen3-Next, Qwen3-Coder-Next (Gated DeltaNet hybrid with experts)")
