@@ -933,9 +933,8 @@ cdef class Context:
         cdef ggml_status status
         cdef int watching = _threading.current_thread() is _threading.main_thread()  # signals reach the main thread
         self.abort_flag = 0
-        with nogil:
-            if watching:
-                watching = elelem_sigint_watch()
+        if watching:   # (the GIL kept: letting it go costs a wait for it back when other threads run Python)
+            watching = elelem_sigint_watch()
         try:
             if self.rpc_timeout > 0:
                 status = <ggml_status> self._sched_call(self.graph_step.gf, 0, "computing a step")
@@ -1149,7 +1148,10 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
     c.graph_meta = malloc(c.graph_meta_size)
     if c.graph_meta == NULL:
         raise MemoryError()
-    c.sched = ggml_backend_sched_new(c.backends, c.bufts, c.n_backends, 2 * c.graph_size, False, True)
+    # Without the GIL: ggml zeroes the scheduler's tables (tens of megabytes for a
+    # big node budget), 20 ms that the other models' steps would wait for in a server.
+    with nogil:
+        c.sched = ggml_backend_sched_new(c.backends, c.bufts, c.n_backends, 2 * c.graph_size, False, True)
     if c.sched == NULL:
         raise MemoryError("ggml could not create the backend scheduler")
     c._reserve()

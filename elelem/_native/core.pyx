@@ -77,6 +77,7 @@ ggml_log_set(_ggml_log_callback, NULL)
 
 
 include "checks.pxi"
+include "pages.pxi"
 include "devices.pxi"
 include "rpc.pxi"
 include "model.pxi"

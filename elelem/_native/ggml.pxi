@@ -261,6 +261,8 @@ cdef extern from "ggml-backend.h" nogil:
     ggml_backend_buffer_t ggml_backend_buft_alloc_buffer(ggml_backend_buffer_type_t buft, size_t size)
     void ggml_backend_buffer_free(ggml_backend_buffer_t buffer)
     size_t ggml_backend_buffer_get_size(ggml_backend_buffer_t buffer)
+    void * ggml_backend_buffer_get_base(ggml_backend_buffer_t buffer)
+    ggml_backend_dev_t ggml_backend_buft_get_device(ggml_backend_buffer_type_t buft)
     void ggml_backend_buffer_clear(ggml_backend_buffer_t buffer, unsigned char value)
     void ggml_backend_buffer_set_usage(ggml_backend_buffer_t buffer, ggml_backend_buffer_usage usage)
     bint ggml_backend_buffer_is_host(ggml_backend_buffer_t buffer)

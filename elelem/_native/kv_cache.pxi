@@ -112,11 +112,12 @@ cdef class KVCache:
 
     def __dealloc__(self):
         cdef int i
-        for i in range(self.n_bufs):
-            if self.bufs[i] != NULL and not self.leak_buffers:
-                ggml_backend_buffer_free(self.bufs[i])
-            if self.ctxs[i] != NULL and not self.leak_buffers:
-                ggml_free(self.ctxs[i])
+        if not self.leak_buffers:
+            with nogil:   # a long context's cells are gigabytes, freed beside other models' requests
+                for i in range(self.n_bufs):
+                    _free_buffer(self.bufs[i])
+                    if self.ctxs[i] != NULL:
+                        ggml_free(self.ctxs[i])
         free(self.k)
         free(self.v)
         free(self.shapes)

@@ -443,12 +443,10 @@ cdef void _free_weight_memory(ggml_backend_buffer_t * repack_buf, ggml_context *
     """A closed model's repacked and widened copies and its mapped files (Model._release)."""
     cdef int i
     for i in range(MAX_EXTRA_BUFTS):
-        if repack_buf[i] != NULL:
-            ggml_backend_buffer_free(repack_buf[i])
+        _free_buffer(repack_buf[i])
         if repack_ctx[i] != NULL:
             ggml_free(repack_ctx[i])
-    if widened_buf != NULL:
-        ggml_backend_buffer_free(widened_buf)
+    _free_buffer(widened_buf)
     if widened_ctx != NULL:
         ggml_free(widened_ctx)
     if files != NULL:
@@ -462,6 +460,7 @@ cdef void _release_file(WeightFile * f) noexcept nogil:
         ggml_backend_buffer_free(f.buf)
         f.buf = NULL
     if f.addr != NULL:
+        _drop_pages(f.addr, f.size)
         munmap(f.addr, f.size)
         f.addr = NULL
     if f.ctx != NULL:

@@ -378,8 +378,7 @@ cdef int _free_job(void * arg) noexcept nogil:
     if job.sched != NULL:
         ggml_backend_sched_free(job.sched)
     for i in range(job.n_buffers):
-        if job.buffers[i] != NULL:
-            ggml_backend_buffer_free(job.buffers[i])
+        _free_buffer(job.buffers[i])
     for i in range(job.n_backends):
         ggml_backend_free(job.backends[i])
     return 0

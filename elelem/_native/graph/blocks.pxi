@@ -202,6 +202,21 @@ cdef inline void _set_input(ggml_tensor * t, const void * data, size_t size) noe
         ggml_backend_tensor_set(t, data, 0, size)
 
 
+cdef size_t BIG_MASK = 1 << 16   # mask elements (of a step's tokens by its cells) worth letting the GIL go for
+
+
+cdef void _fill_step_mask(Step * st, KVCache cache, void * mask, const int32_t * seqs, const int32_t * positions,
+                          int n_swa, bint causal) noexcept:
+    """The step's mask, without the GIL when it is a prompt step's (megabytes).  A generated
+    token's is a few thousand cells, microseconds, which letting the GIL go would turn into a
+    wait to have it back whenever another thread runs Python (a model loading in a server)."""
+    if <size_t> st.n_kv * st.n_tokens >= BIG_MASK:
+        with nogil:
+            cache.fill_mask(mask, st.n_tokens, st.n_kv, seqs, positions, n_swa, st.flash_attn, causal)
+    else:
+        cache.fill_mask(mask, st.n_tokens, st.n_kv, seqs, positions, n_swa, st.flash_attn, causal)
+
+
 cdef void _set_inputs(Step * st, KVCache cache, const int32_t * tokens, const int32_t * seqs,
                       const int32_t * positions, const int32_t * cells, const int32_t * out_rows,
                       const int32_t * positions4=NULL) except *:
@@ -239,16 +254,13 @@ cdef void _set_inputs(Step * st, KVCache cache, const int32_t * tokens, const in
                 for c in range(v_row):
                     idx[c + i * v_row] = c * st.kv_size + cells[i]
             _set_input(st.inp_v_idx, idx, n_idx * sizeof(int64_t))
-        with nogil:
-            # Gemma 4's global layers stay causal in a non-causal step (LLAMA_NON_CAUSAL_TYPE_SWA_ONLY:
-            # llama_kv_cache::set_input_kq_mask makes only the sliding cache non-causal).
-            cache.fill_mask(mask, st.n_tokens, st.n_kv, seqs, positions, 0, st.flash_attn,
-                            st.hp.causal and not (st.bidirectional and not st.hp.non_causal_swa_only))
+        # Gemma 4's global layers stay causal in a non-causal step (LLAMA_NON_CAUSAL_TYPE_SWA_ONLY:
+        # llama_kv_cache::set_input_kq_mask makes only the sliding cache non-causal).
+        _fill_step_mask(st, cache, mask, seqs, positions, 0,
+                   st.hp.causal and not (st.bidirectional and not st.hp.non_causal_swa_only))
         _set_input(st.inp_mask, mask, n_mask * mask_el)
         if st.inp_mask_swa != NULL:
-            with nogil:
-                cache.fill_mask(mask, st.n_tokens, st.n_kv, seqs, positions, st.hp.n_swa, st.flash_attn,
-                                st.hp.causal and not st.bidirectional)
+            _fill_step_mask(st, cache, mask, seqs, positions, st.hp.n_swa, st.hp.causal and not st.bidirectional)
             _set_input(st.inp_mask_swa, mask, n_mask * mask_el)
     finally:
         free(mask)
