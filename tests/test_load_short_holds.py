@@ -1,14 +1,17 @@
-"""A model's load beside running models: its tokenizer tables are built in short holds of the
-GIL and give the same strings and ids, and tokenizer metadata checked once is not checked again.
+"""A model's load and unload beside running models: its tokenizer tables are built and freed in
+short holds of the GIL and give the same strings and ids, tokenizer metadata checked once is not
+checked again, models of one tokenizer share it, and the cyclic GC does not walk its tables.
 
 The pool loads a model in the process that is answering for the others (``server/quiet_load.py``);
 these are the pieces of that load that ran in Python holding the GIL.
 """
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -17,7 +20,7 @@ from elelem.errors import GGUFMetadataError
 from elelem.gguf import tokenizer_metadata
 from elelem.gguf.file import _decode_joined
 from elelem.gguf.reader import read_gguf, validate_tokenizer_metadata
-from elelem.gguf.short_holds import SLICE, dict_in_slices, set_in_slices
+from elelem.gguf.short_holds import BIG, SLICE, dict_in_slices, free_in_slices, set_in_slices, tables_of
 from elelem.text.tokenizer import Tokenizer
 from gguf_builders import ARRAY, INT32, STRING, UINT32, RawGGUF
 
@@ -64,6 +67,101 @@ def test_dicts_and_sets_in_slices_are_dict_and_set():
     assert list(dict_in_slices(zip(keys, range(len(keys))))) == list(dict(zip(keys, range(len(keys)))))
     assert dict_in_slices([]) == {}
     assert set_in_slices(keys) == set(keys) and set_in_slices([]) == set()
+
+
+# -- big tables freed in slices --------------------------------------------------------------------
+
+class Item:
+    """A weakly referable item, to see when the tables free it."""
+
+
+class Holder:
+    """An elelem object holding tables (tables_of walks elelem's own objects only)."""
+    __module__ = "elelem.tests_holder"
+
+
+def test_the_tables_nothing_else_holds_are_freed_and_a_shared_one_is_left_whole():
+    items = [Item() for _ in range(BIG + SLICE + 3)]
+    alive = [weakref.ref(item) for item in items]
+    shared = {item: 0 for item in items[:BIG]}
+    holder, inner = Holder(), Holder()
+    holder.parts = (list(items), inner, {"small": [1, 2]})
+    inner.table, inner.pairs, inner.ids = tuple(items), {item: i for i, item in enumerate(items)}, set(items)
+    inner.frozen, inner.shared = frozenset(items), shared
+    del items
+    tables = tables_of(holder)
+    assert sorted(type(t).__name__ for t in tables) == ["dict", "dict", "frozenset", "list", "set", "tuple"]
+    del holder, inner
+    assert free_in_slices(tables) == 5 and tables == []
+    assert len(shared) == BIG            # held by this test too: only let go, not emptied
+    assert sum(ref() is not None for ref in alive) == BIG   # ... and its keys with it; the rest are freed
+    shared.clear()
+    assert all(ref() is None for ref in alive)
+
+
+def test_tables_of_keeps_to_elelem_objects_and_skips_small_tables():
+    class Foreign:
+        pass
+    foreign, holder = Foreign(), Holder()
+    foreign.table = list(range(BIG))
+    holder.foreign, holder.small, holder.big = foreign, list(range(BIG - 1)), list(range(BIG))
+    assert [len(t) for t in tables_of(holder)] == [BIG]
+
+
+def test_a_real_model_closed_and_dropped_leaves_its_tables_to_be_freed_in_slices(qwen_path):
+    """Nothing outside a closed LLM holds its Python tables (no reference cycle, no cache): the
+    pool's unload frees them all a slice at a time.  The tokenizer's are tuples and dicts the
+    cyclic GC does not walk: a tuple of strings is untracked at its first collection, and a
+    list would be visited item by item at every full collection (25 ms for Qwen2's)."""
+    import elelem
+    llm = elelem.LLM(qwen_path, n_ctx=64, n_threads=1)
+    tokenizer = llm.tokenizer
+    tokenizer.decode([1, 2])   # its pieces tables too
+    gc.collect()
+    big = [t for t in tables_of(llm) if len(t) >= BIG]
+    assert big and not [type(t).__name__ for t in big if gc.is_tracked(t)]
+    del big, tokenizer
+    llm.close()
+    tables = tables_of(llm)
+    count = len(tables)
+    del llm
+    assert count >= 6 and free_in_slices(tables) == count
+
+
+# -- one tokenizer for the models that have the same ------------------------------------------------
+
+def test_models_with_the_same_tokenizer_metadata_share_one_tokenizer(smollm_path, qwen_path):
+    import elelem
+    from elelem.api import assets
+    first = elelem.LLM(smollm_path, n_ctx=64, n_threads=1)
+    second = elelem.LLM(smollm_path, n_ctx=64, n_threads=1)
+    other = elelem.LLM(qwen_path, n_ctx=64, n_threads=1)
+    try:
+        assert first.tokenizer is second.tokenizer and other.tokenizer is not first.tokenizer
+        assert first.assets.tokenizer_lock is second.assets.tokenizer_lock
+        shared = weakref.ref(first.tokenizer)
+        assert first.create_completion("Hi", max_tokens=3, temperature=0)["choices"][0]["text"] == \
+            second.create_completion("Hi", max_tokens=3, temperature=0)["choices"][0]["text"]
+    finally:
+        for llm in (first, second, other):
+            llm.close()
+    del first, second
+    assert shared() is None and len(assets._tokenizers) <= 1   # no model holds it: gone
+
+
+@pytest.mark.parametrize("which", ["qwen_path", "gemma_path"])
+def test_the_tables_built_at_load_are_the_ones_first_use_builds(request, which):
+    """build_tables (a server's load) builds the decoding pieces and the merge or score ranks that
+    a first encode and decode would: the ids and text are the same, and nothing is left to build."""
+    meta = read_gguf(request.getfixturevalue(which)).metadata
+    built, lazy = Tokenizer.from_metadata(meta), Tokenizer.from_metadata(meta)
+    built.build_tables()
+    model = built._model
+    assert built._pieces is not None
+    assert getattr(model, "_ranks", None) is not None or getattr(model, "_score_rank_table", None) is not None
+    for text in TEXTS:
+        ids = built.encode(text, special=True)
+        assert ids == lazy.encode(text, special=True) and built.decode(ids) == lazy.decode(ids)
 
 
 # -- tokenizer metadata checked once ---------------------------------------------------------------

@@ -385,6 +385,30 @@ def test_a_model_loaded_again_does_not_check_its_tokenizer_again(models_dir, mon
         served.stop()
 
 
+def test_a_model_loaded_again_builds_no_tokenizer_and_the_pool_keeps_few(models_dir, monkeypatch):
+    """An unloaded model keeps its tokenizer, which its next load shares (api/assets.py): the load
+    is the weights alone.  Past KEPT_TOKENIZERS unloaded models, the older ones let theirs go."""
+    from elelem.server import pool as pool_module
+    from elelem.text.tokenizer import Tokenizer
+    monkeypatch.setattr(pool_module, "KEPT_TOKENIZERS", 1)
+    built: list[int] = []
+    real = Tokenizer.from_metadata.__func__
+    monkeypatch.setattr(Tokenizer, "from_metadata", classmethod(lambda cls, meta: (built.append(1), real(cls, meta))[1]))
+    served = Served(config(models_dir, max_loaded=1))
+    try:
+        assert served.chat("a").status_code == 200
+        first = served.model("a").llm.tokenizer
+        assert served.chat("b").status_code == 200 and served.model("a").kept_tokenizer is first
+        assert served.chat("a").status_code == 200 and served.model("a").llm.tokenizer is first
+        assert len(built) <= 2   # a's, and b's unless it is a's byte for byte (it is: one writer)
+        count = len(built)
+        assert served.chat("c").status_code == 200   # a unloaded last: b's kept one goes
+        assert served.model("a").kept_tokenizer is not None and served.model("b").kept_tokenizer is None
+        assert served.chat("a").status_code == 200 and len(built) == count
+    finally:
+        served.stop()
+
+
 def test_load_and_unload_endpoints_behind_the_key(models_dir):
     served = Served(config(models_dir))
     try:

@@ -157,14 +157,16 @@ class LazyStrings(Sequence):
 
     def __init__(self, blob: bytes, ends, base: int, field: str, path: str):
         self._blob, self._ends, self._base, self._field, self._path = blob, ends, base, field, path
-        self._items: Optional[list[str]] = None
+        self._items: Optional[tuple[str, ...]] = None
 
-    def _decoded(self) -> list[str]:
+    def _decoded(self) -> tuple[str, ...]:
         if self._items is None:
             items = _decode_joined(self._blob, self._ends)
             if items is None:
                 items = self._decode_one_by_one()
-            self._items, self._blob = items, b""
+            # A tuple: the cyclic GC stops visiting a tuple of strings after one
+            # look, and would visit each item of a list at every full collection.
+            self._items, self._blob = tuple(items), b""
         return self._items
 
     def _decode_one_by_one(self) -> list[str]:

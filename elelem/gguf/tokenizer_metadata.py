@@ -23,7 +23,7 @@ _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 TOKEN_TYPE_BYTE = 6  # llama_token_type LLAMA_TOKEN_TYPE_BYTE
 
 
-def validate_tokenizer_metadata(gguf: GGUFFile) -> None:
+def validate_tokenizer_metadata(gguf: GGUFFile) -> bytes:
     """Check the ``tokenizer.ggml.*`` keys that the tokenizer trusts blindly.
 
     Raises GGUFMetadataError naming the key, the offset of its value and,
@@ -42,17 +42,19 @@ def validate_tokenizer_metadata(gguf: GGUFFile) -> None:
     Tokenizer metadata that passed once in this process passes again without
     the checks (:func:`tokenizer_digest`): a server that unloads a model and loads
     it again spends no Python on them, beside the models it is running.
+    Returns that digest.
     """
     digest = tokenizer_digest(gguf)
     with _passed_lock:
         if digest in _passed:
             _passed.move_to_end(digest)
-            return
+            return digest
     _validate(gguf)
     with _passed_lock:
         _passed[digest] = None
         while len(_passed) > _PASSED_KEPT:
             _passed.popitem(last=False)
+    return digest
 
 
 #: digests of the tokenizer metadata that passed, most recent last

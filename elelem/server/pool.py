@@ -17,6 +17,8 @@ requests ask for it at the same time: the others wait for that load, for
 the same bounded time.  A load runs in a thread of its own (never in the
 event loop), at the lowest OS priority while other models are loaded, so the
 requests for those go on meanwhile at nearly their own speed (:mod:`.quiet_load`).
+The last few models unloaded keep their tokenizer (``KEPT_TOKENIZERS``), so
+that loading one of them again is the weights alone.
 """
 from __future__ import annotations
 
@@ -32,6 +34,10 @@ from .quiet_load import load_window, run_beside
 from .served import ServedModel
 
 log = logging.getLogger("elelem.server")
+
+#: unloaded models that keep their tokenizer for their next load, the last unloaded ones
+#: (a tokenizer is 15-65 MB of Python objects: SmolLM2's, Qwen2's, Gemma 3's)
+KEPT_TOKENIZERS = 4
 
 class ModelPool:
     """The models of one server, by id (or by the name or path they were given)."""
@@ -52,6 +58,7 @@ class ModelPool:
             model.configure(config.for_model(model.id, source))
             model.loader = self.load
             model.on_release = self._released
+            model.on_unload = self._unloaded
             self.models.append(model)
             self._by_name.setdefault(model.id, model)
             self._by_name.setdefault(source, model)
@@ -59,6 +66,8 @@ class ModelPool:
         self._evicting: set[ServedModel] = set()
         self._stop = threading.Event()
         self._reaper: Optional[threading.Thread] = None
+        self._kept: list[ServedModel] = []  # unloaded models keeping their tokenizer, the last unloaded last
+        self._kept_lock = threading.Lock()
 
     @property
     def default(self) -> ServedModel:
@@ -159,6 +168,15 @@ class ModelPool:
             return True
         return config.max_memory is not None and \
             sum(m.footprint() for m in resident) + model.footprint() > config.max_memory
+
+    def _unloaded(self, model: ServedModel) -> None:
+        """``model`` keeps its tokenizer, so that loading it again builds none; the models
+        unloaded before the last ``KEPT_TOKENIZERS`` let theirs go."""
+        with self._kept_lock:
+            self._kept = [m for m in self._kept if m is not model and m.kept_tokenizer is not None] + [model]
+            older, self._kept = self._kept[:-KEPT_TOKENIZERS], self._kept[-KEPT_TOKENIZERS:]
+        for old in older:
+            old.drop_kept_tokenizer()
 
     def _released(self) -> None:
         with self._cond:  # a model may have become free to unload for one waiting to load

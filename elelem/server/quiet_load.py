@@ -31,22 +31,29 @@ take the load out of their way:
   is enabled again the next collection traverses them once.  (Not
   ``gc.freeze``: that would keep every object alive at that moment out of
   the collector for good, in a server that loads models for hours, and
-  with them any reference cycle among the requests then running.)
+  with them any reference cycle among the requests then running.)  The
+  tokenizer's big tables are tuples, which a collection looks at once:
+  lists of Qwen2's strings were visited item by item at every full
+  collection afterwards, 25 ms each.
+- Closing the model that makes room (in this thread too) frees its weights
+  without the GIL (``Model.close``), and gives their pages back a few
+  megabytes at a time before unmapping them (``_native/pages.pxi``): one
+  munmap of a 0.5B model's weights held the process's memory-map lock for
+  20 ms, and every other thread's mmap and brk (the engines' Python and
+  NumPy allocations, mid-request) waited.  Its Python tables are freed a
+  slice at a time (:func:`~elelem.gguf.short_holds.free_in_slices`), not in
+  one cascade of deallocations (15-30 ms).
+- The scheduler of the new model's context is made without the GIL (ggml
+  zeroes its tables: 20 ms).
+- Models of one tokenizer share it, and the last unloaded models keep
+  theirs (:mod:`.pool`): a model loaded again builds no tokenizer.  Beside
+  such a load, the other models' requests measured 1.03-1.04x their quiet
+  time at p99 (``benchmarks/serve_pool.py``).
 
-- Closing the model that makes room (in this thread too) unmaps and frees
-  its weights without the GIL (``Model.close``).  Held, that was 20-50 ms
-  of the kernel's work, and a thread at nice 19 holding the GIL is the
-  last to be scheduled: on a busy machine every other thread then waited
-  0.3-1.6 s for it.  The same holds for any C call of the load that keeps
-  the GIL; ``load_gil.py`` names the load's phase that a blocked request
-  overlapped.
-
-What is left, measured that way under a busy machine's load: the other
-model's requests use the same CPU as quiet and wait for the GIL a few
-milliseconds per request; the swings in their wall time come from the
-machine's run queue.  ``open_model`` and ``new_context`` (in ``LLM()``) and
-the GGUF reader's copy of the string arrays still hold the GIL in stretches
-of 25-50 ms (wall time, at normal priority, load average 15).
+What is left: a model's first load builds its tokenizer, 0.1 s of Python
+for Qwen2's 151,936 tokens in short holds of the GIL, which beside it costs
+the other models' requests a few milliseconds each (``load_gil.py`` without
+``--keep-tokenizer``).
 """
 from __future__ import annotations
 

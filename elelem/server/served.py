@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Optional
 import anyio
 
 from ..api.options import DEFAULT_N_CTX, padded_cells
+from ..gguf.short_holds import free_in_slices, tables_of
 from .config import ServerConfig
 from .errors import overloaded
 
@@ -63,6 +64,10 @@ class ServedModel:
         # How a request's session gets its LLM: the pool puts its own loader here, which makes room first.
         self.loader: Callable[[ServedModel], Any] = ServedModel.load
         self.on_release: Callable[[], None] = lambda: None  # the pool hears of every slot given back
+        self.on_unload: Callable[[ServedModel], None] = lambda model: None  # ... and of every unload
+        # The tokenizer of the LLM last unloaded, kept (while the pool likes) for the next load to
+        # share: loading again then builds none (api/assets.py).
+        self.kept_tokenizer: Any = None
 
     def configure(self, config: ServerConfig) -> None:
         """This model's own settings (its preset's), before it is first used."""
@@ -133,7 +138,8 @@ class ServedModel:
             self.loading = True
             try:
                 self._llm = self._open_llm(self.source, **self._config.model_options(n_ctx))
-                self._llm.tokenizer, self._llm.chat_template  # built now, not in the first request
+                self._llm.chat_template  # built now, not in the first request; the tokenizer's tables too
+                getattr(self._llm.tokenizer, "build_tables", lambda: None)()
             except BaseException as error:
                 self._llm = None
                 self.load_error = f"{type(error).__name__}: {error}"
@@ -141,6 +147,7 @@ class ServedModel:
             finally:
                 self.loading = False
             self.load_error = None
+            self.kept_tokenizer = None   # the LLM holds it now (shared, if it was this one)
             self.loaded_at = self.last_used = time.monotonic()
             offload = getattr(self._llm, "offload", None)
             log.info("loaded %s in %.2f s: %s", self.id, time.perf_counter() - t0,
@@ -228,15 +235,32 @@ class ServedModel:
             llm, self._llm = self._llm, None
             self.loaded_at = None
         llm.close()  # closes its sessions too; no request can reach it now
+        self.kept_tokenizer = getattr(llm, "tokenizer", None)
+        # The rest of its Python tables (the file's string arrays) are freed a slice at
+        # a time, not in one hold of the GIL that the other models' requests would wait for.
+        tables = tables_of(llm)
+        del llm
+        freed = free_in_slices(tables)
         log.info("unloaded %s: %s", self.id, why)
+        log.debug("%s: %d big tables freed in slices", self.id, freed)
+        self.on_unload(self)
         return True
 
     def unload_if_idle(self, idle_seconds: float) -> bool:
         return self.unload(f"{idle_seconds:.0f} s without requests", idle_seconds)
 
+    def drop_kept_tokenizer(self) -> None:
+        """Let the kept tokenizer go: its tables freed in slices, unless a loaded model shares it."""
+        tokenizer, self.kept_tokenizer = self.kept_tokenizer, None
+        if tokenizer is not None:
+            tables = tables_of(tokenizer)
+            del tokenizer
+            free_in_slices(tables)
+
     def close(self) -> None:
         with self.load_lock:
             self._idle = []
+            self.kept_tokenizer = None
             if self._llm is not None:
                 self._llm.close()
                 self._llm = None

@@ -73,6 +73,10 @@ class ByteLevelBPE:
             self._merges = ()  # no longer needed
         return self._ranks
 
+    def build_tables(self) -> None:
+        """The merge ranks, now rather than at the first encode."""
+        self.ranks
+
     def encode(self, text: str, out: list[int]) -> None:
         """Append the ids of ``text`` (a fragment with no special tokens) to ``out``."""
         self._cache.extend_encoded(out, self.pretokenizer.split(text), self._encode_word, self.CACHE_MAX_WORD)
@@ -135,6 +139,10 @@ class SentencePieceStyleBPE:
             self._ranks = dict_in_slices(zip(reversed(self._merges), range(n - 1, -1, -1)))
             self._merges = ()
         return self._ranks
+
+    def build_tables(self) -> None:
+        """The merge ranks, now rather than at the first encode."""
+        self.ranks
 
     def encode(self, text: str, out: list[int]) -> None:
         """Append the ids of ``text`` (a fragment with no special tokens) to ``out``."""

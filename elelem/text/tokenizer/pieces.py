@@ -36,8 +36,9 @@ def byte_level_decode(text: str) -> bytes:
                         for c in text)
 
 
-def build_pieces(vocab: Vocab) -> tuple[list[bytes], list[bytes]]:
-    """Pieces of every token: (with special=False, with special=True)."""
+def build_pieces(vocab: Vocab) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+    """Pieces of every token: (with special=False, with special=True), as tuples
+    (which the cyclic GC stops visiting, see :class:`~.vocab.Vocab`)."""
     byte_level = vocab.model == "gpt2"
     plain: list[bytes] = []
     special: list[bytes] = []
@@ -58,4 +59,4 @@ def build_pieces(vocab: Vocab) -> tuple[list[bytes], list[bytes]]:
             piece = b""
         plain.append(piece)
         special.append(piece)
-    return plain, special
+    return tuple(plain), tuple(special)

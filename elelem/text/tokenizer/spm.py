@@ -19,6 +19,7 @@ import logging
 import re
 from typing import Optional
 
+from ...gguf.short_holds import dict_in_slices
 from .cache import BoundedCache
 from .merge import merge
 from .special import trie_pattern
@@ -78,6 +79,10 @@ class SentencePieceBPE:
         cuts.append(len(text))
         return [text[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
 
+    def build_tables(self) -> None:
+        """The score ranks, now rather than at the first encode."""
+        self._score_ranks
+
     @property
     def _score_ranks(self) -> dict[str, int]:
         """Token text -> rank of its score (0 = highest): the merge key.
@@ -90,7 +95,7 @@ class SentencePieceBPE:
             scores = vocab.scores or [0.0] * vocab.n_vocab
             rank_of = {score: rank for rank, score in enumerate(sorted(set(scores), reverse=True))}
             # A later duplicate text wins, matching token_to_id.
-            self._score_rank_table = dict(zip(vocab.tokens, map(rank_of.__getitem__, scores)))
+            self._score_rank_table = dict_in_slices(zip(vocab.tokens, map(rank_of.__getitem__, scores)))
         return self._score_rank_table
 
     def _encode_chunk(self, chunk: str) -> tuple[int, ...]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import operator
+import threading
 from itertools import compress, repeat
 from operator import and_
 from typing import Any, Iterable, Mapping, Optional, Union
@@ -50,7 +51,10 @@ class Tokenizer:
         self._split_plain = SpecialTokenSplitter(
             (t, i) for t, i in cached if not attrs[i] & (ATTR_CONTROL | ATTR_UNKNOWN))
         self._split_special = SpecialTokenSplitter(cached)
-        self._pieces: Optional[tuple[list[bytes], list[bytes]]] = None  # built on first decode
+        self._pieces: Optional[tuple[tuple[bytes, ...], tuple[bytes, ...]]] = None  # built on first decode
+        #: Held around encode by callers that share this tokenizer between threads: its word
+        #: cache is not thread-safe (several models may share one tokenizer, api/assets.py).
+        self.lock = threading.Lock()
 
         self.n_vocab: int = vocab.n_vocab
         self.bos_id: Optional[int] = vocab.bos_id
@@ -65,6 +69,17 @@ class Tokenizer:
             # special tokens at all: the GGUF's add_bos/add_eos flags play no part.
             self.add_bos = self.add_eos = True
             self._end_id = vocab.special_ids["sep"]
+
+    def build_tables(self) -> None:
+        """Build now what is otherwise built on first use: the pieces decoding reads and the
+        merge ranks encoding does.  A server does this in a model's load, beside the other
+        models' requests at low priority with the collector paused, rather than in the
+        model's first request."""
+        if self._pieces is None:
+            self._pieces = build_pieces(self._vocab)
+        build = getattr(self._model, "build_tables", None)
+        if build is not None:
+            build()
 
     # ------------------------------------------------------------------ build
 
@@ -82,7 +97,7 @@ class Tokenizer:
                 if pre.name != "kimi-k2":
                     raise GGUFError("byte-level BPE GGUF has no tokenizer.ggml.merges")
                 merges = []
-            merges = merges.tolist() if hasattr(merges, "tolist") else list(merges)
+            merges = tuple(merges.tolist() if hasattr(merges, "tolist") else merges)
             return cls(vocab, ByteLevelBPE(vocab.token_to_id, merges, pre))
         if model_type == "llama":
             vocab = load_vocab(meta)
@@ -92,7 +107,7 @@ class Tokenizer:
             merges = meta.get("tokenizer.ggml.merges")
             if merges is None:
                 raise GGUFError("a gemma4 tokenizer GGUF has no tokenizer.ggml.merges")
-            merges = merges.tolist() if hasattr(merges, "tolist") else list(merges)
+            merges = tuple(merges.tolist() if hasattr(merges, "tolist") else merges)
             return cls(vocab, SentencePieceStyleBPE(vocab.token_to_id, merges))
         if model_type == "t5":
             vocab = load_vocab(meta)
