@@ -85,9 +85,13 @@ def main() -> None:
     parser.add_argument("--third", default="qwen2.5-coder-0.5b", help="loaded back to back meanwhile")
     parser.add_argument("--requests", type=int, default=30, help="requests per phase")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--keep-tokenizer", action="store_true",
+                        help="keep each load's tokenizer for the next, as the server's pool does: "
+                             "the loads after the first build none")
     args = parser.parse_args()
     import elelem
     from elelem.model.hub import resolve_model
+    from elelem.gguf.short_holds import free_in_slices, tables_of
     from elelem.server.quiet_load import load_window, run_beside
     model, third = str(resolve_model(args.model)), str(resolve_model(args.third))
     started_load = os.getloadavg()[0]
@@ -99,6 +103,7 @@ def main() -> None:
     stop, loads = threading.Event(), []
 
     phases: list[tuple[str, float, float]] = []  # what the load thread did when: (name, start, end)
+    kept: list = []   # the tokenizer of the load before, with --keep-tokenizer
 
     def load_once() -> tuple[float, float]:
         with load_window():
@@ -107,8 +112,15 @@ def main() -> None:
             c1, t1 = time.thread_time(), time.perf_counter()
             other.tokenizer, other.chat_template  # as the server's ServedModel.open
             c2, t2 = time.thread_time(), time.perf_counter()
-        other.close()  # as the pool's unload, in the load's thread, outside the load window
-        phases.extend([("LLM()", t0, t1), ("tokenizer", t1, t2), ("close", t2, time.perf_counter())])
+        other.close()  # as the pool's unload (ServedModel.unload), in the load's thread, outside the load window
+        t3 = time.perf_counter()
+        if args.keep_tokenizer:   # as the pool, which keeps it for the next load to share
+            kept[:] = [other.tokenizer]
+        tables = tables_of(other)
+        del other
+        free_in_slices(tables)
+        phases.extend([("LLM()", t0, t1), ("tokenizer", t1, t2), ("close", t2, t3),
+                       ("free tables", t3, time.perf_counter())])
         return c1 - c0, c2 - c1
 
     def load_in_turn() -> None:

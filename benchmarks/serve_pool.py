@@ -17,8 +17,8 @@ same speed, so their figures compare), and ``c``, the ``--third`` model.
 - A load beside: one client sends ``--latency-requests`` short requests (8
   tokens) to ``a`` one after the other, first with nothing else running
   (quiet), then while a second client keeps asking ``c`` and ``b`` in turn
-  for one token, so that every one of its requests loads its model and
-  unloads the other (``a``, always the most recently used, stays).  With
+  for one token, each after unloading the other (``POST /models/unload``),
+  so that every one of its requests loads its model and ``a`` stays.  With
   ``--load-by endpoint`` the second client loads them with ``POST
   /models/load`` instead: the loads alone, without the loaded model's
   prompt and token computed beside ``a``'s.  The figures are ``a``'s
@@ -113,7 +113,13 @@ def latencies(client: httpx.Client, args, no_end: dict, loading: bool) -> tuple[
             turn = 0
             while not stop.is_set():
                 t0 = time.perf_counter()
-                name = ("c", "b")[turn % 2]
+                name, other_name = ("c", "b")[turn % 2], ("b", "c")[turn % 2]
+                # The other one out first: left to the pool's least-recently-used choice,
+                # the room would now and then be made by unloading a, whose requests run
+                # back to back (between two of them it is idle, and may be the older).
+                while (answer := other.post("/models/unload", json={"model": other_name})).status_code == 409:
+                    time.sleep(0.005)   # its last request's slot is given back just after the answer
+                answer.raise_for_status()
                 if args.load_by == "endpoint":
                     other.post("/models/load", json={"model": name}).raise_for_status()
                 else:
@@ -204,7 +210,8 @@ def main() -> None:
     print(f"a's latency beside loads / quiet: p50 ratio {percentile(loading, 0.5) / percentile(quiet, 0.5):.3f}, "
           f"p99 ratio {percentile(loading, 0.99) / percentile(quiet, 0.99):.3f} (target: p99 ratio <= 1.10)")
     if figures["loads"]:
-        what = "POST /models/load" if args.load_by == "endpoint" else "load, unload of the other, 1 token"
+        what = "unload of the other, POST /models/load" if args.load_by == "endpoint" else \
+            "unload of the other, load, 1 token"
         print(f"the loading requests ({what}): p50 "
               f"{percentile(figures['loads'], 0.5) * 1000:.0f} ms over {len(figures['loads'])}")
     if args.json:
