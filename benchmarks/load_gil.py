@@ -91,7 +91,6 @@ def main() -> None:
     args = parser.parse_args()
     import elelem
     from elelem.model.hub import resolve_model
-    from elelem.gguf.short_holds import free_in_slices, tables_of
     from elelem.server.quiet_load import load_window, run_beside
     model, third = str(resolve_model(args.model)), str(resolve_model(args.third))
     started_load = os.getloadavg()[0]
@@ -116,11 +115,8 @@ def main() -> None:
         t3 = time.perf_counter()
         if args.keep_tokenizer:   # as the pool, which keeps it for the next load to share
             kept[:] = [other.tokenizer]
-        tables = tables_of(other)
-        del other
-        free_in_slices(tables)
-        phases.extend([("LLM()", t0, t1), ("tokenizer", t1, t2), ("close", t2, t3),
-                       ("free tables", t3, time.perf_counter())])
+        del other   # the rest of its Python objects
+        phases.extend([("LLM()", t0, t1), ("tokenizer", t1, t2), ("close", t2, t3), ("free", t3, time.perf_counter())])
         return c1 - c0, c2 - c1
 
     def load_in_turn() -> None:

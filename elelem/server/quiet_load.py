@@ -40,9 +40,9 @@ take the load out of their way:
   megabytes at a time before unmapping them (``_native/pages.pxi``): one
   munmap of a 0.5B model's weights held the process's memory-map lock for
   20 ms, and every other thread's mmap and brk (the engines' Python and
-  NumPy allocations, mid-request) waited.  Its Python tables are freed a
-  slice at a time (:func:`~elelem.gguf.short_holds.free_in_slices`), not in
-  one cascade of deallocations (15-30 ms).
+  NumPy allocations, mid-request) waited.  (Its Python objects are freed at
+  once, 10-15 ms of the GIL: freed in slices, measured, the other model's
+  requests lost more, the load's Python running longer between their steps.)
 - The scheduler of the new model's context is made without the GIL (ggml
   zeroes its tables: 20 ms).
 - Models of one tokenizer share it, and the last unloaded models keep

@@ -29,7 +29,6 @@ from typing import Any, Callable, Iterator, Optional
 import anyio
 
 from ..api.options import DEFAULT_N_CTX, padded_cells
-from ..gguf.short_holds import free_in_slices, tables_of
 from .config import ServerConfig
 from .errors import overloaded
 
@@ -236,13 +235,7 @@ class ServedModel:
             self.loaded_at = None
         llm.close()  # closes its sessions too; no request can reach it now
         self.kept_tokenizer = getattr(llm, "tokenizer", None)
-        # The rest of its Python tables (the file's string arrays) are freed a slice at
-        # a time, not in one hold of the GIL that the other models' requests would wait for.
-        tables = tables_of(llm)
-        del llm
-        freed = free_in_slices(tables)
         log.info("unloaded %s: %s", self.id, why)
-        log.debug("%s: %d big tables freed in slices", self.id, freed)
         self.on_unload(self)
         return True
 
@@ -250,12 +243,8 @@ class ServedModel:
         return self.unload(f"{idle_seconds:.0f} s without requests", idle_seconds)
 
     def drop_kept_tokenizer(self) -> None:
-        """Let the kept tokenizer go: its tables freed in slices, unless a loaded model shares it."""
-        tokenizer, self.kept_tokenizer = self.kept_tokenizer, None
-        if tokenizer is not None:
-            tables = tables_of(tokenizer)
-            del tokenizer
-            free_in_slices(tables)
+        """Let the kept tokenizer go (freed unless a loaded model shares it)."""
+        self.kept_tokenizer = None
 
     def close(self) -> None:
         with self.load_lock:
