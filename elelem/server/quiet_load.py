@@ -47,8 +47,8 @@ take the load out of their way:
   zeroes its tables: 20 ms).
 - Models of one tokenizer share it, and the last unloaded models keep
   theirs (:mod:`.pool`): a model loaded again builds no tokenizer.  Beside
-  such a load, the other models' requests measured 1.03-1.04x their quiet
-  time at p99 (``benchmarks/serve_pool.py``).
+  such a load, the other models' requests took 0.99-1.08x their quiet time
+  at p99 (``benchmarks/serve_pool.py``, 2 cores).
 
 What is left: a model's first load builds its tokenizer, 0.1 s of Python
 for Qwen2's 151,936 tokens in short holds of the GIL, which beside it costs
