@@ -39,4 +39,3 @@ def set_in_slices(items: Sequence[K]) -> set[K]:
     for first in range(0, len(items), SLICE):
         out.update(items[first:first + SLICE])
     return out
-

@@ -39,6 +39,7 @@ log = logging.getLogger("elelem.server")
 #: (a tokenizer is 15-65 MB of Python objects: SmolLM2's, Qwen2's, Gemma 3's)
 KEPT_TOKENIZERS = 4
 
+
 class ModelPool:
     """The models of one server, by id (or by the name or path they were given)."""
 
