@@ -25,6 +25,12 @@ requests to end, and fails with :class:`~elelem.errors.KVCacheFullError` if
 none runs (the cache is too small for it).  Should generations outgrow their
 kept cells and fill the cache, the newest request fails the same way, so that
 the others go on.  Nothing is truncated silently.
+
+This module holds the engine's state, its public calls, admission and the
+driving loop; the parts of a step have modules of their own, mixed into
+:class:`Engine`: what a step evaluates (step_plan.py), what its results do to
+the requests (step_settle.py), and what of a prompt need not be evaluated
+(prefix_reuse.py).
 """
 from __future__ import annotations
 
@@ -32,62 +38,29 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ..errors import CapacityError, ClosedError, ContextLimitError, InvalidArgumentError, KVCacheFullError
-from .media import MediaTable, next_prompt_run
+from .media import MediaTable
 from .prefix_reuse import MIN_SHARED_WAIT, MIXED_LORA, REUSE_ALIGNMENT, PrefixReuse  # noqa: F401 -- the reuse grid, for callers
 from .prompt_cache import PromptCache
 from .request import Request
 from .mtp import DrafterChoice
 from .speculative import PromptLookup
 from .state_cache import DEFAULT_STATE_CACHE_MB, StateCache
-from .step_costs import StepCosts, plan_drafts
+from .step_costs import StepCosts
+from .step_plan import StepPlanning
+from .step_settle import StepSettling
 
 log = logging.getLogger("elelem")
 
-#: Generated tokens a consumer may leave unread before its request pauses:
-#: a stream that is not being read stops computing after a few steps.
-MAX_AHEAD = 8
 
-
-@dataclass
-class _Chunk:
-    request: Request
-    n: int                              # tokens taken from request.pending
-    rows: list[int] = field(default_factory=list)  # their rows in the step's logits
-    drafts: list[int] = field(default_factory=list)  # guesses evaluated after them
-    base: int = 0                       # positions the sequence held before the step
-    first: int = 0                      # the step's row of its first token ...
-    draft_first: int = 0                # ... and of its first draft
-
-
-@dataclass
-class _Plan:
-    chunks: list[_Chunk]
-    tokens: list[int]
-    seqs: list[int]
-    outputs: list[bool]
-    # Every token is a generated one (no prompt in the step): the core gives
-    # each row its one-token step's numbers, at any width (Context.decode).
-    generated: bool = False
-    # Some request drafts with an MTP head, which reads the step's hidden states.
-    keep_hidden: bool = False
-    # A step of one image's embeddings (tokens holds their ids; media.py), and
-    # whether its rows attend to each other causally.
-    embd: Optional[np.ndarray] = None
-    causal: bool = True
-    # Its grid (columns, rows) and the index of its first row, where the text model places it in 2D.
-    grid: Optional[tuple[int, int]] = None
-    grid_offset: int = 0
-
-
-class Engine(PrefixReuse):
+class Engine(StepPlanning, StepSettling, PrefixReuse):
     """Sequences and continuous batching over one native context (what of a
-    prompt need not be evaluated: prefix_reuse.py)."""
+    prompt need not be evaluated: prefix_reuse.py; what a step evaluates:
+    step_plan.py; what its results do: step_settle.py)."""
 
     def __init__(self, context, *, n_ctx: int, speculative: bool = False, draft=None, mtp=None,
                  prompt_cache: Optional[PromptCache] = None, state_cache_bytes: int = DEFAULT_STATE_CACHE_MB << 20):
@@ -467,144 +440,6 @@ class Engine(PrefixReuse):
                     self._drop(own, interrupt)
                     raise interrupt
 
-    def _plan(self, run_ahead: bool = False) -> Optional[_Plan]:
-        """The next batch: one token of every generating request first, then
-        prompt chunks, up to n_batch tokens and the free cells."""
-        for request in list(self._active):
-            if not request.admitted:
-                self._admit(request)
-        budget = self._ctx.n_batch
-        runnable = [r for r in self._active
-                    if r.admitted and r.wants_more and (run_ahead or len(r.generated) < MAX_AHEAD)]
-        if not runnable:
-            return None
-        runnable.sort(key=lambda r: len(r.pending) > 1)  # decoding requests first, stable otherwise
-        prompting = [r for r in runnable if not r.decoding]
-        if prompting and len(prompting) < len(runnable):
-            # Streams' generated tokens take the one-token kernels, prompts the
-            # batch ones (Context.decode's decode_kernels); in one step every row
-            # would take the prompt's, and a running stream whose step a new
-            # prompt joined would part from its solo tokens at a near-tie.  So
-            # steps of the two kinds alternate (a prompt chunk waits one step of
-            # generated tokens, which then reads the weights once more).
-            self._prompt_turn = not self._prompt_turn
-            runnable = prompting if self._prompt_turn else [r for r in runnable if r.decoding]
-        if not runnable[0].decoding:
-            # A prompt step is split by sequence where its kernels depend on its
-            # width (attention tiles, repacked and tiled matmuls) for at most
-            # Context.max_prompt_runs sequences: the others wait a step.
-            runnable = runnable[:self._ctx.max_prompt_runs]
-        budget = min(budget, self._make_room(len(runnable), {r.seq for r in runnable}))
-        if budget == 0:
-            # Generations grew past the cells kept for them and nothing idle is
-            # left to drop: end the newest, so that the others can go on.
-            newest = max(runnable, key=lambda r: r.admitted_at)
-            self._drop(newest, KVCacheFullError(
-                f"the KV cache ({self.kv_size} cells) is full: {len(runnable)} running sequences hold every "
-                f"cell; open the model with a larger kv_size, or run fewer requests at once"))
-            return self._plan(run_ahead)
-        chunks: list[_Chunk] = []
-        tokens: list[int] = []
-        seqs: list[int] = []
-        outputs: list[bool] = []
-        n_outputs = 0
-        drafting = []                   # chunks of generating requests that may verify drafts
-        embd = None
-        grid, grid_offset = None, 0
-        for request in runnable:
-            if budget == 0 or embd is not None:
-                break
-            n = min(len(request.pending), budget)
-            if not request.decoding:   # an image's embeddings are a step of their own (media.py)
-                n, image = next_prompt_run(request.pending, n)
-                if image and chunks:
-                    continue
-                if image:
-                    try:
-                        embd = self.media.rows(request.pending[:n])
-                        grid, grid_offset = self.media.placement(request.pending[:n])
-                    except InvalidArgumentError as error:
-                        self._drop(request, error)
-                        continue
-            if request.checkpoint and not request.decoding:   # a step ends there, for its snapshot
-                before = request.checkpoint - self._ctx.cache.seq_length_of(request.seq)
-                # An image's rows split there too (causal rows give the same either way), unless they
-                # attend to each other both ways: then the image stays whole.
-                if 0 < before < n and not (embd is not None and self.media.bidirectional):
-                    n = before
-                    if embd is not None:
-                        embd = embd[:n]
-            budget -= n
-            chunk = _Chunk(request, n, first=len(tokens), base=self._ctx.cache.seq_length_of(request.seq))
-            ends = n == len(request.pending)
-            for i, token in enumerate(request.pending[:n]):
-                wanted = request.all_logits or (ends and i == n - 1)
-                if wanted:
-                    chunk.rows.append(n_outputs)
-                    n_outputs += 1
-                tokens.append(token)
-                seqs.append(request.seq)
-                outputs.append(wanted)
-            if ends and n == 1 and request.drafter is not None and request.pick is not None:
-                drafting.append(chunk)
-            request.in_step = True
-            chunks.append(chunk)
-        if drafting and budget > 0:
-            # Each sequence's drafts go after every first token: a sequence's tokens stay in order.
-            for chunk in self._plan_drafts(drafting, len(tokens), budget):
-                chunk.draft_first = len(tokens)
-                for token in chunk.drafts:  # every draft's row: the model's choice after it
-                    chunk.rows.append(n_outputs)
-                    n_outputs += 1
-                    tokens.append(token)
-                    seqs.append(chunk.request.seq)
-                    outputs.append(True)
-        if not chunks:
-            return None
-        if not n_outputs:  # a step must return some row; the last one is cheap
-            outputs[-1] = True
-        self.media.images_evaluated += embd is not None
-        return _Plan(chunks, tokens, seqs, outputs, generated=embd is None and all(c.request.decoding for c in chunks),
-                     keep_hidden=any(getattr(c.request.drafter, "wants_hidden", False) for c in chunks),
-                     embd=embd, causal=not self.media.bidirectional, grid=grid, grid_offset=grid_offset)
-
-    def _plan_drafts(self, drafting: list[_Chunk], base_tokens: int, budget: int) -> list[_Chunk]:
-        """Ask each drafting request for its guesses, and keep as many as pay
-        for the wider step (step_costs.plan_drafts); the chunks given drafts."""
-        proposals = [self._drafts(chunk.request, chunk.base, budget) for chunk in drafting]
-        offers = [(chunk.request.drafter.acceptance.rate, len(proposal)) for chunk, proposal in zip(drafting, proposals)]
-        counts = plan_drafts(base_tokens, offers, self.step_costs, budget)
-        given = []
-        for chunk, proposal, count in zip(drafting, proposals, counts):
-            if count:
-                chunk.drafts = proposal[:count]
-                given.append(chunk)
-            elif proposal:
-                chunk.request.drafter.unverified(proposal)
-        return given
-
-    def _drafts(self, request: Request, length: int, budget: int) -> list[int]:
-        """Guesses to verify after a generating request's next token: within
-        the batch, its context (a draft cell past n_ctx could never be kept)
-        and its generation budget."""
-        limit = request.n_ctx if request.n_ctx is not None else self.n_ctx
-        # ``max_new`` picks are left: the next token's row gives the first, and
-        # only a draft whose own row is used (not the last pick) can be kept.
-        room = min(budget, limit - length - 1, request.max_new - 1)
-        if room <= 0:
-            return []
-        try:
-            proposal = request.drafter.propose(room)
-        except KeyboardInterrupt as interrupt:  # the step is half planned: raised once it is settled
-            self._interrupted = interrupt
-            return []
-        for i, token in enumerate(proposal):
-            if token in request.ends:  # the row before it picks the end; the rest would be wasted
-                return proposal[:i]
-            if token < 0:              # an image's id (media.py), copied from the history: never a guess
-                return proposal[:i]
-        return proposal
-
     def _admit(self, request: Request) -> None:
         """Bring a new request's sequence to its prompt, reusing the cache."""
         request.admitted = True
@@ -658,125 +493,6 @@ class Engine(PrefixReuse):
                 if cache.n_free >= need:
                     break
         return cache.n_free
-
-    def _settle(self, plan: _Plan, logits: Optional[np.ndarray], error: Optional[BaseException],
-                own: Request) -> None:
-        hidden = self._ctx.last_hidden if plan.keep_hidden and error is None else None
-        for chunk in plan.chunks:
-            chunk.request.in_step = False
-        if error is not None:
-            self._settle_failure(plan, error, own)
-            return
-        assert logits is not None, "a step that did not fail has its logits"
-        self.steps += 1
-        self.batched_tokens += len(plan.tokens)
-        self.shared_steps += len(plan.chunks) > 1
-        now = time.monotonic()
-        for chunk in plan.chunks:
-            request = chunk.request
-            self._last_used[request.seq] = now
-            del request.pending[:chunk.n]
-            request.evaluated += chunk.n
-            if not request.decoding and self._ctx.cache.hybrid and (
-                    not request.pending or self._ctx.cache.seq_length_of(request.seq) == request.checkpoint):
-                self.states.keep(request.seq)
-            if request.cancelled:
-                self._keep_drafts(chunk, 0)
-                self._drop(request, request.cancel_error)
-                continue
-            if not chunk.rows:
-                continue
-            rows = logits[chunk.rows]
-            if request.pick is None:
-                request.logit_rows.append(rows)
-                if not request.pending:
-                    self._retire(request)
-                continue
-            kept = 0
-            if chunk.drafts:
-                kept = self._pick_verified(chunk, rows)
-            else:
-                self._pick_next(request, rows[-1], self._ctx.cache.seq_length_of(request.seq))
-            if hidden is not None and getattr(request.drafter, "wants_hidden", False):
-                # The rows the sequence keeps: its tokens', then its confirmed drafts'.
-                request.drafter.observe(chunk.base, np.concatenate(
-                    [hidden[chunk.first:chunk.first + chunk.n], hidden[chunk.draft_first:chunk.draft_first + kept]]))
-        self._offer_finished()
-
-    def _pick_next(self, request: Request, logits: np.ndarray, held: int, draft: Optional[int] = None) -> bool:
-        """Pick the token after ``held`` positions.  True when it is ``draft``,
-        already evaluated, whose row the caller goes on to; otherwise the
-        token is queued to be evaluated next, or the request ends."""
-        pick = request.pick
-        assert pick is not None, "only a request that picks its tokens gets here"
-        try:
-            token, go_on = pick(logits)
-        except BaseException as exc:  # noqa: B902 -- the consumer gets it
-            self._drop(request, exc)
-            return False
-        if token is not None and request.streamed:
-            request.generated.append(token)
-        if token is None or not go_on or held >= (request.n_ctx or self.n_ctx):
-            self._retire(request)
-            return False
-        request.max_new = max(0, request.max_new - 1)
-        request.decoding = True
-        if draft is not None and token == draft:
-            return True
-        request.pending = [token]
-        return False
-
-    def _pick_verified(self, chunk: _Chunk, rows: np.ndarray) -> int:
-        """Walk the rows of a token and its drafts: pick after each, in order,
-        going on while the pick is the next draft, so that the picker sees
-        exactly what decoding token by token would show it."""
-        drafts = chunk.drafts
-        kept = 0
-        for i, row in enumerate(rows):
-            draft = drafts[i] if i < len(drafts) else None
-            if not self._pick_next(chunk.request, row, chunk.base + i + 1, draft):
-                break
-            kept += 1
-        self._keep_drafts(chunk, kept)
-        return kept
-
-    def _keep_drafts(self, chunk: _Chunk, kept: int) -> None:
-        """Keep the cells of the first ``kept`` drafts and trim the rest."""
-        if not chunk.drafts:
-            return
-        request = chunk.request
-        if request in self._active and request.pending:
-            # A hybrid model's refused drafts are in its recurrent state: it goes
-            # back to the snapshot before the step, and the tokens kept since
-            # then are evaluated again in the next step, before the next token.
-            replay = self._ctx.rewind(request.seq, chunk.base + 1 + kept)
-            request.pending[:0] = replay
-            request.evaluated -= len(replay)
-        else:
-            self._ctx.seq_rm(request.seq, chunk.base + 1 + kept)
-        request.evaluated += kept
-        request.drafted += len(chunk.drafts)
-        request.accepted += kept
-        self.drafted_tokens += len(chunk.drafts)
-        self.accepted_tokens += kept
-        counts = self.drafter_tokens.setdefault(getattr(request.drafter, "kind", "prompt lookup"), [0, 0])
-        counts[0] += len(chunk.drafts)
-        counts[1] += kept
-        request.drafter.record(kept, len(chunk.drafts))
-
-    def _settle_failure(self, plan: _Plan, error: BaseException, own: Request) -> None:
-        """A step failed and left the cache as it was.  An abort made for a
-        cancel ends the cancelled requests only; Ctrl-C ends the driver's own
-        request; any other error ends every request of the step."""
-        if isinstance(error, KeyboardInterrupt) and self._abort_for_cancel:
-            self._abort_for_cancel = False
-            for chunk in plan.chunks:
-                if chunk.request.cancelled:
-                    self._drop(chunk.request, chunk.request.cancel_error)
-            return
-        victims = [own] if isinstance(error, KeyboardInterrupt) else [c.request for c in plan.chunks] + [own]
-        for request in victims:
-            self._drop(request, error)
 
     def _retire(self, request: Request) -> None:
         request.finish()
