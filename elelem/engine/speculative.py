@@ -8,7 +8,7 @@ more than once (a line such as ``part = self.parts[sku]`` in several
 methods), the occurrence whose context agrees furthest back with the
 history's wins: it is the span being copied.  The engine evaluates the
 guesses together with the real next token in one batch and keeps the
-longest prefix the model's own choices confirm (see ``Engine._settle``).
+longest prefix the model's own choices confirm (see ``step_settle.py``).
 
 Why the output does not change -- greedy or sampled: the engine calls the
 request's picker once per emitted token, in order, on the logits of exactly
