@@ -423,8 +423,8 @@ cdef class Context:
                 positions4 = mrope_positions(self.cache, n, &seqs[0], &positions[0], &cells[0], grid_x, grid_y,
                                              grid_offset)
             st = _graph_for(self, n, n_kv, n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs, pair_lone_row,
-                                 <const int *> split_kv if split_rows else <const int *> NULL, &rows[0], rank, lora_mask,
-                                 keep_hidden, embd is not None)
+                            <const int *> split_kv if split_rows else <const int *> NULL, &rows[0], rank, lora_mask,
+                            keep_hidden, embd is not None)
             st.bidirectional = not causal
             _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0], positions4)
             set_lora_inputs(st, &seqs[0], self.seq_lora)
@@ -461,44 +461,7 @@ cdef class Context:
         cells that sequence holds in the target's cache; nothing is stored.
         Returns every row's logits; ``last_hidden`` gets every row's hidden
         state for the next draft (llama.cpp's t_h_nextn)."""
-        self._check_open()
-        if self.target is None:
-            raise errors.InvalidArgumentError("draft_step is for a drafter sharing its target's cache")
-        self.target._check_open()
-        if self.busy or self.target.busy:
-            raise errors.InvalidArgumentError("a step is already running on this context or its target")
-        self.last_hidden = None
-        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] ids = _checked_ids(tokens, self.model.hp.n_vocab)
-        cdef int n = ids.shape[0]
-        if n > self.n_batch:
-            raise errors.InvalidArgumentError(f"a step takes at most n_batch={self.n_batch} tokens, got {n}")
-        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] seqs = _checked_seq_ids(seq_ids, n, self.cache.n_seq_max)
-        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] pos = np.ascontiguousarray(positions, dtype=np.int32)
-        if pos.ndim != 1 or pos.shape[0] != n or pos.min() < 0:
-            raise errors.InvalidArgumentError(f"need one position (>= 0) per token ({n}), got {positions!r}")
-        cdef cnp.ndarray h_in = _checked_hidden(hidden_in, n, &self.model.hp)
-        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] rows = np.arange(n, dtype=np.int32)
-        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] cells = np.zeros(n, dtype=np.int32)  # nothing is stored
-        cdef int n_kv = self.cache.n_kv()
-        cdef bint pair_lone_row = (self.flash_attn and n == 1 and n_kv >= FA_SPLIT_CELLS
-                                   and ((pos[0] + KV_PAD) // KV_PAD) * KV_PAD < FA_SPLIT_CELLS)
-        cdef Step * st
-        self.busy = True
-        try:
-            st = _graph_for(self, n, n_kv, n, False, n == 1, &seqs[0], 0, pair_lone_row, NULL, &rows[0],
-                                 False, 0, True, False)
-            _set_inputs(st, self.cache, &ids[0], &seqs[0], &pos[0], &cells[0], &rows[0])
-            _set_input(st.inp_h, cnp.PyArray_DATA(h_in), ggml_nbytes(st.inp_h))
-            self._compute()
-        finally:
-            self.busy = False
-        out = np.empty((n, self.model.hp.n_vocab), dtype=np.float32)
-        ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out), 0, ggml_nbytes(st.logits))
-        hidden = np.empty((n, hidden_width(&self.model.hp)), dtype=np.float32)
-        ggml_backend_tensor_get(st.hidden, cnp.PyArray_DATA(hidden), 0, ggml_nbytes(st.hidden))
-        self.last_hidden = hidden
-        self.n_evaluated += n
-        return out
+        return _draft_step(self, tokens, seq_ids, positions, hidden_in)
 
     # -- LoRA adapters -----------------------------------------------------------
 
@@ -560,62 +523,18 @@ cdef class Context:
 
     def _rewind(self, seq, p0):
         """:meth:`rewind`, and whether the tokens to evaluate again were generated ones."""
-        cache = self.cache
-        if not cache.hybrid:   # the cells alone (also on a context lost with its server)
-            cache.seq_rm(seq, p0)
+        if not self.cache.hybrid:   # the cells alone (also on a context lost with its server)
+            self.cache.seq_rm(seq, p0)
             return [], False
-        self._check_idle()
-        cdef int s = cache._check_seq(seq)
-        cdef int length = cache.seq_length[s]
-        p = _as_integer("the position to trim from", p0)
-        if not 0 <= p <= length:
-            cache.seq_rm(seq, p0)   # its error
-        if p == length:
-            return [], False
-        if p == 0:
-            self.snapshots.clear(s)
-            cache.seq_rm(s, 0)
-            return [], False
-        tokens = cache.seq_tokens(s)
-        pos, state, generated = self.snapshots.latest(s, p)
-        self.snapshots.keep_to(s, pos)
-        cache._seq_rm(s, pos)
-        if state is None:
-            cache._clear_state(s)
-        else:
-            cache.set_recurrent_state(s, state)
-        return list(tokens[pos:p]), generated
+        return _rewind_recurrent(self, seq, p0)
 
     def seq_cp(self, src, dst, n=None):
         """Let empty sequence ``dst`` see ``src``'s first ``n`` positions (all by
         default).  A hybrid model's recurrent state is copied with them: whole,
         or from a snapshot and the tokens after it evaluated again."""
-        cache = self.cache
-        if not cache.hybrid:
-            return cache.seq_cp(src, dst, n)
-        self._check_idle()
-        cdef int a = cache._check_seq(src)
-        count = cache.seq_length[a] if n is None else _as_integer("the prefix length", n)
-        if not cache.hybrid or count == cache.seq_length[a]:
-            cache.seq_cp(src, dst, count)
-            if cache.hybrid:
-                self.snapshots.copy(a, cache._check_seq(dst), None)
-            return
-        cdef int b = cache._check_seq(dst)
-        if a == b or cache.seq_length[b] != 0 or not 0 <= count <= cache.seq_length[a]:
-            return cache.seq_cp(src, dst, count)   # its error
-        tokens = cache.seq_tokens(a)
-        pos, state, generated = self.snapshots.latest(a, count)
-        cache._fork_cells(a, b, pos)
-        if state is None:
-            cache._clear_state(b)
-        else:
-            cache.set_recurrent_state(b, state)
-        self.snapshots.copy(a, b, pos)
-        if pos < count:
-            _log.info("sequence %d forks %d positions of sequence %d; evaluating positions %d..%d again from "
-                      "the nearest snapshot of its recurrent state", b, count, a, pos, count - 1)
-            self._replay(b, tokens[pos:count], generated)
+        if not self.cache.hybrid:
+            return self.cache.seq_cp(src, dst, n)
+        return _fork_recurrent(self, src, dst, n)
 
     @property
     def max_prompt_runs(self):

@@ -1,8 +1,9 @@
-# A hybrid model's steps (Qwen3.5, LFM2, Mamba-2 hybrids): its recurrent
-# layers take a step as sequences of one token count, one after the other, and
-# its recurrent state holds every position it has seen, so a step of several
-# tokens is framed by snapshots that a rewind into it restores
-# (Context._snapshot_before, snapshots.pxi).  Included into core.pyx after
+# A hybrid model's steps, trims and forks (Qwen3.5, Qwen3-Next, LFM2, the
+# Mamba-2 hybrids).  Its recurrent layers take a step as sequences of one token
+# count, one after the other, and its recurrent state holds every position it
+# has seen: a step of several tokens is framed by snapshots
+# (Context._snapshot_before, snapshots.pxi) that a trim or a fork goes back to,
+# evaluating the tokens after the snapshot again.  Included into core.pyx after
 # context.pxi.
 
 
@@ -78,3 +79,61 @@ cdef object _hybrid_decode(Context c, cnp.ndarray ids, cnp.ndarray seqs, outputs
     kept = np.concatenate([k for k, _ in outs])
     out = np.concatenate([o for _, o in outs])
     return out[np.argsort(kept)]
+
+
+cdef object _rewind_recurrent(Context c, seq, p0):
+    """Context._rewind on a hybrid model: the sequence goes back to the latest
+    snapshot at or before ``p0``; returns the tokens from there to ``p0`` and
+    whether they were generated ones."""
+    cdef KVCache cache = c.cache
+    c._check_idle()
+    cdef int s = cache._check_seq(seq)
+    cdef int length = cache.seq_length[s]
+    p = _as_integer("the position to trim from", p0)
+    if not 0 <= p <= length:
+        cache.seq_rm(seq, p0)   # its error
+    if p == length:
+        return [], False
+    if p == 0:
+        c.snapshots.clear(s)
+        cache.seq_rm(s, 0)
+        return [], False
+    tokens = cache.seq_tokens(s)
+    pos, state, generated = c.snapshots.latest(s, p)
+    c.snapshots.keep_to(s, pos)
+    cache._seq_rm(s, pos)
+    if state is None:
+        cache._clear_state(s)
+    else:
+        cache.set_recurrent_state(s, state)
+    return list(tokens[pos:p]), generated
+
+
+cdef object _fork_recurrent(Context c, src, dst, n):
+    """Context.seq_cp on a hybrid model: the recurrent state copied whole, or
+    from the latest snapshot at or before the prefix's end, the tokens after
+    it evaluated again."""
+    cdef KVCache cache = c.cache
+    c._check_idle()
+    cdef int a = cache._check_seq(src)
+    count = cache.seq_length[a] if n is None else _as_integer("the prefix length", n)
+    if not cache.hybrid or count == cache.seq_length[a]:
+        cache.seq_cp(src, dst, count)
+        if cache.hybrid:
+            c.snapshots.copy(a, cache._check_seq(dst), None)
+        return
+    cdef int b = cache._check_seq(dst)
+    if a == b or cache.seq_length[b] != 0 or not 0 <= count <= cache.seq_length[a]:
+        return cache.seq_cp(src, dst, count)   # its error
+    tokens = cache.seq_tokens(a)
+    pos, state, generated = c.snapshots.latest(a, count)
+    cache._fork_cells(a, b, pos)
+    if state is None:
+        cache._clear_state(b)
+    else:
+        cache.set_recurrent_state(b, state)
+    c.snapshots.copy(a, b, pos)
+    if pos < count:
+        _log.info("sequence %d forks %d positions of sequence %d; evaluating positions %d..%d again from "
+                  "the nearest snapshot of its recurrent state", b, count, a, pos, count - 1)
+        c._replay(b, tokens[pos:count], generated)

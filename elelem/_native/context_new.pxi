@@ -1,6 +1,5 @@
 # Making a Context (new_context): the cache's types, the backends of the
-# model's devices, a drafter's check against the target whose cache it reads,
-# and the graph's node budget.  Included into core.pyx after context.pxi.
+# model's devices, and the graph's node budget.  Included into core.pyx after context.pxi.
 
 
 KV_TYPES = {"f16": GGML_TYPE_F16, "f32": GGML_TYPE_F32, "q8_0": GGML_TYPE_Q8_0, "q4_0": GGML_TYPE_Q4_0}
@@ -133,37 +132,6 @@ def new_context(Model model, object kv_size, object n_batch=512, object n_thread
         raise MemoryError("ggml could not create the backend scheduler")
     c._reserve()
     return c
-
-
-cdef void _check_beside(Model model, Context target) except *:
-    """A drafter's layers read its target's cache as llama.cpp's Gemma 4
-    drafter does (create_memory's share callback): a sliding layer the
-    target's second-to-last layer, which must slide too, a global layer the
-    last, which must not; the head widths and KV head counts the same
-    (llama.cpp views the target's cells with the drafter's own)."""
-    target._check_open()
-    if model.hp.n_embd_out != target.model.hp.n_embd or not model.hp.mtp_head:
-        raise errors.ModelShapeError(f"this drafter takes hidden states {model.hp.n_embd_out} wide; "
-                                     f"its target's are {target.model.hp.n_embd}")
-    if target.n_backends > 1:   # its cells would live on a device this context has no backend for
-        raise errors.InvalidArgumentError("a drafter sharing its target's cache runs beside a model on the "
-                                          "CPU alone, for now")
-    if target.cache.hybrid or target.model.hp.n_layer < 2:
-        raise errors.ModelShapeError("a drafter sharing its target's cache needs a target of 2 or more "
-                                     "attention layers and no recurrent ones")
-    cdef int il, src
-    cdef int n_target = target.model.hp.n_layer
-    for il in range(model.hp.n_layer):
-        src = n_target - 2 if model.swa_layers[il] else n_target - 1
-        if (target.model.swa_layers[src] != 0) != (model.swa_layers[il] != 0) \
-                or target.cache.shapes[src].head_dim_k != model.shapes[il].head_dim_k \
-                or target.cache.shapes[src].head_dim_v != model.shapes[il].head_dim_v \
-                or model.shapes[il].n_head_kv != target.cache.shapes[src].n_head_kv:
-            raise errors.ModelShapeError(
-                f"drafter layer {il} ({'sliding' if model.swa_layers[il] else 'global'}, heads "
-                f"{model.shapes[il].head_dim_k} wide) cannot read its target's layer {src} "
-                f"({'sliding' if target.model.swa_layers[src] else 'global'}, heads "
-                f"{target.cache.shapes[src].head_dim_k} wide, {target.cache.shapes[src].n_head_kv} KV heads)")
 
 
 cdef void _init_device_backends(Context c, list devices) except *:
