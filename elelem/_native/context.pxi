@@ -7,6 +7,12 @@
 # cells its sequence sees.  Compute goes through ggml_backend_sched over the
 # list of backends (today the CPU alone, with its repacked weights), with the
 # GIL released.
+#
+# Beside it, as module functions taking the Context: new_context
+# (context_new.pxi), the checks of a step's inputs (context_inputs.pxi), the
+# step's graph (step_graph.pxi), a hybrid model's steps, trims and forks
+# (context_hybrid.pxi), and a drafter's step over its target's cache
+# (drafter.pxi).
 
 DEF MAX_BACKENDS = 8
 DEF MAX_SEQ_IDS = 64     # KVCache's MAX_SEQ
