@@ -7,6 +7,12 @@
 # cells its sequence sees.  Compute goes through ggml_backend_sched over the
 # list of backends (today the CPU alone, with its repacked weights), with the
 # GIL released.
+#
+# Beside it, as module functions taking the Context: new_context
+# (context_new.pxi), the checks of a step's inputs (context_inputs.pxi), the
+# step's graph (step_graph.pxi), a hybrid model's steps, trims and forks
+# (context_hybrid.pxi), and a drafter's step over its target's cache
+# (drafter.pxi).
 
 DEF MAX_BACKENDS = 8
 DEF MAX_SEQ_IDS = 64     # KVCache's MAX_SEQ
@@ -233,54 +239,13 @@ cdef class Context:
         and leaves the cache as it was before the step."""
         self.abort_flag = 1
 
-    # -- graphs ----------------------------------------------------------------
+    # -- graphs (built and reused in step_graph.pxi) ------------------------------
 
     cdef void _drop_graph(self) noexcept:
         if self.graph_step.ctx != NULL:
             ggml_free(self.graph_step.ctx)
             self.graph_step.ctx = NULL
         self.graph_ready = False
-
-    cdef ggml_cgraph * _build(self, Step * st) except NULL:
-        cdef ggml_init_params p
-        cdef int j
-        p.mem_size = self.graph_meta_size
-        p.mem_buffer = self.graph_meta
-        p.no_alloc = True
-        st.ctx = ggml_init(p)
-        if st.ctx == NULL:
-            raise MemoryError()
-        st.gf = ggml_new_graph_custom(st.ctx, self.graph_size, False)
-        st.hp = &self.model.hp
-        st.widened = &self.model.widened
-        st.kv_size = self.cache.kv_size
-        st.v_row = self.cache.v_row
-        st.flash_attn = self.flash_attn
-        st.target_tok_embd = self.target.model.tok_embd if self.target is not None else NULL
-        st.n_lora = 0
-        for j in range(self.n_adapters):
-            if st.lora_mask & (1 << j):
-                st.lora[st.n_lora] = self.adapter_weights[j]
-                st.lora_id[st.n_lora] = j
-                st.n_lora += 1
-        _make_inputs(st)
-        if st.want_hidden:
-            st.n_feature_layers = len(self.feature_layers)
-            for j in range(st.n_feature_layers):
-                st.feature_layers[j] = self.feature_layers[j]
-        st.logits = _builders[self.model.builder_id](self.model, self.cache, st)
-        if st.n_feature_layers:
-            st.hidden = _concat_features(st)
-        if st.rank:
-            st.logits = rank_head(st, self.model, st.logits)
-        ggml_set_output(st.logits)
-        ggml_build_forward_expand(st.gf, st.logits)
-        if st.want_hidden:
-            if st.hidden == NULL:
-                raise errors.InvalidArgumentError("this model's graph does not give its rows' hidden states")
-            ggml_set_output(st.hidden)
-            ggml_build_forward_expand(st.gf, st.hidden)
-        return st.gf
 
     cdef void _reserve(self) except *:
         """Size the compute buffers from the largest step this context can run."""
@@ -292,7 +257,7 @@ cdef class Context:
         st.n_outputs = min(st.n_tokens, self.cache.n_seq_max)
         st.n_seqs = 1 if self.cache.hybrid else 0   # one sequence's prompt: the widest recurrent step
         st.lora_mask = (1 << self.n_adapters) - 1   # every adapter applied
-        cdef ggml_cgraph * gf = self._build(&st)
+        cdef ggml_cgraph * gf = _build_graph(self, &st)
         try:
             if not self._sched_call(gf, 2, "reserving the compute buffers"):
                 raise MemoryError("ggml could not reserve the compute buffers")
@@ -311,68 +276,6 @@ cdef class Context:
         except errors.RPCError:
             self.lost = True
             raise
-
-    cdef Step * _graph_for(self, int n_tokens, int n_kv, int n_outputs, bint embeddings,
-                           bint decode_kernels, const int32_t * seqs, int n_seqs=0,
-                           bint pair_lone_row=False, const int * split_kv=NULL,
-                           const int32_t * out_rows=NULL, bint rank=False, int lora_mask=0,
-                           bint want_hidden=False, bint embd_input=False) except NULL:
-        cdef Step * st = &self.graph_step
-        cdef int n_runs = 0
-        cdef int run_length[MAX_RUNS]
-        cdef int n_out_runs = 0
-        cdef int out_run_length[MAX_RUNS]
-        cdef int32_t * out_seqs
-        cdef int i
-        cdef bint split_rows = split_kv != NULL
-        if not decode_kernels:
-            n_runs = _sequence_runs(n_tokens, seqs, run_length)
-            if n_runs > 1 and out_rows != NULL and n_outputs < n_tokens:
-                # the sequences of the output rows, in their order (graph/blocks.pxi: Step.out_run_length)
-                out_seqs = <int32_t *> malloc(n_outputs * sizeof(int32_t))
-                if out_seqs == NULL:
-                    raise MemoryError()
-                for i in range(n_outputs):
-                    out_seqs[i] = seqs[out_rows[i]]
-                n_out_runs = _sequence_runs(n_outputs, out_seqs, out_run_length)
-                free(out_seqs)
-        if self.graph_ready and st.n_tokens == n_tokens and st.n_kv == n_kv and st.n_outputs == n_outputs \
-                and st.embeddings == embeddings and st.rank == rank and st.decode_kernels == decode_kernels \
-                and st.n_runs == n_runs \
-                and st.n_seqs == n_seqs and st.pair_lone_row == pair_lone_row \
-                and memcmp(st.run_length, run_length, n_runs * sizeof(int)) == 0 \
-                and st.n_out_runs == n_out_runs \
-                and memcmp(st.out_run_length, out_run_length, n_out_runs * sizeof(int)) == 0 \
-                and st.split_rows == split_rows and st.lora_mask == lora_mask \
-                and st.want_hidden == want_hidden and st.embd_input == embd_input \
-                and (not split_rows or memcmp(st.split_kv, split_kv, n_tokens * sizeof(int)) == 0):
-            return st
-        self._drop_graph()
-        memset(st, 0, sizeof(Step))
-        st.n_tokens = n_tokens
-        st.n_kv = n_kv
-        st.n_outputs = n_outputs
-        st.embeddings = embeddings
-        st.rank = rank
-        st.decode_kernels = decode_kernels
-        st.n_runs = n_runs
-        st.n_seqs = n_seqs
-        st.pair_lone_row = pair_lone_row
-        memcpy(st.run_length, run_length, n_runs * sizeof(int))
-        st.n_out_runs = n_out_runs
-        memcpy(st.out_run_length, out_run_length, n_out_runs * sizeof(int))
-        st.split_rows = split_rows
-        st.lora_mask = lora_mask
-        st.want_hidden = want_hidden
-        st.embd_input = embd_input
-        if split_rows:
-            memcpy(st.split_kv, split_kv, n_tokens * sizeof(int))
-        self._build(st)
-        if not self._sched_call(st.gf, 1, "allocating a step's graph"):
-            self._drop_graph()
-            raise MemoryError("ggml could not allocate the compute graph")
-        self.graph_ready = True
-        return st
 
     # -- a step ----------------------------------------------------------------
 
@@ -400,63 +303,8 @@ cdef class Context:
             raise errors.InvalidArgumentError(f"a step takes at most n_batch={self.n_batch} tokens, got {ids.shape[0]}")
         seqs = _checked_seq_ids(seq_ids, ids.shape[0], self.cache.n_seq_max)
         if ids.shape[0] == 1 or (seqs == seqs[0]).all():
-            # One sequence (a decoding stream, a prompt chunk): already in order,
-            # one step -- what the general path below does, without its sorting.
-            present, counts = seqs[:1], np.array([ids.shape[0]])
-            self._snapshot_before(present, counts, decode_kernels)
-            out = self._decode(ids, seqs, outputs, embeddings, decode_kernels, 1, keep_hidden=keep_hidden)
-            if not decode_kernels:
-                self._snapshot_before(present, counts, False)
-            return out
-        rows = _output_rows(outputs, seqs)
-        flags = np.zeros(ids.shape[0], dtype=bool)
-        flags[rows] = True
-        order = np.argsort(seqs, kind="stable")        # sequence after sequence, each in its order
-        present, counts = np.unique(seqs, return_counts=True)
-        groups = [present[counts == c] for c in np.unique(counts)]
-        self._snapshot_before(present, counts, decode_kernels)
-        if len(groups) == 1:
-            out = self._decode(ids[order], seqs[order], flags[order], embeddings, decode_kernels, len(present),
-                               keep_hidden=keep_hidden)
-            if not decode_kernels:   # and at the end of a prompt, where a new turn or a retry rewinds to
-                self._snapshot_before(present, counts, False)
-            if keep_hidden:
-                self.last_hidden = self.last_hidden[np.argsort(order)]
-            kept = order[flags[order]]                 # the original row of each output, in output order
-            return out[np.argsort(kept)]
-        # Sequences of several counts: one step for each; a failure undoes the ones before it.
-        saved = {int(q): (self.cache.seq_length_of(int(q)), self.cache.recurrent_state(int(q))) for q in present}
-        outs, done, hidden = [], [], []
-        try:
-            for group in groups:
-                mine = order[np.isin(seqs[order], group)]
-                wanted = flags[mine]
-                if not wanted.any():   # a step returns some row: one to drop (a prompt chunk short of its end)
-                    wanted = wanted.copy()
-                    wanted[-1] = True
-                    self._decode(ids[mine], seqs[mine], wanted, embeddings, decode_kernels, len(group),
-                                 keep_hidden=keep_hidden)
-                    done.append(group)
-                    hidden.append((mine, self.last_hidden))
-                    continue
-                out = self._decode(ids[mine], seqs[mine], wanted, embeddings, decode_kernels, len(group),
-                                   keep_hidden=keep_hidden)
-                done.append(group)
-                outs.append((mine[wanted], out))
-                hidden.append((mine, self.last_hidden))
-        except BaseException:
-            for group in done:
-                for q in group:
-                    length, state = saved[int(q)]
-                    self.cache._seq_rm(int(q), length)
-                    self.cache.set_recurrent_state(int(q), state)
-            raise
-        if keep_hidden:
-            rows = np.concatenate([r for r, _ in hidden])
-            self.last_hidden = np.concatenate([h for _, h in hidden])[np.argsort(rows)]
-        kept = np.concatenate([k for k, _ in outs])
-        out = np.concatenate([o for _, o in outs])
-        return out[np.argsort(kept)]
+            return _one_sequence_step(self, ids, seqs, outputs, embeddings, decode_kernels, keep_hidden=keep_hidden)
+        return _hybrid_decode(self, ids, seqs, outputs, embeddings, decode_kernels, keep_hidden)
 
     def decode_embeddings(self, embd, ids, seq_ids, outputs=None, bint causal=True, grid=None, int offset=0):
         """Evaluate one batch of given embeddings (an image's, from a
@@ -495,14 +343,10 @@ cdef class Context:
                                 grid_y=grid_y, grid_offset=offset)
         self.last_hidden = None
         seqs = _checked_seq_ids(seq_ids, x.shape[0], self.cache.n_seq_max)
-        present, counts = np.unique(seqs, return_counts=True)
-        if present.size != 1:
+        if (seqs != seqs[0]).any():
             raise errors.InvalidArgumentError("a hybrid model takes one sequence's embeddings a step")
-        self._snapshot_before(present, counts, False)
-        out = self._decode(marks, seqs, outputs, False, False, 1, embd=x, causal=causal, grid_x=grid_x,
-                           grid_y=grid_y, grid_offset=offset)
-        self._snapshot_before(present, counts, False)
-        return out
+        return _one_sequence_step(self, marks, seqs, outputs, False, False, keep_hidden=False, embd=x, causal=causal,
+                                  grid_x=grid_x, grid_y=grid_y, grid_offset=offset)
 
     def _decode(self, tokens, seq_ids, outputs, bint embeddings, bint decode_kernels, int n_seqs, bint rank=False,
                 hidden_in=None, bint keep_hidden=False, embd=None, bint causal=True, int grid_x=0, int grid_y=0,
@@ -584,9 +428,9 @@ cdef class Context:
             if self.model.hp.rope_type == GGML_ROPE_TYPE_MROPE or self.model.hp.rope_type == GGML_ROPE_TYPE_IMROPE:
                 positions4 = mrope_positions(self.cache, n, &seqs[0], &positions[0], &cells[0], grid_x, grid_y,
                                              grid_offset)
-            st = self._graph_for(n, n_kv, n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs, pair_lone_row,
-                                 <const int *> split_kv if split_rows else <const int *> NULL, &rows[0], rank, lora_mask,
-                                 keep_hidden, embd is not None)
+            st = _graph_for(self, n, n_kv, n_outputs, embeddings, decode_kernels, &seqs[0], n_seqs, pair_lone_row,
+                            <const int *> split_kv if split_rows else <const int *> NULL, &rows[0], rank, lora_mask,
+                            keep_hidden, embd is not None)
             st.bidirectional = not causal
             _set_inputs(st, self.cache, &ids[0], &seqs[0], &positions[0], &cells[0], &rows[0], positions4)
             set_lora_inputs(st, &seqs[0], self.seq_lora)
@@ -623,44 +467,7 @@ cdef class Context:
         cells that sequence holds in the target's cache; nothing is stored.
         Returns every row's logits; ``last_hidden`` gets every row's hidden
         state for the next draft (llama.cpp's t_h_nextn)."""
-        self._check_open()
-        if self.target is None:
-            raise errors.InvalidArgumentError("draft_step is for a drafter sharing its target's cache")
-        self.target._check_open()
-        if self.busy or self.target.busy:
-            raise errors.InvalidArgumentError("a step is already running on this context or its target")
-        self.last_hidden = None
-        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] ids = _checked_ids(tokens, self.model.hp.n_vocab)
-        cdef int n = ids.shape[0]
-        if n > self.n_batch:
-            raise errors.InvalidArgumentError(f"a step takes at most n_batch={self.n_batch} tokens, got {n}")
-        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] seqs = _checked_seq_ids(seq_ids, n, self.cache.n_seq_max)
-        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] pos = np.ascontiguousarray(positions, dtype=np.int32)
-        if pos.ndim != 1 or pos.shape[0] != n or pos.min() < 0:
-            raise errors.InvalidArgumentError(f"need one position (>= 0) per token ({n}), got {positions!r}")
-        cdef cnp.ndarray h_in = _checked_hidden(hidden_in, n, &self.model.hp)
-        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] rows = np.arange(n, dtype=np.int32)
-        cdef cnp.ndarray[cnp.int32_t, ndim=1, mode="c"] cells = np.zeros(n, dtype=np.int32)  # nothing is stored
-        cdef int n_kv = self.cache.n_kv()
-        cdef bint pair_lone_row = (self.flash_attn and n == 1 and n_kv >= FA_SPLIT_CELLS
-                                   and ((pos[0] + KV_PAD) // KV_PAD) * KV_PAD < FA_SPLIT_CELLS)
-        cdef Step * st
-        self.busy = True
-        try:
-            st = self._graph_for(n, n_kv, n, False, n == 1, &seqs[0], 0, pair_lone_row, NULL, &rows[0],
-                                 False, 0, True, False)
-            _set_inputs(st, self.cache, &ids[0], &seqs[0], &pos[0], &cells[0], &rows[0])
-            _set_input(st.inp_h, cnp.PyArray_DATA(h_in), ggml_nbytes(st.inp_h))
-            self._compute()
-        finally:
-            self.busy = False
-        out = np.empty((n, self.model.hp.n_vocab), dtype=np.float32)
-        ggml_backend_tensor_get(st.logits, cnp.PyArray_DATA(out), 0, ggml_nbytes(st.logits))
-        hidden = np.empty((n, hidden_width(&self.model.hp)), dtype=np.float32)
-        ggml_backend_tensor_get(st.hidden, cnp.PyArray_DATA(hidden), 0, ggml_nbytes(st.hidden))
-        self.last_hidden = hidden
-        self.n_evaluated += n
-        return out
+        return _draft_step(self, tokens, seq_ids, positions, hidden_in)
 
     # -- LoRA adapters -----------------------------------------------------------
 
@@ -722,62 +529,18 @@ cdef class Context:
 
     def _rewind(self, seq, p0):
         """:meth:`rewind`, and whether the tokens to evaluate again were generated ones."""
-        cache = self.cache
-        if not cache.hybrid:   # the cells alone (also on a context lost with its server)
-            cache.seq_rm(seq, p0)
+        if not self.cache.hybrid:   # the cells alone (also on a context lost with its server)
+            self.cache.seq_rm(seq, p0)
             return [], False
-        self._check_idle()
-        cdef int s = cache._check_seq(seq)
-        cdef int length = cache.seq_length[s]
-        p = _as_integer("the position to trim from", p0)
-        if not 0 <= p <= length:
-            cache.seq_rm(seq, p0)   # its error
-        if p == length:
-            return [], False
-        if p == 0:
-            self.snapshots.clear(s)
-            cache.seq_rm(s, 0)
-            return [], False
-        tokens = cache.seq_tokens(s)
-        pos, state, generated = self.snapshots.latest(s, p)
-        self.snapshots.keep_to(s, pos)
-        cache._seq_rm(s, pos)
-        if state is None:
-            cache._clear_state(s)
-        else:
-            cache.set_recurrent_state(s, state)
-        return list(tokens[pos:p]), generated
+        return _rewind_recurrent(self, seq, p0)
 
     def seq_cp(self, src, dst, n=None):
         """Let empty sequence ``dst`` see ``src``'s first ``n`` positions (all by
         default).  A hybrid model's recurrent state is copied with them: whole,
         or from a snapshot and the tokens after it evaluated again."""
-        cache = self.cache
-        if not cache.hybrid:
-            return cache.seq_cp(src, dst, n)
-        self._check_idle()
-        cdef int a = cache._check_seq(src)
-        count = cache.seq_length[a] if n is None else _as_integer("the prefix length", n)
-        if not cache.hybrid or count == cache.seq_length[a]:
-            cache.seq_cp(src, dst, count)
-            if cache.hybrid:
-                self.snapshots.copy(a, cache._check_seq(dst), None)
-            return
-        cdef int b = cache._check_seq(dst)
-        if a == b or cache.seq_length[b] != 0 or not 0 <= count <= cache.seq_length[a]:
-            return cache.seq_cp(src, dst, count)   # its error
-        tokens = cache.seq_tokens(a)
-        pos, state, generated = self.snapshots.latest(a, count)
-        cache._fork_cells(a, b, pos)
-        if state is None:
-            cache._clear_state(b)
-        else:
-            cache.set_recurrent_state(b, state)
-        self.snapshots.copy(a, b, pos)
-        if pos < count:
-            _log.info("sequence %d forks %d positions of sequence %d; evaluating positions %d..%d again from "
-                      "the nearest snapshot of its recurrent state", b, count, a, pos, count - 1)
-            self._replay(b, tokens[pos:count], generated)
+        if not self.cache.hybrid:
+            return self.cache.seq_cp(src, dst, n)
+        return _fork_recurrent(self, src, dst, n)
 
     @property
     def max_prompt_runs(self):
@@ -947,295 +710,3 @@ cdef class Context:
         if status == GGML_STATUS_ABORTED:
             PyErr_CheckSignals()  # raises the pending KeyboardInterrupt, if Ctrl-C was the cause
         _check_status(status, "computing a step")
-
-
-cdef ggml_tensor * _concat_features(Step * st) except NULL:
-    """The recorded inputs of the feature layers, side by side (Step.feature_layers)."""
-    cdef ggml_tensor * out = NULL
-    cdef int k
-    for k in range(st.n_feature_layers):
-        if st.feature_inputs[k] == NULL:
-            raise errors.InvalidArgumentError("this model's graph does not give its layers' inputs")
-        out = st.feature_inputs[k] if out == NULL else ggml_concat(st.ctx, out, st.feature_inputs[k], 0)
-    return out
-
-
-cdef void _check_whole_sequences(KVCache cache, cnp.ndarray seqs) except *:
-    # Without a causal mask a token sees its whole sequence, later tokens too,
-    # so a sequence is evaluated in one step from an empty start.
-    for s in np.unique(seqs).tolist():
-        if cache.seq_length[s] != 0:
-            raise errors.InvalidArgumentError(
-                f"an encoder evaluates a sequence in one step; sequence {s} already holds "
-                f"{cache.seq_length[s]} positions")
-
-
-cdef cnp.ndarray _checked_ids(tokens, int n_vocab):
-    # No dtype forced on the conversion: that would truncate 1.5 to 1.
-    ids = np.asarray(tokens)
-    if ids.size == 0:
-        raise errors.InvalidArgumentError("cannot evaluate an empty list of tokens")
-    if ids.ndim != 1:
-        raise errors.InvalidTokenError(f"token ids must be a flat sequence, got shape {ids.shape}")
-    if ids.dtype.kind not in "iu":
-        raise errors.InvalidTokenError(f"token ids must be integers in [0, {n_vocab}), got dtype {ids.dtype}")
-    lo, hi = ids.min(), ids.max()
-    if lo < 0 or hi >= n_vocab:
-        bad = lo if lo < 0 else hi
-        raise errors.InvalidTokenError(f"token id {int(bad)} is outside [0, {n_vocab})")
-    return np.ascontiguousarray(ids, dtype=np.int32)
-
-
-cdef cnp.ndarray _checked_hidden(hidden_in, int n, const HParams * hp):
-    """An MTP head's hidden states, one row per token; None for any other model."""
-    if not hp.mtp_head:
-        if hidden_in is not None:
-            raise errors.InvalidArgumentError("only an MTP head takes hidden states with its tokens")
-        return None
-    if hidden_in is None:
-        raise errors.InvalidArgumentError("an MTP head needs the hidden state before each token (hidden_in)")
-    h = np.ascontiguousarray(hidden_in, dtype=np.float32)
-    if h.shape != (n, hidden_width(hp)):
-        raise errors.InvalidArgumentError(f"hidden_in must be ({n}, {hidden_width(hp)}) for {n} tokens, got {h.shape}")
-    return h
-
-
-cdef cnp.ndarray _checked_seq_ids(seq_ids, int n, int n_seq_max):
-    seqs = np.asarray(seq_ids)
-    if seqs.ndim == 0 and seqs.dtype.kind in "iu":
-        seqs = np.full(n, int(seqs))
-    if seqs.ndim != 1 or seqs.shape[0] != n or seqs.dtype.kind not in "iu":
-        raise errors.InvalidArgumentError(f"need one integer sequence id per token ({n}), got {seq_ids!r}")
-    if seqs.min() < 0 or seqs.max() >= n_seq_max:
-        raise errors.InvalidArgumentError(f"sequence ids must be in [0, {n_seq_max})")
-    return np.ascontiguousarray(seqs, dtype=np.int32)
-
-
-cdef cnp.ndarray _output_rows(outputs, cnp.ndarray seqs):
-    cdef int n = seqs.shape[0]
-    if outputs is None:  # the last token of each sequence, in row order
-        last = {}
-        for i, s in enumerate(seqs.tolist()):
-            last[s] = i
-        return np.array(sorted(last.values()), dtype=np.int32)
-    if outputs is True:
-        return np.arange(n, dtype=np.int32)
-    flags = np.asarray(outputs)
-    if flags.dtype != np.bool_ or flags.shape != (n,) or not flags.any():
-        raise errors.InvalidArgumentError(f"outputs must be None, True or {n} booleans with at least one set")
-    return np.flatnonzero(flags).astype(np.int32)
-
-
-KV_TYPES = {"f16": GGML_TYPE_F16, "f32": GGML_TYPE_F32, "q8_0": GGML_TYPE_Q8_0, "q4_0": GGML_TYPE_Q4_0}
-
-
-cdef ggml_type _kv_type(str option, object name, Model model, bint values) except *:
-    if not isinstance(name, str) or name not in KV_TYPES:
-        raise errors.InvalidArgumentError(f"{option} must be one of {', '.join(KV_TYPES)}, got {name!r}")
-    cdef ggml_type t = KV_TYPES[name]
-    cdef int il, head_dim
-    for il in range(model.hp.n_layer):   # every layer's heads (Gemma 4's differ between layers)
-        head_dim = model.shapes[il].head_dim_v if values else model.shapes[il].head_dim_k
-        if head_dim % ggml_blck_size(t) != 0:
-            raise errors.InvalidArgumentError(f"{option}={name} stores blocks of {ggml_blck_size(t)} values; "
-                                              f"this model's heads are {head_dim} wide")
-    return t
-
-
-def new_context(Model model, object kv_size, object n_batch=512, object n_threads=1, object kv_type="f16",
-                bint flash_attn=False, object n_seq_max=1, object type_v=None, list devices=None,
-                list layer_device=None, list adapters=None, Context beside=None):
-    """Backends, scheduler and a KV cache of ``kv_size`` cells shared by up to
-    ``n_seq_max`` sequences, over ``model``.  ``kv_type`` is the type of K (and
-    of V, unless ``type_v`` says otherwise): f16, f32, q8_0 or q4_0.  A
-    quantized V needs flash attention (ggml's softmax path multiplies a
-    transposed V, which cannot be stored in blocks), so it turns it on.
-    ``devices`` and ``layer_device`` are those the model's layers were placed
-    with (place_layers): each device gets a backend, ahead of the CPU, and
-    each layer's K and V live on its device.  ``adapters`` are LoRA adapters
-    for the model (open_adapter) that steps may apply, each sequence at its
-    own scales (Context.set_lora_scales; none at first).
-
-    ``beside``: the context of the target a drafter (a Gemma 4 drafter)
-    drafts for; the new context has no cache of its own but ``beside``'s,
-    which its layers read (Context.draft_step), and the same flash attention."""
-    model._check_open()
-    if beside is not None:
-        _check_beside(model, beside)
-        kv_type, type_v, flash_attn = beside.cache.type_k, beside.cache.type_v, beside.flash_attn
-    adapters = adapters or []
-    if len(adapters) > MAX_ADAPTERS:
-        raise errors.InvalidArgumentError(f"{len(adapters)} LoRA adapters: a context takes at most {MAX_ADAPTERS}")
-    for ad in adapters:
-        if (<Adapter?> ad).model is not model:
-            raise errors.InvalidArgumentError(f"the LoRA adapter {ad.path} was loaded for another model")
-    cdef int cells = _checked_count("kv_size", kv_size, MAX_CELLS)
-    cdef int batch = _checked_count("n_batch", n_batch, MAX_CELLS)
-    cdef int threads = _checked_count("n_threads", n_threads, MAX_N_THREADS)
-    cdef int seqs = _checked_count("n_seq_max", n_seq_max, MAX_SEQ_IDS)
-    cdef ggml_type kv = _kv_type("kv_type (type_k)", kv_type, model, False)
-    cdef ggml_type kv_v = _kv_type("kv_type" if type_v is None else "type_v",
-                                   kv_type if type_v is None else type_v, model, True)
-    if model.hp.kv_lora_rank > 0:
-        # Multi-head latent attention: V is a view of K (KVCache.v_in_k), so K's type is V's,
-        # and without flash attention that view is transposed, which blocks cannot be.
-        kv_v = kv
-    if kv_v != GGML_TYPE_F16 and kv_v != GGML_TYPE_F32 and not flash_attn:
-        _log.info("a %s V cache needs flash attention: turning it on", ggml_type_name(kv_v).decode())
-        flash_attn = True
-
-    cdef Context c = Context.__new__(Context)
-    c.model = model
-    c.adapters = tuple(adapters)
-    cdef int ia
-    cdef size_t lora_nodes = 0
-    for ia in range(len(adapters)):
-        c.adapter_weights[ia] = &(<Adapter> adapters[ia]).weights
-        # each pair's A and B products (split by runs or groups of rows at most), its scale and sum
-        lora_nodes += <size_t> c.adapter_weights[ia].n_pairs * LORA_PAIR_NODES
-    c.n_adapters = len(adapters)
-    c.n_batch = min(batch, cells)
-    c.n_threads = threads
-    c.flash_attn = flash_attn
-    devices = devices or []
-    layer_device = layer_device if layer_device is not None else [-1] * model.hp.n_layer
-    if len(layer_device) != model.hp.n_layer or len(devices) >= MAX_BACKENDS:
-        raise errors.InvalidArgumentError("devices and layer_device do not fit this model")
-    c.rpc_endpoints = model.rpc_endpoints
-    c.rpc_timeout = model.rpc_timeout
-    c.closed = False  # from here on, _release frees what was made
-    _init_device_backends(c, devices)
-    c.cpu = _new_cpu_backend(threads, &c.abort_flag)
-    c.threadpool = _new_cpu_threadpool(c.cpu, threads)
-    c.backends[c.n_backends] = c.cpu
-    c.bufts[c.n_backends] = ggml_backend_get_default_buffer_type(c.cpu)
-    c.n_backends += 1
-    # Each layer's K and V live in the buffers of the device that runs it.
-    cdef ggml_backend_buffer_type_t * layer_buft = <ggml_backend_buffer_type_t *> malloc(
-        model.hp.n_layer * sizeof(ggml_backend_buffer_type_t))
-    if layer_buft == NULL:
-        raise MemoryError()
-    cdef int il
-    try:
-        for il in range(model.hp.n_layer):
-            layer_buft[il] = c.bufts[layer_device[il] if layer_device[il] >= 0 else c.n_backends - 1]
-        if beside is None:
-            c.cache = _new_kv_cache(model, cells, seqs, kv, kv_v, not flash_attn, layer_buft, c.rpc_timeout)
-        else:
-            c.cache = beside.cache
-            c.target = beside
-    finally:
-        free(layer_buft)
-    # Graph metadata: a generous node budget per layer, and for a prompt step
-    # split by sequence (graph/blocks.pxi) 5 more nodes a run for attention and
-    # 3 a run for each repacked matmul, 5 for one split as alone (7 a layer at most); the arena is reused
-    # by every step.
-    # An expert layer adds about 30 nodes and 2 per expert a token uses (graph/experts.pxi).
-    cdef size_t moe_nodes = 0
-    if model.hp.n_expert > 0:   # ... and about 12 for each group of rows through the experts (graph/experts.pxi)
-        # (a step of generated tokens: groups of 7 rows; a prompt step: up to MAX_RUNS runs)
-        moe_nodes = 32 + 2 * model.hp.n_expert_used + 12 * max(MAX_RUNS, min(MAX_EXPERT_GROUPS, c.n_batch // 7 + 1))
-    # A step of generated tokens under flash attention: up to FA_ROW_NODES a row
-    # whose one-token step would split its cells (_flash_attention_as_one_token_steps),
-    # which only a cache of FA_SPLIT_CELLS cells or more has.  (The scheduler's
-    # context grows with the node budget: about 40 kB a node, in address space.)
-    cdef size_t split_nodes = FA_ROW_NODES * min(c.n_batch, MAX_SPLIT_ROWS) \
-        if flash_attn and c.cache.kv_size >= FA_SPLIT_CELLS else 0
-    c.graph_size = max(<size_t> GGML_DEFAULT_GRAPH_SIZE,
-                       <size_t> model.hp.n_layer * (64 + (5 + 7 * 5) * MAX_RUNS + moe_nodes + split_nodes)
-                       + 256 + lora_nodes)
-    c.graph_meta_size = ggml_tensor_overhead() * c.graph_size + ggml_graph_overhead_custom(c.graph_size, False)
-    c.graph_meta = malloc(c.graph_meta_size)
-    if c.graph_meta == NULL:
-        raise MemoryError()
-    # Without the GIL: ggml zeroes the scheduler's tables (tens of megabytes for a
-    # big node budget), 20 ms that the other models' steps would wait for in a server.
-    with nogil:
-        c.sched = ggml_backend_sched_new(c.backends, c.bufts, c.n_backends, 2 * c.graph_size, False, True)
-    if c.sched == NULL:
-        raise MemoryError("ggml could not create the backend scheduler")
-    c._reserve()
-    return c
-
-
-cdef void _check_beside(Model model, Context target) except *:
-    """A drafter's layers read its target's cache as llama.cpp's Gemma 4
-    drafter does (create_memory's share callback): a sliding layer the
-    target's second-to-last layer, which must slide too, a global layer the
-    last, which must not; the head widths and KV head counts the same
-    (llama.cpp views the target's cells with the drafter's own)."""
-    target._check_open()
-    if model.hp.n_embd_out != target.model.hp.n_embd or not model.hp.mtp_head:
-        raise errors.ModelShapeError(f"this drafter takes hidden states {model.hp.n_embd_out} wide; "
-                                     f"its target's are {target.model.hp.n_embd}")
-    if target.n_backends > 1:   # its cells would live on a device this context has no backend for
-        raise errors.InvalidArgumentError("a drafter sharing its target's cache runs beside a model on the "
-                                          "CPU alone, for now")
-    if target.cache.hybrid or target.model.hp.n_layer < 2:
-        raise errors.ModelShapeError("a drafter sharing its target's cache needs a target of 2 or more "
-                                     "attention layers and no recurrent ones")
-    cdef int il, src
-    cdef int n_target = target.model.hp.n_layer
-    for il in range(model.hp.n_layer):
-        src = n_target - 2 if model.swa_layers[il] else n_target - 1
-        if (target.model.swa_layers[src] != 0) != (model.swa_layers[il] != 0) \
-                or target.cache.shapes[src].head_dim_k != model.shapes[il].head_dim_k \
-                or target.cache.shapes[src].head_dim_v != model.shapes[il].head_dim_v \
-                or model.shapes[il].n_head_kv != target.cache.shapes[src].n_head_kv:
-            raise errors.ModelShapeError(
-                f"drafter layer {il} ({'sliding' if model.swa_layers[il] else 'global'}, heads "
-                f"{model.shapes[il].head_dim_k} wide) cannot read its target's layer {src} "
-                f"({'sliding' if target.model.swa_layers[src] else 'global'}, heads "
-                f"{target.cache.shapes[src].head_dim_k} wide, {target.cache.shapes[src].n_head_kv} KV heads)")
-
-
-cdef void _init_device_backends(Context c, list devices) except *:
-    """A backend for each device, in the order given, ahead of the CPU."""
-    cdef _DeviceInitJob job
-    for dev in devices:
-        job.dev = (<Device?> dev).dev
-        job.backend = NULL
-        job.buft = NULL
-        _run_guarded(_device_init_job, &job, sizeof(job), c.rpc_timeout, f"starting a backend on {dev.description}",
-                     c.rpc_endpoints)
-        if job.backend == NULL:
-            raise errors.ComputeError(f"ggml could not start a backend on {dev.name} ({dev.description})")
-        c.backends[c.n_backends] = job.backend
-        c.bufts[c.n_backends] = job.buft
-        c.n_backends += 1
-
-
-cdef bint _one_token_splits(KVCache cache, int n, int used_before, const int32_t * cells,
-                            const int32_t * positions, int * split_kv) noexcept:
-    """For a step of n generated tokens: whether any would, decoded in a step
-    of its own, have ggml's flash attention split its cells between the
-    threads (one query row, FA_SPLIT_CELLS cells or more, and no
-    pair_lone_row); split_kv[i] gets that step's n_kv (0 where it would not
-    split).  Its step would have seen the cells used before this one and
-    those of the rows before it."""
-    cdef int i, used = used_before, n_kv
-    cdef bint any_split = False
-    for i in range(n):
-        used = max(used, cells[i] + 1)
-        n_kv = min(cache.kv_size, ((used + KV_PAD - 1) // KV_PAD) * KV_PAD)
-        split_kv[i] = 0
-        if n_kv >= FA_SPLIT_CELLS and ((positions[i] + KV_PAD) // KV_PAD) * KV_PAD >= FA_SPLIT_CELLS:
-            split_kv[i] = n_kv
-            any_split = True
-    return any_split
-
-
-cdef int _sequence_runs(int n, const int32_t * seqs, int * run_length) noexcept:
-    """The lengths of the runs of one sequence's tokens in a step, when there
-    are 2 to MAX_RUNS of them; else 0 (the step is not split)."""
-    cdef int i, runs = 1
-    run_length[0] = 1
-    for i in range(1, n):
-        if seqs[i] == seqs[i - 1]:
-            run_length[runs - 1] += 1
-        elif runs == MAX_RUNS:
-            return 0
-        else:
-            run_length[runs] = 1
-            runs += 1
-    return runs if runs > 1 else 0
