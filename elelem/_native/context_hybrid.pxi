@@ -117,10 +117,9 @@ cdef object _fork_recurrent(Context c, src, dst, n):
     c._check_idle()
     cdef int a = cache._check_seq(src)
     count = cache.seq_length[a] if n is None else _as_integer("the prefix length", n)
-    if not cache.hybrid or count == cache.seq_length[a]:
+    if count == cache.seq_length[a]:
         cache.seq_cp(src, dst, count)
-        if cache.hybrid:
-            c.snapshots.copy(a, cache._check_seq(dst), None)
+        c.snapshots.copy(a, cache._check_seq(dst), None)
         return
     cdef int b = cache._check_seq(dst)
     if a == b or cache.seq_length[b] != 0 or not 0 <= count <= cache.seq_length[a]:
