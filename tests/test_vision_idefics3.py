@@ -18,14 +18,12 @@ and off.
 """
 from __future__ import annotations
 
-import base64
-import io
-
 import numpy as np
 import pytest
 
 from elelem import errors
 from elelem.model.projector import read_projector
+from image_inputs import floats as _floats, pixels as _pixels, png_url_with_alpha as _png_url
 from llamacpp_reference import THREADS, elelem_kernel_options
 from synthetic import TinyConfig, write_model
 from synthetic_mmproj import TinyProjector, idefics3_reference, pixel_shuffle, write_projector
@@ -41,26 +39,6 @@ ADDED = ("<fake_token_around_image>", "<global-img>",
 SIZES = [(37, 23), (5, 300), (300, 7), (1, 1), (34, 34), (80, 61), (64, 48)]
 # What chat() renders for MESSAGES without a template of the file's own (ChatML), the image as libmtmd's marker.
 PROMPT = "<|im_start|>user\nWhat is in<__media__> this picture?<|im_end|>\n<|im_start|>assistant\n"
-
-
-def _pixels(h: int, w: int) -> np.ndarray:
-    rng = np.random.default_rng(h * 1000 + w)
-    smooth = rng.integers(0, 256, (max(1, h // 4 + 1), max(1, w // 4 + 1), 3)).astype(np.float64)
-    px = np.kron(smooth, np.ones((4, 4, 1)))[:h, :w] + rng.normal(0, 12, (h, w, 3))
-    return np.clip(px, 0, 255).astype(np.uint8)
-
-
-def _floats(b64: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(b64), dtype=np.float32)
-
-
-def _png_url(pixels: np.ndarray) -> str:
-    """A PNG of ``pixels`` with an alpha channel of noise: libmtmd's stb_image drops alpha, and so does elelem."""
-    from PIL import Image as PILImage
-    alpha = np.random.default_rng(0).integers(0, 256, pixels.shape[:2] + (1,), dtype=np.uint8)
-    buf = io.BytesIO()
-    PILImage.fromarray(np.concatenate([pixels, alpha], axis=2), "RGBA").save(buf, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 @pytest.fixture(scope="module")

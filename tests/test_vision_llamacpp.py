@@ -18,12 +18,10 @@ mtmd_helper_eval_chunks evaluates it.
 """
 from __future__ import annotations
 
-import base64
-import io
-
 import numpy as np
 import pytest
 
+from image_inputs import floats as _floats, pixels as _pixels, png_url as _png_url
 from llamacpp_reference import THREADS, elelem_kernel_options
 from synthetic import TinyConfig, write_model
 from synthetic_mmproj import TinyProjector, write_projector
@@ -34,13 +32,6 @@ TEXT = TinyConfig(arch="gemma3", n_vocab=49152, n_embd=64, head_dim=32, n_layer=
 # Odd sizes, a huge aspect ratio in each direction, one pixel, and the encoder's own size (no resize).
 SIZES = [(37, 23), (5, 300), (300, 7), (1, 1), (32, 32), (64, 48)]
 PROMPT = "<|im_start|>user\nWhat is in<__media__> this picture?<|im_end|>\n<|im_start|>assistant\n"
-
-
-def _pixels(h: int, w: int) -> np.ndarray:
-    rng = np.random.default_rng(h * 1000 + w)
-    smooth = rng.integers(0, 256, (max(1, h // 4 + 1), max(1, w // 4 + 1), 3)).astype(np.float64)
-    px = np.kron(smooth, np.ones((4, 4, 1)))[:h, :w] + rng.normal(0, 12, (h, w, 3))
-    return np.clip(px, 0, 255).astype(np.uint8)
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +53,6 @@ def reference(request, llamacpp, files):
     return request.param, llamacpp.vision(model, mmproj, images, [PROMPT], request.param)
 
 
-def _floats(b64: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(b64), dtype=np.float32)
-
-
 @pytest.mark.real_model
 def test_image_embeddings_equal_libmtmds(files, reference):
     from elelem.vision import Image, Projector
@@ -78,13 +65,6 @@ def test_image_embeddings_equal_libmtmds(files, reference):
             want = _floats(record["embeddings"]).reshape(got.shape)
             diff = np.abs(got.astype(np.float64) - want)
             assert diff.max() == 0.0, f"{path.name} (flash attention {flash}): max |diff| {diff.max():.3g}"
-
-
-def _png_url(pixels: np.ndarray) -> str:
-    from PIL import Image as PILImage
-    buf = io.BytesIO()
-    PILImage.fromarray(pixels).save(buf, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 @pytest.mark.real_model

@@ -21,12 +21,10 @@ mtmd_decode_use_non_causal says for pixtral), and the greedy tokens.
 """
 from __future__ import annotations
 
-import base64
-import io
-
 import numpy as np
 import pytest
 
+from image_inputs import floats as _floats, pixels as _pixels, png_url as _png_url
 from llamacpp_reference import THREADS, elelem_kernel_options
 from synthetic import TinyConfig, write_model
 from synthetic_mmproj import TinyProjector, write_projector
@@ -44,24 +42,6 @@ TEXTS = {"mistral3": TEXT, "llama": TinyConfig(arch="llama", n_vocab=49152, n_em
 SIZES = [(37, 23), (5, 300), (300, 7), (1, 1), (150, 200)]
 PROMPT = "<|im_start|>user\nWhat is in<__media__> this picture?<|im_end|>\n<|im_start|>assistant\n"
 PROMPTS = [PROMPT, "<|im_start|>user\nCompare<__media__> with<__media__>.<|im_end|>\n<|im_start|>assistant\n"]
-
-
-def _pixels(h: int, w: int) -> np.ndarray:
-    rng = np.random.default_rng(h * 1000 + w)
-    smooth = rng.integers(0, 256, (max(1, h // 4 + 1), max(1, w // 4 + 1), 3)).astype(np.float64)
-    px = np.kron(smooth, np.ones((4, 4, 1)))[:h, :w] + rng.normal(0, 12, (h, w, 3))
-    return np.clip(px, 0, 255).astype(np.uint8)
-
-
-def _png_url(pixels: np.ndarray) -> str:
-    from PIL import Image as PILImage
-    buf = io.BytesIO()
-    PILImage.fromarray(pixels).save(buf, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def _floats(b64: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(b64), dtype=np.float32)
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,10 @@ max(columns, rows) past the image's start, as mtmd_helper_eval_chunks places the
 """
 from __future__ import annotations
 
-import base64
-import io
-
 import numpy as np
 import pytest
 
+from image_inputs import floats as _floats, png_url as _png_url
 from llamacpp_reference import THREADS, elelem_kernel_options
 from synthetic import TinyConfig, write_model
 from synthetic_mmproj import TinyProjector, write_projector
@@ -79,10 +77,6 @@ def reference(request, llamacpp, files):
     return ptype, flash, llamacpp.vision(model, tmp / f"{ptype}.gguf", images, PROMPTS, flash)
 
 
-def _floats(b64: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(b64), dtype=np.float32)
-
-
 @pytest.mark.real_model
 def test_image_embeddings_equal_libmtmds(files, reference):
     from elelem.vision import Image, Projector
@@ -97,13 +91,6 @@ def test_image_embeddings_equal_libmtmds(files, reference):
             assert got.grid[0] * got.grid[1] == got.n_tokens
             diff = np.abs(got.embeddings.astype(np.float64).reshape(-1) - want)
             assert diff.max() == 0.0, f"{path.name} ({ptype}, flash attention {flash}): max |diff| {diff.max():.3g}"
-
-
-def _png_url(pixels: np.ndarray) -> str:
-    from PIL import Image as PILImage
-    buf = io.BytesIO()
-    PILImage.fromarray(pixels).save(buf, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def _prompt_ids(llm, record, images) -> list[int]:

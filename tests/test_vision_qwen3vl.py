@@ -19,12 +19,12 @@ ops on their own (IMROPE's 2D positions, the deepstack add).
 """
 from __future__ import annotations
 
-import base64
 import math
 
 import numpy as np
 import pytest
 
+from image_inputs import floats as _floats, pixels as _pixels
 from llamacpp_reference import THREADS, elelem_kernel_options
 from synthetic import TinyConfig, _attend, _rms_norm, _rope_imrope, _silu, write_model
 from synthetic_mmproj import TinyProjector, write_projector
@@ -51,13 +51,6 @@ PROMPTS = [PROMPT, "<|im_start|>user\nCompare<__media__> with<__media__>.<|im_en
            "<|im_start|>user\nNo picture here.<|im_end|>\n<|im_start|>assistant\n"]
 
 
-def _pixels(h: int, w: int) -> np.ndarray:
-    rng = np.random.default_rng(h * 1000 + w)
-    smooth = rng.integers(0, 256, (max(1, h // 4 + 1), max(1, w // 4 + 1), 3)).astype(np.float64)
-    px = np.kron(smooth, np.ones((4, 4, 1)))[:h, :w] + rng.normal(0, 12, (h, w, 3))
-    return np.clip(px, 0, 255).astype(np.uint8)
-
-
 @pytest.fixture(scope="module")
 def files(smollm_path, tmp_path_factory):
     assert vocab_size(smollm_path) == TEXT["qwen3vl"].n_vocab
@@ -80,10 +73,6 @@ def reference(request, llamacpp, files):
     tmp, images, _ = files
     arch, flash = request.param
     return arch, flash, llamacpp.vision(tmp / f"{arch}.gguf", tmp / MMPROJ[arch], images, PROMPTS, flash)
-
-
-def _floats(b64: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(b64), dtype=np.float32)
 
 
 @pytest.mark.real_model
